@@ -1,0 +1,39 @@
+# Quick start: `make demo` and `make test` each create .venv when it is missing.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+JOBS ?= 2
+
+.PHONY: venv demo test test-jax test-tensorflow test-torch bench clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: venv
+	$(PY) -m keras_vit.demo
+
+test: venv
+	$(MAKE) test-jax test-tensorflow test-torch
+
+test-jax: venv
+	KERAS_BACKEND=jax $(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
+
+test-tensorflow: venv
+	KERAS_BACKEND=tensorflow $(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
+
+test-torch: venv
+	KERAS_BACKEND=torch $(PY) -m pytest -n $(JOBS) -m "not slow" $(PYTEST_ARGS)
+
+bench: venv
+	$(PY) -m pip install --quiet -e ".[dev,bench]"
+	$(PY) benchmarks/benchmark.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

@@ -1,0 +1,29 @@
+"""keras_vit: the Vision Transformer (Dosovitskiy et al., ICLR 2021) for Keras 3.
+
+    import keras_vit
+    model = keras_vit.ViTB16(weights=None, input_shape=(384, 384, 3), classes=10)
+"""
+
+__version__ = "0.1.0"
+
+# === Models ===
+from keras_vit import layers  # noqa: F401  (registers every layer for keras.saving)
+from keras_vit.applications import (  # noqa: F401
+    R26ViTB32,
+    R26ViTS32,
+    R50ViTB16,
+    R50ViTB32,
+    R50ViTL16,
+    R50ViTL32,
+    RViTTi16,
+    ViTB8,
+    ViTB16,
+    ViTB32,
+    ViTH14,
+    ViTL16,
+    ViTL32,
+    ViTS16,
+    ViTS32,
+    ViTTi16,
+)
+from keras_vit.models import VisionTransformer, get_weight_tree, set_weight_tree  # noqa: F401

@@ -1,0 +1,153 @@
+"""keras.applications-style constructors: `keras_vit.ViTB16(weights="imagenet")`.
+
+A thin face over models/ (the architecture table and builder) and checkpoints/ (weights), so
+that `weights=` can load while models/ stays below checkpoints/.
+"""
+
+import keras
+
+from keras_vit.models.config import ARCHITECTURES, get_architecture
+from keras_vit.models.vit import VisionTransformer
+
+_DOC = """Instantiates the {paper_name} architecture{hybrid}.
+
+Reference: "An Image is Worth 16x16 Words: Transformers for Image Recognition at Scale"
+(Dosovitskiy et al., ICLR 2021). Hidden size {hidden_size}, {num_layers} layers, {num_heads} heads,
+MLP {mlp_dim}, {stride}x{stride} input pixels per token.
+
+Inputs are channels-last images scaled to [-1, 1] (see `keras_vit.preprocess_input`).
+
+Args:
+    include_top: whether to end in the classification head.
+    weights: None (random initialisation), a preset tag (e.g. "augreg_in21k_ft_in1k",
+        "augreg_in21k", "orig_in21k"; aliases "imagenet" and "imagenet21k"; see
+        `keras_vit.list_presets("{name}")`), a local checkpoint path, or "hf://owner/repo".
+    input_tensor: optional Keras tensor to use as the image input.
+    input_shape: (height, width, 3); default (224, 224, 3). Any size that {stride} divides,
+        square or not; pretrained position embeddings are resized to it.
+    pooling: with include_top=False: None returns the token sequence after the final
+        LayerNorm; "token", "gap"/"avg" or "max" pool it to (batch, {hidden_size}).
+    classes: classes of the head. With pretrained weights, a value other than the checkpoint's
+        attaches a fresh zero-initialised head.
+    classifier_activation: activation of the head; None returns logits.
+    name: model name.
+    **overrides: other `keras_vit.VisionTransformer` arguments (dropout_rate,
+        attention_dropout_rate, representation_size, numerics fields, ...).
+
+Returns:
+    A `keras_vit.VisionTransformer` (a `keras.Model`).
+
+Example:
+    >>> model = keras_vit.{name}(weights=None, input_shape=(224, 224, 3))
+"""
+
+# Arguments an override may not set: the constructor owns them.
+_FIXED = ("patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim", "resnet", "image_size")
+
+
+def _image_size(input_shape, input_tensor):
+    if input_tensor is not None and input_shape is None:
+        input_shape = tuple(input_tensor.shape[1:])
+    if input_shape is None:
+        return (224, 224), 3
+    shape = tuple(input_shape)
+    if len(shape) == 2:
+        shape = shape + (3,)
+    if len(shape) != 3 or any(s is None for s in shape[:2]):
+        raise ValueError(
+            f"input_shape must be (height, width, channels) with known height and width; got {input_shape!r}. "
+            "ViT position embeddings need a fixed grid: pass e.g. input_shape=(224, 224, 3)."
+        )
+    return (int(shape[0]), int(shape[1])), int(shape[2])
+
+
+def build_application(
+    architecture,
+    include_top=True,
+    weights="imagenet",
+    input_tensor=None,
+    input_shape=None,
+    pooling=None,
+    classes=1000,
+    classifier_activation="softmax",
+    name=None,
+    **overrides,
+):
+    """Build the constructor `architecture` (a name of the config table) as keras.applications does."""
+    arch = get_architecture(architecture)
+    allowed = set(VisionTransformer.__init__.__kwdefaults__) - set(_FIXED) - {
+        "include_top", "pooling", "classes", "classifier_activation", "name"
+    }
+    unknown = sorted(set(overrides) - allowed)
+    if unknown:
+        import difflib
+
+        hints = [difflib.get_close_matches(u, sorted(allowed), n=1) for u in unknown]
+        hint = "; ".join(f"{u!r} (did you mean {h[0]!r}?)" if h else repr(u) for u, h in zip(unknown, hints))
+        raise ValueError(
+            f"Unknown override(s) for {architecture}: {hint}. Valid overrides: {', '.join(sorted(allowed))}."
+        )
+    image_size, channels = _image_size(input_shape, input_tensor)
+    kwargs = dict(arch.kwargs())
+    kwargs.update(overrides)
+    kwargs.update(
+        image_size=image_size,
+        num_channels=channels,
+        include_top=include_top,
+        pooling=pooling,
+        classes=classes,
+        classifier_activation=classifier_activation,
+        name=name or arch.name.lower(),
+    )
+    if weights is None:
+        model = VisionTransformer(**kwargs)
+    else:
+        from keras_vit.checkpoints import build_with_weights
+
+        model = build_with_weights(arch, weights, kwargs)
+    if input_tensor is not None:
+        inputs = keras.utils.get_source_inputs(input_tensor)
+        outputs = model(input_tensor)
+        return keras.Model(inputs, outputs, name=model.name)
+    return model
+
+
+def _make_constructor(arch):
+    def constructor(
+        include_top=True,
+        weights="imagenet",
+        input_tensor=None,
+        input_shape=None,
+        pooling=None,
+        classes=1000,
+        classifier_activation="softmax",
+        name=None,
+        **overrides,
+    ):
+        return build_application(
+            arch.name,
+            include_top=include_top,
+            weights=weights,
+            input_tensor=input_tensor,
+            input_shape=input_shape,
+            pooling=pooling,
+            classes=classes,
+            classifier_activation=classifier_activation,
+            name=name,
+            **overrides,
+        )
+
+    constructor.__name__ = constructor.__qualname__ = arch.name
+    constructor.__doc__ = _DOC.format(
+        paper_name=arch.paper_name,
+        hybrid=" (ViT on a BiT ResNet)" if arch.resnet is not None else "",
+        stride=arch.stride,
+        **{k: getattr(arch, k) for k in ("name", "hidden_size", "num_layers", "num_heads", "mlp_dim")},
+    )
+    return constructor
+
+
+CONSTRUCTORS = {name: _make_constructor(arch) for name, arch in ARCHITECTURES.items()}
+globals().update(CONSTRUCTORS)
+
+__all__ = ["build_application", *CONSTRUCTORS]

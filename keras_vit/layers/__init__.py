@@ -1,0 +1,14 @@
+"""Backend-agnostic Keras 3 layers of the Vision Transformer and its BiT ResNet (keras.ops only)."""
+
+from keras_vit.layers.resize import RESIZE_RULES, resize_position_embedding
+from keras_vit.layers.resnet import BottleneckUnit, GroupNorm, MaxPoolSame, ResNetStage, StdConv2D, same_padding
+from keras_vit.layers.transformer import (
+    ClassToken,
+    EncoderBlock,
+    MlpBlock,
+    MultiHeadDotProductAttention,
+    PatchEmbedding,
+    PositionEmbedding,
+    SplitFanXavierUniform,
+    TokenPooling,
+)

@@ -1,0 +1,395 @@
+"""The Vision Transformer's layers, written once against keras.ops.
+
+Layer and variable names are the module names of the original Flax code
+(google-research/vision_transformer), so that a weight's place in the canonical tree
+(`Transformer/encoderblock_3/MultiHeadDotProductAttention_1/query/kernel`) is its place in the
+model. Every layer lists its variables under those names in `weight_tree_variables()`, with the
+original shapes, which is all the checkpoint code needs.
+"""
+
+import math
+
+import keras
+from keras import ops
+
+from keras_vit.layers.resize import resize_position_embedding
+
+register = keras.saving.register_keras_serializable(package="keras_vit")
+
+
+@register
+class SplitFanXavierUniform(keras.initializers.Initializer):
+    """Xavier-uniform for kernels whose leading `in_axes` dims are the fan-in (Flax's convention
+    for the per-head attention kernels); Keras' glorot would treat them as a receptive field."""
+
+    def __init__(self, in_axes=1, seed=None):
+        self.in_axes = int(in_axes)
+        self.seed = seed
+
+    def __call__(self, shape, dtype=None):
+        fan_in = math.prod(shape[: self.in_axes])
+        fan_out = math.prod(shape[self.in_axes :])
+        limit = math.sqrt(6.0 / (fan_in + fan_out))
+        return keras.random.uniform(shape, -limit, limit, dtype=dtype, seed=self.seed)
+
+    def get_config(self):
+        return {"in_axes": self.in_axes, "seed": self.seed}
+
+
+# === Embeddings ===
+
+
+@register
+class PatchEmbedding(keras.layers.Layer):
+    """Cuts an image into non-overlapping patches and projects each to `hidden_size`.
+
+    The original "embedding" conv: kernel = stride = patch, VALID, with bias. Output tokens are
+    row-major over the patch grid: (batch, rows * cols, hidden_size).
+    """
+
+    def __init__(self, hidden_size, patch_size, kernel_initializer="lecun_normal", **kwargs):
+        super().__init__(**kwargs)
+        self.hidden_size = int(hidden_size)
+        self.patch_size = int(patch_size)
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+
+    def build(self, input_shape):
+        channels = input_shape[-1]
+        p = self.patch_size
+        self.kernel = self.add_weight(
+            name="kernel", shape=(p, p, channels, self.hidden_size), initializer=self.kernel_initializer
+        )
+        self.bias = self.add_weight(name="bias", shape=(self.hidden_size,), initializer="zeros")
+
+    def call(self, images):
+        p = self.patch_size
+        if p == 1:
+            x = ops.einsum("bhwc,cd->bhwd", images, self.kernel[0, 0])
+        else:
+            x = ops.conv(images, self.kernel, strides=p, padding="valid", data_format="channels_last")
+        x = x + self.bias
+        shape = ops.shape(x)
+        return ops.reshape(x, (shape[0], shape[1] * shape[2], self.hidden_size))
+
+    def compute_output_shape(self, input_shape):
+        b, h, w, _ = input_shape
+        p = self.patch_size
+        return (b, (h // p) * (w // p), self.hidden_size)
+
+    def weight_tree_variables(self):
+        return {"kernel": self.kernel, "bias": self.bias}
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            hidden_size=self.hidden_size,
+            patch_size=self.patch_size,
+            kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
+        )
+        return config
+
+
+@register
+class ClassToken(keras.layers.Layer):
+    """Prepends the learned class token `cls` (1, 1, hidden), zero-initialised."""
+
+    def build(self, input_shape):
+        self.cls = self.add_weight(name="cls", shape=(1, 1, input_shape[-1]), initializer="zeros")
+
+    def call(self, tokens):
+        batch = ops.shape(tokens)[0]
+        cls = ops.cast(ops.broadcast_to(self.cls, (batch, 1, ops.shape(tokens)[-1])), tokens.dtype)
+        return ops.concatenate([cls, tokens], axis=1)
+
+    def compute_output_shape(self, input_shape):
+        b, n, d = input_shape
+        return (b, None if n is None else n + 1, d)
+
+    def weight_tree_variables(self):
+        # The original stores the class token at the top of the tree as `cls`.
+        return {"": self.cls}
+
+
+@register
+class PositionEmbedding(keras.layers.Layer):
+    """Adds a learned position embedding (1, prefix + rows * cols, hidden), normal(0.02) init.
+
+    `grid_size` is the (rows, cols) patch grid the embedding is laid out on; `num_prefix_tokens`
+    the tokens in front of it (1 for the class token, 0 for gap models). `resized(...)` gives the
+    embedding for another grid, with the resize rule of the weights' source (`resize_rule`).
+    """
+
+    def __init__(self, grid_size, num_prefix_tokens=1, resize_rule="original", **kwargs):
+        super().__init__(**kwargs)
+        self.grid_size = tuple(int(g) for g in grid_size)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.resize_rule = resize_rule
+
+    @property
+    def num_tokens(self):
+        return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+
+    def build(self, input_shape):
+        if input_shape[1] is not None and input_shape[1] != self.num_tokens:
+            raise ValueError(
+                f"PositionEmbedding laid out for a {self.grid_size[0]}x{self.grid_size[1]} grid plus "
+                f"{self.num_prefix_tokens} prefix token(s) ({self.num_tokens} tokens) received "
+                f"{input_shape[1]} tokens."
+            )
+        self.pos_embedding = self.add_weight(
+            name="pos_embedding",
+            shape=(1, self.num_tokens, input_shape[-1]),
+            initializer=keras.initializers.RandomNormal(stddev=0.02),
+        )
+
+    def call(self, tokens):
+        return tokens + ops.cast(self.pos_embedding, tokens.dtype)
+
+    def resized(self, value, source_grid, rule=None):
+        """`value` (from a checkpoint laid out on `source_grid`) resampled to this layer's grid."""
+        return resize_position_embedding(
+            value,
+            self.grid_size,
+            num_prefix_tokens=self.num_prefix_tokens,
+            source_grid=source_grid,
+            rule=rule or self.resize_rule,
+        )
+
+    def weight_tree_variables(self):
+        return {"pos_embedding": self.pos_embedding}
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            grid_size=list(self.grid_size),
+            num_prefix_tokens=self.num_prefix_tokens,
+            resize_rule=self.resize_rule,
+        )
+        return config
+
+
+# === Attention ===
+
+
+@register
+class MultiHeadDotProductAttention(keras.layers.Layer):
+    """Multi-head self-attention with the original's per-head kernels.
+
+    query/key/value kernels are (hidden, heads, head_dim) with biases (heads, head_dim); the out
+    kernel is (heads, head_dim, hidden). The fast path goes through
+    `keras.ops.dot_product_attention` (fused or flash kernels where the backend has them); the
+    explicit path is used when attention weights are asked for or attention dropout is active.
+    """
+
+    def __init__(self, num_heads, attention_dropout_rate=0.0, **kwargs):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.attention_dropout_rate = float(attention_dropout_rate)
+        self.dropout = keras.layers.Dropout(self.attention_dropout_rate, dtype=self.dtype_policy, name="dropout")
+
+    def build(self, input_shape):
+        hidden = input_shape[-1]
+        if hidden % self.num_heads:
+            raise ValueError(
+                f"hidden_size {hidden} is not divisible by num_heads {self.num_heads}; choose a head "
+                "count that divides the hidden size."
+            )
+        head_dim = hidden // self.num_heads
+        self.head_dim = head_dim
+        for name in ("query", "key", "value"):
+            kernel = self.add_weight(
+                name=f"{name}_kernel",
+                shape=(hidden, self.num_heads, head_dim),
+                initializer=SplitFanXavierUniform(in_axes=1),
+            )
+            bias = self.add_weight(name=f"{name}_bias", shape=(self.num_heads, head_dim), initializer="zeros")
+            setattr(self, f"{name}_kernel", kernel)
+            setattr(self, f"{name}_bias", bias)
+        self.out_kernel = self.add_weight(
+            name="out_kernel", shape=(self.num_heads, head_dim, hidden), initializer=SplitFanXavierUniform(in_axes=2)
+        )
+        self.out_bias = self.add_weight(name="out_bias", shape=(hidden,), initializer="zeros")
+
+    def _project(self, x, name):
+        return ops.einsum("btd,dhk->bthk", x, getattr(self, f"{name}_kernel")) + getattr(self, f"{name}_bias")
+
+    def call(self, x, training=None, return_attention_weights=False):
+        q, k, v = (self._project(x, n) for n in ("query", "key", "value"))
+        scale = 1.0 / float(self.head_dim) ** 0.5
+        use_dropout = training and self.attention_dropout_rate > 0
+        if return_attention_weights or use_dropout:
+            logits = ops.einsum("bqhk,bthk->bhqt", q * ops.cast(scale, q.dtype), k)
+            weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+            weights = ops.cast(weights, v.dtype)
+            dropped = self.dropout(weights, training=training)
+            y = ops.einsum("bhqt,bthk->bqhk", dropped, v)
+        else:
+            weights = None
+            y = ops.dot_product_attention(q, k, v, scale=scale)
+        out = ops.einsum("bthk,hkd->btd", y, self.out_kernel) + self.out_bias
+        return (out, weights) if return_attention_weights else out
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def weight_tree_variables(self):
+        tree = {}
+        for name in ("query", "key", "value", "out"):
+            tree[f"{name}/kernel"] = getattr(self, f"{name}_kernel")
+            tree[f"{name}/bias"] = getattr(self, f"{name}_bias")
+        return tree
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(num_heads=self.num_heads, attention_dropout_rate=self.attention_dropout_rate)
+        return config
+
+
+# === Encoder ===
+
+
+@register
+class MlpBlock(keras.layers.Layer):
+    """Dense(mlp_dim) -> GELU (tanh or erf form) -> dropout -> Dense(hidden) -> dropout."""
+
+    def __init__(self, mlp_dim, dropout_rate=0.0, gelu_approximate=True, **kwargs):
+        super().__init__(**kwargs)
+        self.mlp_dim = int(mlp_dim)
+        self.dropout_rate = float(dropout_rate)
+        self.gelu_approximate = bool(gelu_approximate)
+        init = dict(kernel_initializer="glorot_uniform", bias_initializer=keras.initializers.RandomNormal(stddev=1e-6))
+        self.dense_0 = keras.layers.Dense(self.mlp_dim, dtype=self.dtype_policy, name="Dense_0", **init)
+        self.dense_1 = None
+        self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=self.dtype_policy, name="dropout")
+        self._init = init
+
+    def build(self, input_shape):
+        hidden = input_shape[-1]
+        self.dense_1 = keras.layers.Dense(hidden, dtype=self.dtype_policy, name="Dense_1", **self._init)
+        self.dense_0.build(input_shape)
+        self.dense_1.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
+
+    def call(self, x, training=None):
+        y = ops.gelu(self.dense_0(x), approximate=self.gelu_approximate)
+        y = self.dropout(y, training=training)
+        y = self.dense_1(y)
+        return self.dropout(y, training=training)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def weight_tree_variables(self):
+        return {
+            "Dense_0/kernel": self.dense_0.kernel,
+            "Dense_0/bias": self.dense_0.bias,
+            "Dense_1/kernel": self.dense_1.kernel,
+            "Dense_1/bias": self.dense_1.bias,
+        }
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate, gelu_approximate=self.gelu_approximate)
+        return config
+
+
+def layer_norm_variables(norm):
+    return {"scale": norm.gamma, "bias": norm.beta}
+
+
+@register
+class EncoderBlock(keras.layers.Layer):
+    """Pre-LN Transformer block: x + Dropout(MHA(LN(x))), then y + MLP(LN(y))."""
+
+    def __init__(
+        self,
+        num_heads,
+        mlp_dim,
+        dropout_rate=0.0,
+        attention_dropout_rate=0.0,
+        layer_norm_epsilon=1e-6,
+        gelu_approximate=True,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_heads = int(num_heads)
+        self.mlp_dim = int(mlp_dim)
+        self.dropout_rate = float(dropout_rate)
+        self.attention_dropout_rate = float(attention_dropout_rate)
+        self.layer_norm_epsilon = float(layer_norm_epsilon)
+        self.gelu_approximate = bool(gelu_approximate)
+        policy = self.dtype_policy
+        self.norm_0 = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, dtype=policy, name="LayerNorm_0")
+        self.attention = MultiHeadDotProductAttention(
+            self.num_heads, self.attention_dropout_rate, dtype=policy, name="MultiHeadDotProductAttention_1"
+        )
+        self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=policy, name="dropout")
+        self.norm_2 = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, dtype=policy, name="LayerNorm_2")
+        self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu_approximate, dtype=policy, name="MlpBlock_3")
+
+    def build(self, input_shape):
+        for sub in (self.norm_0, self.attention, self.norm_2, self.mlp):
+            sub.build(input_shape)
+
+    def call(self, x, training=None, return_attention_weights=False):
+        y = self.attention(self.norm_0(x), training=training, return_attention_weights=return_attention_weights)
+        if return_attention_weights:
+            y, weights = y
+        x = x + self.dropout(y, training=training)
+        x = x + self.mlp(self.norm_2(x), training=training)
+        return (x, weights) if return_attention_weights else x
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def weight_tree_variables(self):
+        tree = {f"LayerNorm_0/{k}": v for k, v in layer_norm_variables(self.norm_0).items()}
+        tree.update({f"MultiHeadDotProductAttention_1/{k}": v for k, v in self.attention.weight_tree_variables().items()})
+        tree.update({f"LayerNorm_2/{k}": v for k, v in layer_norm_variables(self.norm_2).items()})
+        tree.update({f"MlpBlock_3/{k}": v for k, v in self.mlp.weight_tree_variables().items()})
+        return tree
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_heads=self.num_heads,
+            mlp_dim=self.mlp_dim,
+            dropout_rate=self.dropout_rate,
+            attention_dropout_rate=self.attention_dropout_rate,
+            layer_norm_epsilon=self.layer_norm_epsilon,
+            gelu_approximate=self.gelu_approximate,
+        )
+        return config
+
+
+# === Pooling ===
+
+
+@register
+class TokenPooling(keras.layers.Layer):
+    """Pools the token sequence: "token" takes the class token, "gap" averages the patch tokens.
+
+    `num_prefix_tokens` tokens at the front are left out of the average ("gap" models have none).
+    """
+
+    def __init__(self, mode="token", num_prefix_tokens=1, **kwargs):
+        super().__init__(**kwargs)
+        if mode not in ("token", "gap", "max"):
+            raise ValueError(f"TokenPooling mode must be 'token', 'gap' or 'max'; got {mode!r}.")
+        self.mode = mode
+        self.num_prefix_tokens = int(num_prefix_tokens)
+
+    def call(self, tokens):
+        if self.mode == "token":
+            return tokens[:, 0]
+        patches = tokens[:, self.num_prefix_tokens :]
+        if self.mode == "max":
+            return ops.max(patches, axis=1)
+        return ops.mean(patches, axis=1)
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], input_shape[-1])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(mode=self.mode, num_prefix_tokens=self.num_prefix_tokens)
+        return config

@@ -1,0 +1,54 @@
+"""Shared test set-up: quiet backends, tiny configs, a fresh-process runner."""
+
+import os
+import subprocess
+import sys
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("KERAS_BACKEND", "jax")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+BACKEND = keras.backend.backend()
+
+# A tiny token model and a tiny hybrid: fast enough for logic tests on every backend.
+TINY = dict(image_size=32, patch_size=8, hidden_size=24, num_layers=2, num_heads=3, mlp_dim=48, classes=7)
+TINY_HYBRID = dict(
+    image_size=64, patch_size=1, hidden_size=24, num_layers=2, num_heads=2, mlp_dim=32, classes=5,
+    resnet=((1, 1), 0.5),
+)
+
+
+@pytest.fixture(autouse=True)
+def _reset_keras_state():
+    """Each test starts from float32 and a clean session (tests change the dtype policy)."""
+    keras.config.set_dtype_policy("float32")
+    keras.utils.clear_session()
+    yield
+    keras.config.set_dtype_policy("float32")
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+def randomize(model, seed=0, scale=0.5):
+    """Give every weight a random value (zero-initialised heads and norms would hide bugs)."""
+    r = np.random.default_rng(seed)
+    for v in model.weights:
+        v.assign((r.standard_normal(tuple(v.shape)) * scale / max(1.0, np.sqrt(v.shape[0] if v.shape else 1))).astype(v.dtype))
+    return model
+
+
+def run_python(code, env=None, timeout=600):
+    """Run `code` in a fresh Python process on the current backend; returns stdout."""
+    full_env = dict(os.environ, KERAS_BACKEND=BACKEND, **(env or {}))
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=full_env, timeout=timeout
+    )
+    if out.returncode:
+        raise AssertionError(f"subprocess failed ({out.returncode}):\n{out.stdout}\n{out.stderr[-4000:]}")
+    return out.stdout

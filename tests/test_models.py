@@ -1,0 +1,188 @@
+"""Core models: forward pass against an independent NumPy implementation, shapes, errors."""
+
+import keras
+import numpy as np
+import pytest
+from conftest import TINY, TINY_HYBRID, randomize
+from reference_numpy import vit_forward
+
+import keras_vit
+from keras_vit.models.config import NUMERICS
+
+
+def rel_err(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.abs(a - b).max() / np.abs(b).max()
+
+
+def images(shape, seed=1):
+    return np.random.default_rng(seed).uniform(-1, 1, shape).astype("float32")
+
+
+@pytest.mark.parametrize("gelu_approximate", [True, False], ids=["tanh", "erf"])
+@pytest.mark.parametrize("classifier", ["token", "gap"])
+def test_vit_forward_matches_numpy(gelu_approximate, classifier):
+    model = keras_vit.VisionTransformer(
+        **TINY, classifier=classifier, gelu_approximate=gelu_approximate, classifier_activation=None
+    )
+    randomize(model)
+    x = images((2, 32, 32, 3))
+    ref = vit_forward(
+        keras_vit.get_weight_tree(model), x, patch_size=8, num_layers=2, classifier=classifier,
+        gelu_approximate=gelu_approximate,
+    )
+    out = model.predict(x, verbose=0)
+    assert out.shape == (2, 7)
+    assert rel_err(out, ref) < 2e-5
+
+
+def test_representation_layer_and_non_square_input():
+    model = keras_vit.VisionTransformer(
+        **{**TINY, "image_size": (16, 40)}, representation_size=10, classifier_activation=None,
+        layer_norm_epsilon=1e-12,
+    )
+    randomize(model, seed=3)
+    x = images((3, 16, 40, 3))
+    ref = vit_forward(keras_vit.get_weight_tree(model), x, patch_size=8, num_layers=2, layer_norm_epsilon=1e-12)
+    assert rel_err(model.predict(x, verbose=0), ref) < 2e-5
+
+
+def test_token_sequence_without_top_matches_numpy():
+    model = keras_vit.VisionTransformer(**TINY, include_top=False)
+    randomize(model, seed=4)
+    x = images((2, 32, 32, 3))
+    ref = vit_forward(keras_vit.get_weight_tree(model), x, patch_size=8, num_layers=2, include_top=False)
+    out = model.predict(x, verbose=0)
+    assert out.shape == (2, 17, 24)
+    assert rel_err(out, ref) < 2e-5
+
+
+@pytest.mark.parametrize("numerics", ["original", "timm"])
+def test_hybrid_forward_matches_numpy(numerics):
+    n = NUMERICS[numerics]
+    kw = {k: n[k] for k in ("gelu_approximate", "group_norm_epsilon", "std_conv_epsilon", "std_conv_epsilon_inside_sqrt")}
+    model = keras_vit.VisionTransformer(**TINY_HYBRID, classifier_activation=None, **kw)
+    randomize(model, seed=5)
+    x = images((2, 64, 64, 3))
+    ref = vit_forward(
+        keras_vit.get_weight_tree(model), x, patch_size=1, num_layers=2, resnet_units=(1, 1), width_factor=0.5, **kw
+    )
+    assert rel_err(model.predict(x, verbose=0), ref) < 2e-5
+
+
+def test_stem_only_hybrid_with_odd_sizes_matches_numpy():
+    # 56x72: SAME padding is asymmetric at the stride-2 root conv and pool of odd-sized maps.
+    model = keras_vit.VisionTransformer(
+        image_size=(56, 72), patch_size=2, hidden_size=24, num_layers=1, num_heads=2, mlp_dim=16, classes=3,
+        resnet=((), 0.5), classifier_activation=None,
+    )
+    randomize(model, seed=6)
+    x = images((2, 56, 72, 3))
+    ref = vit_forward(keras_vit.get_weight_tree(model), x, patch_size=2, num_layers=1, resnet_units=(), width_factor=0.5)
+    assert rel_err(model.predict(x, verbose=0), ref) < 2e-5
+
+
+def test_pooling_modes():
+    x = images((2, 32, 32, 3))
+    base = keras_vit.VisionTransformer(**TINY, include_top=False)
+    randomize(base, seed=7)
+    tokens = base.predict(x, verbose=0)
+    tree = keras_vit.get_weight_tree(base)
+    for pooling, expected in (("token", tokens[:, 0]), ("gap", tokens[:, 1:].mean(1)), ("max", tokens[:, 1:].max(1))):
+        m = keras_vit.VisionTransformer(**TINY, include_top=False, pooling=pooling)
+        keras_vit.set_weight_tree(m, tree)
+        np.testing.assert_allclose(m.predict(x, verbose=0), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_head_is_zero_initialised_and_softmax_output():
+    model = keras_vit.VisionTransformer(**TINY)
+    head = model.get_layer("head")
+    assert not np.any(head.kernel.numpy()) and not np.any(head.bias.numpy())
+    out = model.predict(images((1, 32, 32, 3)), verbose=0)
+    np.testing.assert_allclose(out, np.full((1, 7), 1 / 7), rtol=1e-6)
+
+
+# === Full-size constructors ===
+
+PARAMS_224 = {  # REFERENCE.md, 1000 classes
+    "ViTTi16": 5_717_416, "ViTS16": 22_050_664, "ViTS32": 22_878_952, "ViTB8": 86_576_872,
+    "ViTB16": 86_567_656, "ViTB32": 88_224_232, "ViTL16": 304_326_632, "ViTL32": 306_535_400,
+    "ViTH14": 632_045_800, "RViTTi16": 6_337_704, "R26ViTS32": 36_431_912, "R26ViTB32": 101_383_976,
+    "R50ViTB16": 98_659_112, "R50ViTL32": 328_994_856,
+}
+STRIDE = {"ViTTi16": 16, "ViTS16": 16, "ViTS32": 32, "ViTB8": 8, "ViTB16": 16, "ViTB32": 32, "ViTL16": 16,
+          "ViTL32": 32, "ViTH14": 14, "RViTTi16": 32, "R26ViTS32": 32, "R26ViTB32": 32, "R50ViTB16": 16,
+          "R50ViTB32": 32, "R50ViTL16": 16, "R50ViTL32": 32}
+HIDDEN = {"Ti": 192, "S": 384, "B": 768, "L": 1024, "H": 1280}
+
+
+def _hidden(name):
+    return HIDDEN[name.replace("R26", "").replace("R50", "").replace("RViT", "ViT")[3:-2].rstrip("0123456789")]
+
+
+def test_every_constructor_is_tabled():
+    assert set(STRIDE) == set(keras_vit.applications.CONSTRUCTORS)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(STRIDE))
+def test_constructor_shapes_and_parameter_counts(name):
+    ctor = getattr(keras_vit, name)
+    model = ctor(weights=None)
+    assert model.output_shape == (None, 1000)
+    if name in PARAMS_224:
+        assert model.count_params() == PARAMS_224[name]
+    keras.utils.clear_session()
+    # Non-square input, no top: the token sequence of the grid the stride gives.
+    s = STRIDE[name]
+    h, w = 6 * s if s > 14 else 12 * s, 4 * s if s > 14 else 8 * s
+    feats = ctor(weights=None, include_top=False, input_shape=(h, w, 3))
+    assert feats.output_shape == (None, 1 + (h // s) * (w // s), _hidden(name))
+    pooled = ctor(weights=None, include_top=False, pooling="gap", input_shape=(h, w, 3))
+    assert pooled.output_shape == (None, _hidden(name))
+
+
+def test_gap_architecture_parameter_count():
+    from keras_vit.models.config import get_architecture
+
+    model = keras_vit.VisionTransformer(image_size=224, **get_architecture("ViTB16Gap").kwargs())
+    assert model.count_params() == 86_566_120
+
+
+def test_small_model_predicts_at_224_and_non_square():
+    m = keras_vit.ViTTi16(weights=None, input_shape=(160, 96, 3), classes=4, dropout_rate=0.1)
+    assert m.predict(images((1, 160, 96, 3)), verbose=0).shape == (1, 4)
+    assert m.get_layer("posembed_input").pos_embedding.shape == (1, 1 + 10 * 6, 192)
+
+
+# === Errors ===
+
+
+def test_error_image_size_not_divisible():
+    with pytest.raises(ValueError, match=r"Image height 230 is not divisible by the patch size 16.*224 or 240"):
+        keras_vit.ViTB16(weights=None, input_shape=(230, 224, 3))
+    with pytest.raises(ValueError, match=r"width 200 .* ResNet stride 16 \(= 16\)"):
+        keras_vit.R50ViTB16(weights=None, input_shape=(224, 200, 3))
+
+
+def test_error_unknown_override_suggests():
+    with pytest.raises(ValueError, match=r"'dropout' \(did you mean 'dropout_rate'\?\)"):
+        keras_vit.ViTTi16(weights=None, dropout=0.1)
+    with pytest.raises(ValueError, match="Unknown override"):
+        keras_vit.ViTTi16(weights=None, hidden_size=10)
+
+
+def test_error_classifier_and_pooling():
+    with pytest.raises(ValueError, match=r"classifier must be 'token' .* got 'avg'"):
+        keras_vit.VisionTransformer(**{**TINY, "classifier": "avg"})
+    with pytest.raises(ValueError, match=r"pooling must be one of .* got 'mean'"):
+        keras_vit.ViTTi16(weights=None, include_top=False, pooling="mean")
+    with pytest.raises(ValueError, match="needs a class token"):
+        keras_vit.VisionTransformer(**{**TINY, "classifier": "gap"}, include_top=False, pooling="token")
+
+
+def test_error_bad_input_shape_and_heads():
+    with pytest.raises(ValueError, match="known height and width"):
+        keras_vit.ViTTi16(weights=None, input_shape=(None, None, 3))
+    with pytest.raises(ValueError, match="not divisible by num_heads 5"):
+        keras_vit.VisionTransformer(**{**TINY, "num_heads": 5})
