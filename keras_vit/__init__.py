@@ -27,3 +27,11 @@ from keras_vit.applications import (  # noqa: F401
     ViTTi16,
 )
 from keras_vit.models import VisionTransformer, get_weight_tree, set_weight_tree  # noqa: F401
+
+# === Checkpoints and presets ===
+
+# === Data and training ===
+
+# === Analysis ===
+
+# === Distribution ===

@@ -102,7 +102,7 @@ def build_application(
     if weights is None:
         model = VisionTransformer(**kwargs)
     else:
-        from keras_vit.checkpoints import build_with_weights
+        from keras_vit.presets import build_with_weights
 
         model = build_with_weights(arch, weights, kwargs)
     if input_tensor is not None:

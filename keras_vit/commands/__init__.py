@@ -1,0 +1,1 @@
+"""Subcommands of the `keras-vit` CLI (see keras_vit/cli.py)."""
