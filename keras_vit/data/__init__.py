@@ -1,0 +1,28 @@
+"""Input pipelines: tensorflow-datasets, image folders and embedded data, with the paper's
+preprocessing (Inception crop + flip for training, resize for evaluation, pixels in [-1, 1]).
+
+    ds, info = keras_vit.data.load_dataset("tfds:cifar100", "train", image_size=384,
+                                           batch_size=512, training=True)
+"""
+
+from keras_vit.data.embedded import EMBEDDED_DATASETS, SHAPE_CLASSES, load_digits, load_embedded, make_shapes  # noqa: F401
+from keras_vit.data.folder import IMAGE_EXTENSIONS, index_image_folder  # noqa: F401
+from keras_vit.data.preprocessing import (  # noqa: F401
+    INCEPTION_AREA_RANGE,
+    INCEPTION_ASPECT_RANGE,
+    eval_preprocess,
+    inception_crop,
+    inception_crop_box,
+    random_flip,
+    scale_to_unit_range,
+    train_preprocess,
+)
+from keras_vit.data.pipeline import DatasetInfo, as_arrays, load_dataset, load_source  # noqa: F401
+from keras_vit.data.tfds_sources import (  # noqa: F401
+    TFDS_DATASETS,
+    VTAB_TASKS,
+    DatasetNotPreparedError,
+    TfdsSource,
+    get_tfds_source,
+)
+

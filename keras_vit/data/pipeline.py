@@ -1,0 +1,268 @@
+"""One entry point from a data name to batches for `model.fit` / `evaluate` / `predict`.
+
+    train_ds, info = keras_vit.data.load_dataset("digits", "train", image_size=32, batch_size=64,
+                                                 training=True, seed=0)
+    model.fit(train_ds, steps_per_epoch=100, epochs=5)
+
+`data` is one of:
+  * "tfds:NAME" — a tensorflow-datasets dataset of `keras_vit.data.TFDS_DATASETS` (cifar10,
+    cifar100, oxford_iiit_pet, oxford_flowers102, imagenet2012, vtab/<task>, ...) or any other
+    tfds name with "image"/"label" features; it must be prepared already (no downloads);
+  * "digits" or "shapes" — embedded data (see keras_vit.data.embedded);
+  * a path to an image folder (see keras_vit.data.folder).
+
+The result is a tf.data.Dataset of (images float32 (B, H, W, 3) in [-1, 1], labels int32 (B,)
+or one-hot float32 (B, classes)); Keras feeds tf.data to fit on the JAX, TensorFlow and PyTorch
+backends alike. Training pipelines shuffle, repeat and augment (Inception crop + flip);
+evaluation pipelines resize, keep the order and every example (last batch may be short).
+Randomness is derived from `seed` only: the same seed gives the same batches.
+"""
+
+import dataclasses
+import os
+
+from keras_vit.data import preprocessing
+from keras_vit.data.embedded import EMBEDDED_DATASETS, load_embedded
+
+
+@dataclasses.dataclass
+class DatasetInfo:
+    """What a pipeline was built from: name, split, number of classes and examples, class names."""
+
+    name: str
+    split: str
+    num_classes: int
+    num_examples: int = None
+    class_names: list = None
+    skipped_files: int = 0
+
+
+def _check_classes(classes, info):
+    if classes is None:
+        return
+    if info.num_classes is not None and int(classes) != info.num_classes:
+        raise ValueError(
+            f"classes={classes} contradicts the data: {info.name!r} split {info.split!r} has {info.num_classes} "
+            f"classes. Use classes={info.num_classes} (a model head of {info.num_classes} outputs), or other data."
+        )
+
+
+def _source_tfds(name, split, data_dir):
+    import tensorflow as tf
+
+    from keras_vit.data.tfds_sources import get_tfds_source, read_tfds_split, tfds_builder
+
+    source = get_tfds_source(name)
+    builder = tfds_builder(source, data_dir)
+    if split not in source.splits:
+        # A raw tfds split string ("train[:10%]") is passed through for non-table datasets.
+        if name in TFDS_NAMES_CACHE():
+            raise ValueError(f"{name!r} has splits {sorted(source.splits)}; got {split!r}.")
+        spec = split
+    else:
+        spec = source.splits[split]
+
+    def read(spec):
+        if isinstance(spec, tuple) and isinstance(spec[1], int):  # (tfds split, first n)
+            return read(spec[0]).take(spec[1])
+        if isinstance(spec, tuple):
+            first, *rest = spec
+            ds = read(first)
+            for part in rest:
+                ds = ds.concatenate(read(part))
+            return ds
+        return read_tfds_split(source, builder, spec)
+
+    ds = read(spec)
+    label_fn = source.label if callable(source.label) else (lambda ex, key=source.label: ex[key])
+    scale = source.pixel_scale
+
+    def to_pair(example):
+        image = example[source.image]
+        if scale != 1:
+            image = image * tf.cast(scale, image.dtype)
+        return preprocessing.ensure_rgb(image), tf.cast(label_fn(example), tf.int64)
+
+    ds = ds.map(to_pair, num_parallel_calls=tf.data.AUTOTUNE)
+    classes = source.classes
+    names = None
+    if isinstance(source.label, str):
+        try:
+            feature = builder.info.features[source.label]
+            classes = classes or feature.num_classes
+            names = list(feature.names)
+        except (KeyError, AttributeError):
+            pass
+    cardinality = int(ds.cardinality())
+    count = cardinality if cardinality >= 0 else None
+    return ds, DatasetInfo(f"tfds:{name}", split, classes, count, names)
+
+
+def TFDS_NAMES_CACHE():
+    from keras_vit.data.tfds_sources import TFDS_DATASETS
+
+    return TFDS_DATASETS
+
+
+def _source_folder(path, split, on_bad_file):
+    import tensorflow as tf
+
+    from keras_vit.data.folder import index_image_folder
+
+    index = index_image_folder(path, split, on_bad_file=on_bad_file)
+    ds = tf.data.Dataset.from_tensor_slices((index.paths, tf.constant(index.labels, tf.int64)))
+
+    def decode(path, label):
+        image = tf.io.decode_image(tf.io.read_file(path), channels=3, expand_animations=False)
+        return image, label
+
+    ds = ds.map(decode, num_parallel_calls=tf.data.AUTOTUNE)
+    info = DatasetInfo(
+        os.fspath(path), split, len(index.class_names), len(index.paths), index.class_names,
+        skipped_files=len(index.non_images) + len(index.corrupt),
+    )
+    return ds, info
+
+
+def _source_arrays(name, split):
+    import tensorflow as tf
+
+    images, labels, class_names = load_embedded(name, split)
+    ds = tf.data.Dataset.from_tensor_slices((images, labels))
+    return ds, DatasetInfo(name, split, len(class_names), len(images), class_names)
+
+
+def load_source(data, split="train", *, data_dir=None, on_bad_file="skip"):
+    """(tf.data.Dataset of (uint8 image (H, W, 3), int64 label), DatasetInfo) before preprocessing."""
+    data = os.fspath(data)
+    if data.startswith("tfds:"):
+        return _source_tfds(data[len("tfds:"):], split, data_dir)
+    if data in EMBEDDED_DATASETS or data.startswith("embedded:"):
+        return _source_arrays(data.split(":")[-1], split)
+    if os.path.isdir(data):
+        return _source_folder(data, split, on_bad_file)
+    raise ValueError(
+        f"Cannot tell what data {data!r} is: use 'tfds:NAME' (a prepared tensorflow-datasets dataset), "
+        f"{' or '.join(repr(n) for n in EMBEDDED_DATASETS)} (embedded), or an existing image folder path."
+    )
+
+
+def load_dataset(
+    data,
+    split="train",
+    *,
+    image_size,
+    batch_size=32,
+    training=False,
+    seed=0,
+    repeat=None,
+    classes=None,
+    one_hot=False,
+    crop=True,
+    flip=True,
+    area_range=preprocessing.INCEPTION_AREA_RANGE,
+    aspect_range=preprocessing.INCEPTION_ASPECT_RANGE,
+    shuffle_buffer=10_000,
+    drop_remainder=None,
+    cache=None,
+    data_dir=None,
+    on_bad_file="skip",
+):
+    """Build the input pipeline of `data`/`split` for a model at `image_size`.
+
+    Args:
+        data: "tfds:NAME", "digits", "shapes" or an image folder path (see module docstring).
+        split: "train", "test", "val", VTAB's "train800" / "val200" / "train800val200", or a
+            slice of an embedded split such as "train[:1000]".
+        image_size: int or (height, width) of the model input.
+        batch_size: examples per batch.
+        training: True -> shuffle, repeat (by default), Inception crop + flip, full batches only.
+        seed: int; all shuffling and augmentation derive from it.
+        repeat: repeat forever (default: `training`).
+        classes: expected number of classes; a different count in the data raises ValueError.
+        one_hot: labels as one-hot float32 (for label smoothing) instead of int32 indices.
+        crop, flip, area_range, aspect_range: the training augmentation (defaults: the paper's).
+        shuffle_buffer: shuffle buffer size (training).
+        drop_remainder: drop the last short batch (default: `training`).
+        cache: cache decoded images in memory (default: True for embedded data and folders
+            under 20k images).
+        data_dir: tensorflow-datasets data directory.
+        on_bad_file: image folders: "skip" (counted warning) or "error".
+
+    Returns:
+        (tf.data.Dataset, DatasetInfo).
+
+    Example:
+        >>> ds, info = load_dataset("shapes", "test", image_size=32, batch_size=8)
+        >>> images, labels = next(iter(ds))
+        >>> tuple(images.shape), info.num_classes
+        ((8, 32, 32, 3), 4)
+    """
+    import tensorflow as tf
+
+    data = os.fspath(data)
+    ds, info = load_source(data, split, data_dir=data_dir, on_bad_file=on_bad_file)
+    _check_classes(classes, info)
+    num_classes = info.num_classes if info.num_classes is not None else classes
+    if one_hot and num_classes is None:
+        raise ValueError(f"one_hot=True needs the number of classes of {data!r}; pass classes=.")
+    if num_classes is not None:
+        bound = tf.constant(num_classes, tf.int64)
+
+        def check_label(image, label):
+            tf.debugging.assert_less(
+                label, bound,
+                message=f"a label of {data!r} is >= classes={num_classes}: the class count contradicts the data",
+            )
+            return image, label
+
+        ds = ds.map(check_label)
+    if cache is None:
+        cache = info.num_examples is not None and info.num_examples <= 20_000 and not data.startswith("tfds:")
+    if cache:
+        ds = ds.cache()
+    repeat = training if repeat is None else repeat
+    drop_remainder = training if drop_remainder is None else drop_remainder
+    base_seed = tf.constant(int(seed), tf.int64)
+    if training:
+        buffer = min(shuffle_buffer, info.num_examples or shuffle_buffer)
+        ds = ds.shuffle(buffer, seed=int(seed), reshuffle_each_iteration=True)
+    if repeat:
+        ds = ds.repeat()
+    if training:
+        # The element index (across epochs) and the seed give each example its own stateless seed.
+        def augment(index, pair):
+            image, label = pair
+            image = preprocessing.train_preprocess(
+                image, image_size, tf.stack([base_seed, index]), area_range=area_range,
+                aspect_range=aspect_range, flip=flip, crop=crop,
+            )
+            return image, label
+
+        ds = ds.enumerate().map(augment, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+    else:
+        ds = ds.map(
+            lambda image, label: (preprocessing.eval_preprocess(image, image_size), label),
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
+        )
+    if one_hot:
+        ds = ds.map(lambda image, label: (image, tf.one_hot(label, num_classes, dtype=tf.float32)))
+    else:
+        ds = ds.map(lambda image, label: (image, tf.cast(label, tf.int32)))
+    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+    options = tf.data.Options()
+    options.deterministic = True
+    ds = ds.with_options(options).prefetch(tf.data.AUTOTUNE)
+    return ds, dataclasses.replace(info, num_classes=num_classes)
+
+
+def as_arrays(data, split="test", *, image_size, **kwargs):
+    """The whole (eval-preprocessed) split as numpy arrays (images, labels): for small data."""
+    import numpy as np
+
+    ds, info = load_dataset(data, split, image_size=image_size, batch_size=256, training=False, **kwargs)
+    images, labels = [], []
+    for x, y in ds.as_numpy_iterator():
+        images.append(x)
+        labels.append(y)
+    return np.concatenate(images), np.concatenate(labels), info
