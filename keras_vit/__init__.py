@@ -29,21 +29,10 @@ from keras_vit.applications import (  # noqa: F401
 from keras_vit.models import VisionTransformer, get_weight_tree, set_weight_tree  # noqa: F401
 
 # === Checkpoints and presets ===
-from keras_vit.checkpoints import (  # noqa: F401,E402
-    CheckpointError,
-    build_model,
-    load_checkpoint,
-    read_checkpoint,
-    save_preset,
-    write_npz,
-)
-from keras_vit.imagenet import decode_predictions, preprocess_input  # noqa: F401,E402
-from keras_vit.presets import list_presets  # noqa: F401,E402
 
 # === Data and training ===
 
 # === Analysis ===
-from keras_vit import analysis  # noqa: F401,E402  (light: numpy and keras only)
 
 # === Distribution ===
 from keras_vit.distribution import get_layout_map  # noqa: F401,E402
