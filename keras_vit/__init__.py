@@ -29,6 +29,14 @@ from keras_vit.applications import (  # noqa: F401
 from keras_vit.models import VisionTransformer, get_weight_tree, set_weight_tree  # noqa: F401
 
 # === Checkpoints and presets ===
+from keras_vit.checkpoints import (  # noqa: F401,E402
+    CheckpointError,
+    build_model,
+    load_checkpoint,
+    read_checkpoint,
+    save_preset,
+    write_npz,
+)
 
 # === Data and training ===
 

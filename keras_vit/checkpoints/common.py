@@ -1,0 +1,265 @@
+"""What every reader shares: the error type, config inference from the canonical tree, and a
+zero-copy safetensors reader.
+
+A reader's job ends at (tree, config): `tree` is the canonical weight tree (original Flax names
+and shapes, float32 numpy arrays), `config` the VisionTransformer keyword arguments of the
+checkpoint, inferred from the weights' shapes (and, where the weights cannot tell, from the
+checkpoint's own config file), together with the source framework's numerics.
+"""
+
+import json
+import os
+import re
+import struct
+
+import numpy as np
+
+from keras_vit.models.config import ARCHITECTURES, EXTRA_ARCHITECTURES, NUMERICS, resnet_stride
+
+# === Errors ===
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be read: unknown format, truncated or corrupt file, unexpected
+    or missing weights, or an architecture outside the ViT family."""
+
+
+def corrupt_file_error(path, err):
+    """The error for a file that exists but cannot be parsed."""
+    return CheckpointError(
+        f"Cannot read {os.fspath(path)!r}: the file is truncated or corrupt ({type(err).__name__}: {err}). "
+        "Delete it and download or convert it again (for Hub files, remove it from the cache so that "
+        "it is fetched anew)."
+    )
+
+
+def describe_keys(keys, limit=8):
+    keys = sorted(keys)
+    shown = ", ".join(keys[:limit])
+    return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
+
+
+# === Config inference ===
+
+#: The config fields that hold a source's numerics (see keras_vit.models.config.NUMERICS).
+NUMERICS_FIELDS = tuple(NUMERICS["original"])
+
+#: The VisionTransformer arguments a checkpoint determines (everything else is the caller's).
+ARCHITECTURE_FIELDS = (
+    "image_size",
+    "patch_size",
+    "hidden_size",
+    "num_layers",
+    "num_heads",
+    "mlp_dim",
+    "classes",
+    "classifier",
+    "representation_size",
+    "resnet",
+    "num_channels",
+) + NUMERICS_FIELDS
+
+_BLOCK = re.compile(r"^Transformer/encoderblock_(\d+)/")
+_UNIT = re.compile(r"^block(\d+)/unit(\d+)/")
+_QUERY = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"
+_POS = "Transformer/posembed_input/pos_embedding"
+
+
+def _require(tree, key, source):
+    if key not in tree:
+        raise CheckpointError(f"{source}: missing weight {key!r}; this is not a complete ViT checkpoint.")
+    return tree[key]
+
+
+def infer_resnet(tree, source="checkpoint"):
+    """(stage_units, width_factor) of the hybrid ResNet in `tree`, or None for a plain ViT."""
+    if "conv_root/kernel" not in tree:
+        return None
+    width = tree["conv_root/kernel"].shape[-1] / 64
+    width = int(width) if float(width).is_integer() else width
+    units = {}
+    for key in tree:
+        m = _UNIT.match(key)
+        if m:
+            s, u = int(m.group(1)), int(m.group(2))
+            units[s] = max(units.get(s, 0), u)
+    if units and sorted(units) != list(range(1, len(units) + 1)):
+        raise CheckpointError(f"{source}: ResNet stages {sorted(units)} are not numbered 1..{len(units)}.")
+    return tuple(units[s] for s in sorted(units)), width
+
+
+def infer_config(tree, numerics, *, source="checkpoint", image_size=None, num_heads=None, num_channels=None):
+    """VisionTransformer kwargs of the canonical `tree`, plus the `numerics` (a NUMERICS row or dict).
+
+    `image_size` (height, width) is the checkpoint's resolution when its config states one;
+    otherwise the position-embedding grid is taken as square. `num_heads` is needed only when
+    the tree cannot tell (it always can: the query kernel is (hidden, heads, head_dim)).
+    """
+    embed = _require(tree, "embedding/kernel", source)
+    if embed.ndim != 4 or embed.shape[0] != embed.shape[1]:
+        raise CheckpointError(f"{source}: embedding/kernel has shape {embed.shape}; expected (patch, patch, in, hidden).")
+    patch, hidden = int(embed.shape[0]), int(embed.shape[-1])
+    layers = sorted({int(m.group(1)) for m in map(_BLOCK.match, tree) if m})
+    if not layers or layers != list(range(len(layers))):
+        raise CheckpointError(f"{source}: encoder blocks {layers} are not numbered 0..N-1.")
+    query = _require(tree, _QUERY, source)
+    heads = int(query.shape[1]) if query.ndim == 3 else num_heads
+    mlp = int(_require(tree, "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel", source).shape[-1])
+    classifier = "token" if "cls" in tree else "gap"
+    prefix = 1 if classifier == "token" else 0
+    resnet = infer_resnet(tree, source)
+    stride = patch * resnet_stride(resnet)
+    pos = _require(tree, _POS, source)
+    tokens = int(pos.shape[-2]) - prefix
+    if image_size is not None:
+        h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(int(s) for s in image_size)
+        if (h // stride) * (w // stride) != tokens:
+            # The stated size does not fit the stored grid: trust the weights.
+            image_size = None
+    if image_size is None:
+        side = int(round(tokens**0.5))
+        if side * side != tokens:
+            raise CheckpointError(
+                f"{source}: the position embedding holds {tokens} patch tokens, not a square grid, and the "
+                "checkpoint states no image size."
+            )
+        h = w = side * stride
+    config = dict(
+        image_size=(h, w),
+        patch_size=patch,
+        hidden_size=hidden,
+        num_layers=len(layers),
+        num_heads=heads,
+        mlp_dim=mlp,
+        classes=int(tree["head/kernel"].shape[-1]) if "head/kernel" in tree else None,
+        classifier=classifier,
+        representation_size=int(tree["pre_logits/kernel"].shape[-1]) if "pre_logits/kernel" in tree else None,
+        resnet=resnet,
+        num_channels=int(num_channels or (tree["conv_root/kernel"] if resnet else embed).shape[2]),
+    )
+    config.update({k: numerics[k] for k in NUMERICS_FIELDS})
+    return config
+
+
+def source_grid(config):
+    """The (rows, cols) position-embedding grid of a checkpoint config."""
+    stride = config["patch_size"] * resnet_stride(config.get("resnet"))
+    h, w = config["image_size"] if not isinstance(config["image_size"], int) else (config["image_size"],) * 2
+    return h // stride, w // stride
+
+
+def heads_from_table(hidden, layers, mlp, classifier, resnet, source="checkpoint"):
+    """The head count of the architecture-table row whose shapes match (for files that store
+    attention as stacked qkv matrices and carry no config stating it)."""
+    rows = [
+        a
+        for a in list(ARCHITECTURES.values()) + list(EXTRA_ARCHITECTURES.values())
+        if (a.hidden_size, a.num_layers, a.mlp_dim, a.classifier) == (hidden, layers, mlp, classifier)
+        and (a.resnet is None) == (resnet is None)
+    ]
+    heads = {a.num_heads for a in rows}
+    if len(heads) != 1:
+        raise CheckpointError(
+            f"{source}: the number of attention heads is not stored in the weights (hidden {hidden}, "
+            f"{layers} layers, MLP {mlp}, classifier {classifier!r}) and no known architecture matches. "
+            "Put a config.json next to the weights naming it (timm: 'architecture' and "
+            "'model_args': {'num_heads': ...}; transformers: 'num_attention_heads')."
+        )
+    return heads.pop()
+
+
+# === Safetensors ===
+
+_ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
+              "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+
+class SafetensorsFile:
+    """A .safetensors file read through a memory map: each tensor is a view of the file, turned
+    into a float32 array only when asked for (no pickle, no copy of the whole file).
+
+    Raises CheckpointError for a truncated or malformed file before any tensor is handed out.
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        size = os.path.getsize(self.path)
+        try:
+            with open(self.path, "rb") as f:
+                raw = f.read(8)
+                if len(raw) < 8:
+                    raise ValueError(f"file of {size} bytes has no header")
+                (n,) = struct.unpack("<Q", raw)
+                if n > size - 8 or n > 100_000_000:
+                    raise ValueError(f"header length {n} exceeds the file size {size}")
+                header = json.loads(f.read(n).decode("utf-8"))
+        except (ValueError, UnicodeDecodeError) as err:
+            raise corrupt_file_error(self.path, err) from None
+        self.metadata = header.pop("__metadata__", None) or {}
+        self._start = 8 + n
+        self._entries = header
+        data_size = size - self._start
+        end = 0
+        for key, entry in header.items():
+            try:
+                begin, stop = (int(o) for o in entry["data_offsets"])
+                dtype = entry["dtype"]
+                shape = tuple(int(s) for s in entry["shape"])
+            except (KeyError, TypeError, ValueError) as err:
+                raise corrupt_file_error(self.path, ValueError(f"bad header entry for {key!r}: {err}")) from None
+            if dtype not in _ST_DTYPES:
+                raise CheckpointError(f"{self.path}: tensor {key!r} has unsupported dtype {dtype}.")
+            itemsize = 2 if dtype == "BF16" else np.dtype(_ST_DTYPES[dtype]).itemsize
+            if stop - begin != itemsize * int(np.prod(shape, dtype=np.int64)):
+                raise corrupt_file_error(self.path, ValueError(f"tensor {key!r} size does not match its shape"))
+            end = max(end, stop)
+        if end > data_size:
+            raise corrupt_file_error(
+                self.path, ValueError(f"tensors need {end} data bytes but the file holds {data_size}")
+            )
+        self._map = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self._start, shape=(data_size,)) if data_size else None
+
+    def keys(self):
+        return list(self._entries)
+
+    def shape(self, key):
+        return tuple(self._entries[key]["shape"])
+
+    def __contains__(self, key):
+        return key in self._entries
+
+    def get(self, key):
+        """The tensor `key` as a float32 array (a read-only view of the file when stored as F32)."""
+        entry = self._entries[key]
+        begin, stop = entry["data_offsets"]
+        shape = tuple(entry["shape"])
+        raw = self._map[begin:stop] if self._map is not None else np.zeros(0, np.uint8)
+        if entry["dtype"] == "BF16":
+            bits = raw.view(np.uint16).astype(np.uint32) << 16
+            return bits.view(np.float32).reshape(shape)
+        array = raw.view(_ST_DTYPES[entry["dtype"]]).reshape(shape)
+        return array if array.dtype == np.float32 else array.astype(np.float32)
+
+
+def open_safetensors(path):
+    """{key: SafetensorsFile} for a .safetensors file or a sharded set (*.safetensors.index.json)."""
+    path = os.fspath(path)
+    if path.endswith(".index.json"):
+        try:
+            with open(path) as f:
+                weight_map = json.load(f)["weight_map"]
+        except (ValueError, KeyError) as err:
+            raise corrupt_file_error(path, err) from None
+        folder = os.path.dirname(path)
+        files = {name: SafetensorsFile(os.path.join(folder, name)) for name in sorted(set(weight_map.values()))}
+        return {key: files[name] for key, name in weight_map.items()}
+    f = SafetensorsFile(path)
+    return {key: f for key in f.keys()}
+
+
+def read_json(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except ValueError as err:
+        raise corrupt_file_error(path, err) from None

@@ -1,0 +1,234 @@
+"""timm's ViT and R+ViT weights (Hub layout: model.safetensors + config.json) -> canonical tree.
+
+timm stacks attention as one qkv matrix (3 * hidden, hidden) and stores PyTorch layouts
+(Linear (out, in), Conv2d (out, in, kh, kw)). The number of heads is not in the weights: it comes
+from config.json (`model_args.num_heads` when the model was built with overrides, otherwise timm's
+definition of the named `architecture`, encoded in `TIMM_HEADS`), or for a bare .safetensors from
+the architecture table row whose shapes match.
+"""
+
+import os
+import re
+
+import numpy as np
+
+from keras_vit.checkpoints.common import (
+    CheckpointError,
+    describe_keys,
+    heads_from_table,
+    infer_config,
+    open_safetensors,
+    read_json,
+)
+from keras_vit.models.config import NUMERICS
+
+# === timm's definitions (the facts its model registry states, for the original ViT family) ===
+
+_SIZE_HEADS = {"tiny": 3, "small": 6, "base": 12, "large": 16, "huge": 16}
+_PLAIN = re.compile(r"^vit_(tiny|small|base|large|huge)_patch(8|14|16|32)_(224|384|448|518)$")
+
+#: timm architecture -> attention heads, for the names that do not follow vit_{size}_patch{p}_{res}.
+TIMM_HEADS = {
+    "vit_base_patch16_gap_224": 16,
+    "vit_tiny_r_s16_p8_224": 3,
+    "vit_tiny_r_s16_p8_384": 3,
+    "vit_small_r26_s32_224": 6,
+    "vit_small_r26_s32_384": 6,
+    "vit_base_r26_s32_224": 12,
+    "vit_base_r50_s16_224": 12,
+    "vit_base_r50_s16_384": 12,
+    "vit_large_r50_s32_224": 16,
+    "vit_large_r50_s32_384": 16,
+}
+
+
+def timm_heads(architecture):
+    """Heads of a timm architecture name of the original family, or None when unknown."""
+    if architecture is None:
+        return None
+    architecture = architecture.split(".", 1)[0]  # drop a pretrained tag
+    if architecture in TIMM_HEADS:
+        return TIMM_HEADS[architecture]
+    m = _PLAIN.match(architecture)
+    return _SIZE_HEADS[m.group(1)] if m else None
+
+
+# === Key mapping ===
+
+
+def _linear(w):
+    """PyTorch Linear weight (out, in) -> Flax kernel (in, out)."""
+    return np.ascontiguousarray(w.T)
+
+
+def _conv(w):
+    """PyTorch conv weight (out, in, kh, kw) -> Flax/Keras kernel (kh, kw, in, out)."""
+    return np.ascontiguousarray(w.transpose(2, 3, 1, 0))
+
+
+class _Reader:
+    """Pulls tensors by timm name, remembering which were consumed (the rest are unexpected)."""
+
+    def __init__(self, files, source):
+        self.files = files
+        self.source = source
+        self.used = set()
+
+    def has(self, key):
+        return key in self.files
+
+    def get(self, key):
+        if key not in self.files:
+            raise CheckpointError(f"{self.source}: missing weight {key!r} (timm layout).")
+        self.used.add(key)
+        return self.files[key].get(key)
+
+    def unused(self):
+        return [k for k in self.files if k not in self.used]
+
+
+def _resnet_to_tree(r, tree):
+    base = "patch_embed.backbone."
+    stem = base + "stem." if r.has(base + "stem.conv.weight") else base
+    tree["conv_root/kernel"] = _conv(r.get(stem + "conv.weight"))
+    tree["gn_root/scale"] = r.get(stem + "norm.weight")
+    tree["gn_root/bias"] = r.get(stem + "norm.bias")
+    stages = re.compile(re.escape(base) + r"stages\.(\d+)\.blocks\.(\d+)\.")
+    units = sorted({(int(m.group(1)), int(m.group(2))) for m in map(stages.match, r.files) if m})
+    for s, u in units:
+        src = f"{base}stages.{s}.blocks.{u}."
+        dst = f"block{s + 1}/unit{u + 1}/"
+        for i in (1, 2, 3):
+            tree[f"{dst}conv{i}/kernel"] = _conv(r.get(f"{src}conv{i}.weight"))
+            tree[f"{dst}gn{i}/scale"] = r.get(f"{src}norm{i}.weight")
+            tree[f"{dst}gn{i}/bias"] = r.get(f"{src}norm{i}.bias")
+        if r.has(f"{src}downsample.conv.weight"):
+            tree[f"{dst}conv_proj/kernel"] = _conv(r.get(f"{src}downsample.conv.weight"))
+            tree[f"{dst}gn_proj/scale"] = r.get(f"{src}downsample.norm.weight")
+            tree[f"{dst}gn_proj/bias"] = r.get(f"{src}downsample.norm.bias")
+
+
+def timm_state_to_tree(files, num_heads=None, *, source="checkpoint", config_hint=None):
+    """Canonical tree from timm tensors `files` ({timm key: object with .get(key) -> array}).
+
+    `num_heads` None: taken from the architecture table row matching the shapes.
+    """
+    r = _Reader(files, source)
+    if not r.has("patch_embed.proj.weight"):
+        raise CheckpointError(f"{source}: no 'patch_embed.proj.weight'; this is not a timm ViT checkpoint.")
+    if r.has("fc_norm.weight") or not r.has("norm.weight"):
+        raise CheckpointError(
+            f"{source}: this timm model normalises after pooling (fc_norm) instead of before it (norm); "
+            "that is not the original ViT layout (build it in timm with fc_norm=False)."
+        )
+    tree = {}
+    if any(k.startswith("patch_embed.backbone.") for k in files):
+        _resnet_to_tree(r, tree)
+    tree["embedding/kernel"] = _conv(r.get("patch_embed.proj.weight"))
+    tree["embedding/bias"] = r.get("patch_embed.proj.bias")
+    if r.has("cls_token"):
+        tree["cls"] = r.get("cls_token")
+    tree["Transformer/posembed_input/pos_embedding"] = r.get("pos_embed")
+    hidden = tree["embedding/kernel"].shape[-1]
+    blocks = sorted({int(m.group(1)) for m in map(re.compile(r"^blocks\.(\d+)\.").match, files) if m})
+    mlp = files["blocks.0.mlp.fc1.weight"].shape("blocks.0.mlp.fc1.weight")[0] if r.has("blocks.0.mlp.fc1.weight") else None
+    if num_heads is None:
+        from keras_vit.checkpoints.common import infer_resnet
+
+        num_heads = heads_from_table(
+            hidden, len(blocks), mlp, "token" if "cls" in tree else "gap", infer_resnet(tree), source
+        )
+    if hidden % num_heads:
+        raise CheckpointError(f"{source}: hidden size {hidden} is not divisible by {num_heads} heads.")
+    hd = hidden // num_heads
+    for i in blocks:
+        src, dst = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
+        att = dst + "MultiHeadDotProductAttention_1/"
+        tree[dst + "LayerNorm_0/scale"] = r.get(src + "norm1.weight")
+        tree[dst + "LayerNorm_0/bias"] = r.get(src + "norm1.bias")
+        qkv_w = r.get(src + "attn.qkv.weight")
+        qkv_b = r.get(src + "attn.qkv.bias") if r.has(src + "attn.qkv.bias") else np.zeros(3 * hidden, np.float32)
+        if qkv_w.shape != (3 * hidden, hidden):
+            raise CheckpointError(f"{source}: {src}attn.qkv.weight has shape {qkv_w.shape}; expected {(3 * hidden, hidden)}.")
+        for j, name in enumerate(("query", "key", "value")):
+            tree[f"{att}{name}/kernel"] = _linear(qkv_w[j * hidden : (j + 1) * hidden]).reshape(hidden, num_heads, hd)
+            tree[f"{att}{name}/bias"] = np.ascontiguousarray(qkv_b[j * hidden : (j + 1) * hidden]).reshape(num_heads, hd)
+        tree[f"{att}out/kernel"] = _linear(r.get(src + "attn.proj.weight")).reshape(num_heads, hd, hidden)
+        tree[f"{att}out/bias"] = r.get(src + "attn.proj.bias")
+        tree[dst + "LayerNorm_2/scale"] = r.get(src + "norm2.weight")
+        tree[dst + "LayerNorm_2/bias"] = r.get(src + "norm2.bias")
+        for k, name in ((0, "fc1"), (1, "fc2")):
+            tree[f"{dst}MlpBlock_3/Dense_{k}/kernel"] = _linear(r.get(f"{src}mlp.{name}.weight"))
+            tree[f"{dst}MlpBlock_3/Dense_{k}/bias"] = r.get(f"{src}mlp.{name}.bias")
+    tree["Transformer/encoder_norm/scale"] = r.get("norm.weight")
+    tree["Transformer/encoder_norm/bias"] = r.get("norm.bias")
+    if r.has("pre_logits.fc.weight"):
+        tree["pre_logits/kernel"] = _linear(r.get("pre_logits.fc.weight"))
+        tree["pre_logits/bias"] = r.get("pre_logits.fc.bias")
+    if r.has("head.weight"):
+        tree["head/kernel"] = _linear(r.get("head.weight"))
+        tree["head/bias"] = r.get("head.bias")
+    unused = r.unused()
+    if unused:
+        raise CheckpointError(
+            f"{source}: unexpected weights {describe_keys(unused)}; this timm model has parts the original "
+            "ViT does not (layer scale, registers, extra norms, ...), so it cannot be converted exactly."
+        )
+    return tree
+
+
+def _image_size(config):
+    args = config.get("model_args") or {}
+    size = args.get("img_size")
+    if size is None:
+        size = (config.get("pretrained_cfg") or {}).get("input_size", [None, None, None])[1:]
+        if None in size:
+            return None
+    return (size, size) if isinstance(size, int) else tuple(size)
+
+
+def read_timm(path):
+    """Read a timm Hub folder (model.safetensors + config.json) or a bare timm .safetensors.
+
+    Returns (canonical tree, VisionTransformer kwargs with timm's numerics).
+
+    Example:
+        >>> tree, config = read_timm("vit_base_patch16_224.augreg2_in21k_ft_in1k/")   # doctest: +SKIP
+    """
+    path = os.fspath(path)
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    weights = path
+    if os.path.isdir(path):
+        for name in ("model.safetensors", "model.safetensors.index.json"):
+            if os.path.exists(os.path.join(path, name)):
+                weights = os.path.join(path, name)
+                break
+        else:
+            raise CheckpointError(
+                f"{path}: no model.safetensors. Only safetensors weights are read (pickled "
+                "pytorch_model.bin files are not loaded for safety); save the model with "
+                "safe_serialization=True."
+            )
+    config_path = os.path.join(folder, "config.json")
+    config = read_json(config_path) if os.path.exists(config_path) else {}
+    if config and "architecture" not in config:
+        config = {}  # a config.json of another library, not timm's
+    args = config.get("model_args") or {}
+    num_heads = args.get("num_heads") or timm_heads(config.get("architecture"))
+    if config.get("architecture") and num_heads is None:
+        raise CheckpointError(
+            f"{path}: timm architecture {config['architecture']!r} is not one of the original ViT family "
+            "this package converts (vit_{tiny,small,base,large,huge}_patch*, vit_base_patch16_gap_224, "
+            "vit_*_r*_s* hybrids)."
+        )
+    files = open_safetensors(weights)
+    tree = timm_state_to_tree(files, num_heads, source=weights)
+    out = infer_config(tree, NUMERICS["timm"], source=weights, image_size=_image_size(config))
+    pool = args.get("global_pool", config.get("global_pool"))
+    expected = "token" if out["classifier"] == "token" else "avg"
+    if pool not in (None, "", expected):
+        raise CheckpointError(
+            f"{path}: timm global_pool={pool!r} with{'' if expected == 'token' else 'out'} a class token; the "
+            "original ViT pools the class token when it has one and averages the patches when it has none."
+        )
+    return tree, out
