@@ -41,6 +41,7 @@ from keras_vit.checkpoints import (  # noqa: F401,E402
 # === Data and training ===
 
 # === Analysis ===
+from keras_vit import analysis  # noqa: F401,E402  (light: numpy and keras only)
 
 # === Distribution ===
 from keras_vit.distribution import get_layout_map  # noqa: F401,E402

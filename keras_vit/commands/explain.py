@@ -1,0 +1,230 @@
+"""`keras-vit explain IMAGE... --weights W --out DIR`: the paper's inspection pictures (§4.5).
+
+For each image: its attention-rollout map over the image. For the model: the mean attention
+distance of every head (Figure 7 right), the position-embedding similarity (Figure 10) and the
+principal components of the patch-embedding filters (Figure 7 left; not for hybrids). With no
+IMAGE, the sample pictures that ship with the installed packages are used (matplotlib's
+grace_hopper.jpg, and scikit-learn's china.jpg / flower.jpg where scikit-learn is installed).
+"""
+
+import json
+import os
+import sys
+import warnings
+
+#: name -> (module, file) of sample images shipped with dependencies; no network needed.
+SAMPLE_IMAGES = {
+    "grace_hopper": ("matplotlib", "mpl-data/sample_data/grace_hopper.jpg"),
+    "china": ("sklearn.datasets", "images/china.jpg"),
+    "flower": ("sklearn.datasets", "images/flower.jpg"),
+}
+
+
+def sample_image_path(name):
+    """Local path of a shipped sample image ("grace_hopper", "china", "flower"), or None."""
+    import importlib
+
+    module_name, relative = SAMPLE_IMAGES[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError:
+        return None
+    path = os.path.join(os.path.dirname(module.__file__), relative)
+    return path if os.path.exists(path) else None
+
+
+def _resolve_images(names):
+    if not names:
+        paths = [p for p in (sample_image_path(n) for n in SAMPLE_IMAGES) if p]
+        if not paths:
+            raise SystemExit("explain: no IMAGE given and no shipped sample image found; pass image files.")
+        return paths
+    paths = []
+    for name in names:
+        if name.startswith("sample:"):
+            key = name[len("sample:") :]
+            if key not in SAMPLE_IMAGES:
+                raise SystemExit(f"explain: unknown sample {key!r}; choose from {', '.join(SAMPLE_IMAGES)}.")
+            path = sample_image_path(key)
+            if path is None:
+                raise SystemExit(f"explain: sample {key!r} needs {SAMPLE_IMAGES[key][0]}, which is not installed.")
+            paths.append(path)
+        elif not os.path.isfile(name):
+            raise SystemExit(f"explain: image file {name!r} does not exist.")
+        else:
+            paths.append(name)
+    return paths
+
+
+def add_parser(subparsers):
+    p = subparsers.add_parser(
+        "explain",
+        help="attention rollout, attention distance, embedding plots as PNGs",
+        description=__doc__,
+    )
+    p.add_argument(
+        "images",
+        nargs="*",
+        metavar="IMAGE",
+        help="image files, or sample:grace_hopper / sample:china / sample:flower (default: all shipped samples)",
+    )
+    p.add_argument(
+        "--weights",
+        default=None,
+        help="a checkpoint path, .keras file, hf://owner/repo, preset name, or with --arch a preset tag; "
+        "omit for a randomly initialised model (pictures then show no learned structure)",
+    )
+    p.add_argument("--arch", default=None, help="constructor name (e.g. ViTB16, R50ViTB16); default ViTB16")
+    p.add_argument("--image-size", type=int, default=None, help="input resolution (default: the checkpoint's, or 224)")
+    p.add_argument("--out", default="explain", help="output directory (created)")
+    p.add_argument("--head-fusion", default="mean", choices=("mean", "max", "min"), help="rollout head fusion")
+    p.add_argument("--discard-ratio", type=float, default=0.0, help="rollout: drop this fraction of weakest attention")
+    p.add_argument("--components", type=int, default=28, help="patch-embedding principal components to draw")
+    p.set_defaults(func=run)
+    return p
+
+
+def load_model(weights, arch=None, image_size=None):
+    """The model `explain` inspects; see the --weights help."""
+    import keras_vit
+
+    if weights is None:
+        arch = arch or "ViTB16"
+        warnings.warn(
+            f"explain: no --weights given; inspecting a randomly initialised {arch}. Its attention and "
+            "embeddings carry no learned structure.",
+            stacklevel=2,
+        )
+        return _constructor(arch)(weights=None, input_shape=(image_size or 224, image_size or 224, 3))
+    is_location = os.path.exists(weights) or weights.startswith("hf://")
+    if arch is not None and not is_location:
+        # A preset tag of the chosen architecture, e.g. --arch ViTB16 --weights augreg_in21k_ft_in1k.
+        shape = None if image_size is None else (image_size, image_size, 3)
+        return _constructor(arch)(weights=weights, input_shape=shape)
+    load_checkpoint = getattr(keras_vit, "load_checkpoint", None)
+    if load_checkpoint is not None:
+        return load_checkpoint(weights, image_size=image_size)
+    if weights.endswith(".keras") and os.path.exists(weights):
+        import keras
+
+        return keras.saving.load_model(weights)
+    raise SystemExit(
+        f"explain: cannot load {weights!r}: keras_vit.load_checkpoint is not available in this version; "
+        "pass a .keras file, or --arch with a preset tag."
+    )
+
+
+def _constructor(arch):
+    import keras_vit.applications as applications
+
+    if arch not in applications.CONSTRUCTORS:
+        raise SystemExit(f"explain: unknown --arch {arch!r}; choose from {', '.join(applications.CONSTRUCTORS)}.")
+    return applications.CONSTRUCTORS[arch]
+
+
+def _read_image(path, size):
+    """(original uint8 RGB, model input in [-1, 1] resized to `size` = (height, width))."""
+    from PIL import Image
+
+    with Image.open(path) as img:
+        rgb = img.convert("RGB")
+        original = rgb.copy()
+        original.thumbnail((512, 512), Image.BICUBIC)  # pictures need not be larger
+        resized = rgb.resize((size[1], size[0]), Image.BICUBIC)
+    import numpy as np
+
+    x = np.asarray(resized, dtype=np.float32) / np.float32(127.5) - np.float32(1.0)
+    return np.asarray(original), x
+
+
+def _stem(path, used):
+    stem = os.path.splitext(os.path.basename(path))[0]
+    stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in stem) or "image"
+    name, k = stem, 1
+    while name in used:
+        k += 1
+        name = f"{stem}_{k}"
+    used.add(name)
+    return name
+
+
+def explain(model, image_paths, out_dir, head_fusion="mean", discard_ratio=0.0, components=28, log=print):
+    """Write the inspection PNGs of `model` on `image_paths` to `out_dir`; returns the summary dict."""
+    import numpy as np
+
+    from keras_vit import analysis
+    from keras_vit.analysis import plots
+
+    os.makedirs(out_dir, exist_ok=True)
+    info = analysis.anatomy(model)
+    images = [_read_image(p, info.image_size) for p in image_paths]
+    batch = np.stack([x for _, x in images])
+    attentions = analysis.attention_weights(model, batch, batch_size=8)
+    joint = analysis.rollout(attentions, head_fusion=head_fusion, discard_ratio=discard_ratio)
+    maps = analysis.rollout_map(joint, info.grid_size)
+    written = []
+    used = set()
+    for path, (original, _), m in zip(image_paths, images, maps):
+        stem = _stem(path, used)
+        overlay_path = os.path.join(out_dir, f"rollout_{stem}.png")
+        plots.save_png(overlay_path, plots.overlay_attention(original, m))
+        panel_path = os.path.join(out_dir, f"rollout_{stem}_panel.png")
+        plots.plot_rollout(original, m, panel_path, title=f"{os.path.basename(path)}: attention rollout ({head_fusion})")
+        written += [overlay_path, panel_path]
+
+    distances = analysis.mean_attention_distance(attentions, info.grid_size, info.stride)
+    distance_path = os.path.join(out_dir, "attention_distance.png")
+    plots.plot_attention_distance(
+        distances,
+        distance_path,
+        title=f"{model.name}: mean attention distance ({len(image_paths)} image{'s' * (len(image_paths) > 1)})",
+        image_size=info.image_size,
+    )
+    written.append(distance_path)
+
+    similarity_path = os.path.join(out_dir, "position_embedding_similarity.png")
+    plots.plot_position_embedding_similarity(
+        analysis.position_embedding_similarity(model), similarity_path, title=f"{model.name}: position embedding similarity"
+    )
+    written.append(similarity_path)
+
+    notes = []
+    try:
+        comps, variance = analysis.patch_embedding_components(model, n=components, return_variance=True)
+    except ValueError as err:  # hybrids: the embedding does not see pixels
+        notes.append(str(err))
+        log(f"explain: skipping patch-embedding components: {err}")
+    else:
+        pcs_path = os.path.join(out_dir, "patch_embedding_components.png")
+        plots.plot_patch_embedding_components(comps, pcs_path)
+        written.append(pcs_path)
+
+    summary = {
+        "model": model.name,
+        "image_size": list(info.image_size),
+        "grid_size": list(info.grid_size),
+        "pixels_per_token": list(info.stride),
+        "class_token": bool(info.num_prefix_tokens),
+        "hybrid": info.hybrid,
+        "images": list(image_paths),
+        "mean_attention_distance_px": np.round(distances, 2).tolist(),
+        "files": written,
+        "notes": notes,
+    }
+    summary_path = os.path.join(out_dir, "summary.json")
+    with open(summary_path, "w") as f:
+        json.dump(summary, f, indent=1)
+    for path in written + [summary_path]:
+        log(f"wrote {path}")
+    return summary
+
+
+def run(args):
+    model = load_model(args.weights, args.arch, args.image_size)
+    paths = _resolve_images(args.images)
+    try:
+        explain(model, paths, args.out, args.head_fusion, args.discard_ratio, args.components)
+    except ValueError as err:
+        print(f"explain: {err}", file=sys.stderr)
+        return 1
+    return 0
