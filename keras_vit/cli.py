@@ -7,7 +7,7 @@ import os
 import sys
 
 #: Subcommand modules under keras_vit.commands, in the order `keras-vit --help` lists them.
-COMMANDS = ["explain"]
+COMMANDS = ["explain", "presets", "convert"]
 
 
 def build_parser():
