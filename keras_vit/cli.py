@@ -7,7 +7,7 @@ import os
 import sys
 
 #: Subcommand modules under keras_vit.commands, in the order `keras-vit --help` lists them.
-COMMANDS = ["explain", "presets", "convert"]
+COMMANDS = ["explain", "finetune", "evaluate", "fewshot", "presets", "convert"]
 
 
 def build_parser():

@@ -1,0 +1,111 @@
+"""`keras-vit finetune`: the paper's fine-tuning recipe on a dataset, into a run folder.
+
+    keras-vit finetune --arch ViTB16 --weights augreg_in21k --data tfds:cifar100 --image-size 384 \
+        --steps 10000 --batch-size 512 --lr 0.01 --warmup 500 --out runs/cifar100
+    keras-vit finetune --weights runs/pretrain --data digits --image-size 32 --steps 300 --out runs/ft
+
+Recipe: SGD momentum 0.9, global-norm clip 1.0, no weight decay, linear warm-up then cosine
+decay; Inception crop + flip for training, resize for evaluation; a zero-initialised head and
+position embeddings resized to the new resolution (keras_vit.training.for_finetuning).
+"""
+
+import math
+import time
+
+from keras_vit.commands import _common
+
+
+def add_parser(subparsers):
+    parser = subparsers.add_parser(
+        "finetune", help="fine-tune a ViT on a dataset (SGD momentum, warm-up + cosine)",
+        description=__doc__.split("\n\n")[0],
+    )
+    _common.add_model_args(parser)
+    _common.add_data_args(parser)
+    group = parser.add_argument_group("training")
+    group.add_argument("--steps", type=int, default=500, help="optimizer updates (paper: CIFAR 10k, Pets 500)")
+    group.add_argument("--lr", type=float, default=0.003, help="base learning rate (paper: 0.001-0.03)")
+    group.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: min(500, steps // 5))")
+    group.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (default: steps // 5)")
+    group.add_argument("--eval-steps", type=int, default=None, help="batches per evaluation (default: all)")
+    group.add_argument("--train-split", default="train")
+    group.add_argument("--eval-split", default="test")
+    group.add_argument("--label-smoothing", type=float, default=0.0)
+    group.add_argument("--min-crop-area", type=float, default=0.05, help="Inception crop area lower bound")
+    group.add_argument("--no-crop", action="store_true", help="no Inception crop (resize only)")
+    group.add_argument("--no-flip", action="store_true", help="no random horizontal flip")
+    group.add_argument("--seed", type=int, default=0)
+    group.add_argument("--out", required=True, help="run folder (metrics, curves, model.keras)")
+    group.add_argument("--verbose", type=int, default=1, help="Keras verbosity: 1 progress bars, 2 lines, 0 quiet")
+    parser.set_defaults(func=lambda args: _common.run_command(finetune, args))
+    return parser
+
+
+def steps_plan(steps, eval_every):
+    """(epochs, steps_per_epoch) with epochs * steps_per_epoch == steps (eval_every adjusted)."""
+    eval_every = max(1, min(eval_every or max(1, steps // 5), steps))
+    epochs = max(1, round(steps / eval_every))
+    while steps % epochs:
+        epochs -= 1
+    return epochs, steps // epochs
+
+
+def finetune(args):
+    import keras
+
+    import keras_vit.data as kd
+    from keras_vit.runs import RunFolder
+
+    keras.utils.set_random_seed(args.seed)
+    api = _common.training_api()
+    run = RunFolder(args.out)
+    # The data decides the class count (and checks --classes); the model is built for it.
+    _, info = kd.load_source(args.data, args.train_split, data_dir=args.data_dir, on_bad_file=args.on_bad_file)
+    if args.classes is not None and info.num_classes is not None and args.classes != info.num_classes:
+        kd.pipeline._check_classes(args.classes, info)
+    classes = info.num_classes or args.classes
+    if classes is None:
+        raise ValueError(f"Cannot tell how many classes {args.data!r} has: pass --classes.")
+    model, base = _common.model_for_task(args, args.image_size, classes)
+    image_size = tuple(model.image_size)
+    print(f"model: {model.name}, {model.count_params():,} parameters, input {image_size[0]}x{image_size[1]}, "
+          f"{classes} classes" + (f" (from {base.name} at {tuple(base.image_size)})" if base is not None else ""))
+
+    common = dict(image_size=image_size, batch_size=args.batch_size, seed=args.seed, data_dir=args.data_dir,
+                  on_bad_file=args.on_bad_file, classes=classes)
+    train_ds, train_info = kd.load_dataset(
+        args.data, args.train_split, training=True, crop=not args.no_crop, flip=not args.no_flip,
+        area_range=(args.min_crop_area, 1.0), **common,
+    )
+    eval_ds, eval_info = kd.load_dataset(args.data, args.eval_split, training=False, **common)
+    epochs, steps_per_epoch = steps_plan(args.steps, args.eval_every)
+    total = epochs * steps_per_epoch
+    warmup = min(500, total // 5) if args.warmup is None else args.warmup
+    if warmup >= total:
+        raise ValueError(f"--warmup {warmup} must be smaller than --steps {total}.")
+    run.save_config(dict(vars(args), func=None, image_size=list(image_size), classes=classes, warmup=warmup,
+                         train_examples=train_info.num_examples, eval_examples=eval_info.num_examples))
+    model.compile(
+        optimizer=api.finetune_optimizer(args.lr, total_steps=total, warmup_steps=warmup),
+        loss=api.classification_loss(model, label_smoothing=args.label_smoothing),
+        metrics=["accuracy"],
+    )
+    print(f"fine-tuning {total} steps (batch {args.batch_size}, lr {args.lr}, warm-up {warmup}), "
+          f"evaluating every {steps_per_epoch} steps on {args.eval_split}")
+    start = time.time()
+    model.fit(
+        train_ds, steps_per_epoch=steps_per_epoch, epochs=epochs, validation_data=eval_ds,
+        validation_steps=args.eval_steps, callbacks=[run.logger(stage="finetune")], verbose=args.verbose,
+        shuffle=False,
+    )
+    train_time = time.time() - start
+    results = model.evaluate(eval_ds, steps=args.eval_steps, return_dict=True, verbose=args.verbose)
+    metrics = {f"{args.eval_split}_{k}": v for k, v in results.items()}
+    metrics.update(steps=total, train_seconds=round(train_time, 1), image_size=list(image_size), classes=classes)
+    run.write_metrics(metrics)
+    path = run.save_model(model)
+    print(f"run folder: {run.path} (model {path})")
+    accuracy = results.get("accuracy")
+    if accuracy is not None and not math.isnan(accuracy):
+        print(f"{args.eval_split} accuracy: {accuracy:.4f}")
+    return 0

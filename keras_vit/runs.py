@@ -1,0 +1,204 @@
+"""Run folders: what a training or evaluation run leaves behind.
+
+    run = RunFolder("runs/cifar10")
+    run.save_config(vars(args))
+    model.fit(..., callbacks=[run.logger()])          # history.csv / history.json, curves.png
+    run.write_metrics({"test_accuracy": 0.98})        # metrics.json + metrics.csv
+    run.save_model(model)                             # model.keras
+
+Files:
+  config.json    the run's settings
+  history.csv    one row per evaluation: step, epoch, learning_rate, loss, accuracy, val_* ...
+  history.json   the same plus the training loss every few steps ("steps")
+  metrics.json   final metrics (merged over calls), metrics.csv the same as one header + row
+  curves.png     loss, accuracy and learning rate against the step
+  model.keras    the final model (keras.saving format; loads with keras.saving.load_model)
+
+Plots use matplotlib's Agg canvas (no display, no pyplot global state).
+"""
+
+import csv
+import json
+import math
+import os
+
+import keras
+import numpy as np
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (np.floating, float)):
+        value = float(value)
+        return value if math.isfinite(value) else None
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
+    if value is None or isinstance(value, (str, int, bool)):
+        return value
+    return str(value)
+
+
+def _write_csv(path, rows):
+    columns = []
+    for row in rows:
+        columns += [k for k in row if k not in columns]
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({k: _jsonable(row.get(k)) for k in columns})
+
+
+class RunFolder:
+    """A folder for one run's config, metrics, curves and model (created if missing)."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        os.makedirs(self.path, exist_ok=True)
+        self.history = []  # one dict per evaluation (epoch end)
+        self.steps = []  # (step, loss) every few training steps
+
+    def file(self, name):
+        return os.path.join(self.path, name)
+
+    def save_config(self, config):
+        with open(self.file("config.json"), "w") as f:
+            json.dump(_jsonable(dict(config)), f, indent=2, sort_keys=True)
+
+    def read_metrics(self):
+        try:
+            with open(self.file("metrics.json")) as f:
+                return json.load(f)
+        except FileNotFoundError:
+            return {}
+
+    def write_metrics(self, metrics):
+        """Merge `metrics` into metrics.json and rewrite metrics.csv (one row, a column per metric)."""
+        merged = self.read_metrics()
+        merged.update(_jsonable(dict(metrics)))
+        with open(self.file("metrics.json"), "w") as f:
+            json.dump(merged, f, indent=2, sort_keys=True)
+        flat = {k: v for k, v in merged.items() if not isinstance(v, (dict, list))}
+        _write_csv(self.file("metrics.csv"), [flat])
+        return merged
+
+    def write_table(self, name, rows):
+        """Write `rows` (list of dicts) to `name`.csv and `name`.json."""
+        _write_csv(self.file(f"{name}.csv"), rows)
+        with open(self.file(f"{name}.json"), "w") as f:
+            json.dump(_jsonable(rows), f, indent=2)
+
+    def write_history(self):
+        _write_csv(self.file("history.csv"), self.history)
+        with open(self.file("history.json"), "w") as f:
+            json.dump(_jsonable({"evaluations": self.history, "steps": self.steps}), f, indent=2)
+
+    def logger(self, log_every=None, step_offset=0, stage=None):
+        """A keras Callback that records this run's history and redraws curves.png at the end."""
+        return MetricsLogger(self, log_every=log_every, step_offset=step_offset, stage=stage)
+
+    def plot_curves(self, filename="curves.png", title=None):
+        """Draw loss / accuracy / learning rate against the step into `filename`."""
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+
+        figure = Figure(figsize=(13, 3.8), dpi=100)
+        FigureCanvasAgg(figure)
+        axes = figure.subplots(1, 3)
+        rows = self.history
+
+        def series(key):
+            pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+            return ([p[0] for p in pts], [p[1] for p in pts])
+
+        if self.steps:
+            axes[0].plot([s for s, _ in self.steps], [v for _, v in self.steps], lw=0.8, alpha=0.6,
+                         label="train (running mean per epoch)")
+        for key, style in (("loss", "o-"), ("val_loss", "s-")):
+            x, y = series(key)
+            if x:
+                axes[0].plot(x, y, style, label=key, ms=3)
+        for key, style in (("accuracy", "o-"), ("val_accuracy", "s-")):
+            x, y = series(key)
+            if x:
+                axes[1].plot(x, y, style, label=key, ms=3)
+        x, y = series("learning_rate")
+        if x:
+            axes[2].plot(x, y, "o-", ms=3)
+        for ax, name in zip(axes, ("loss", "accuracy", "learning rate")):
+            ax.set_xlabel("step")
+            ax.set_title(name)
+            ax.grid(alpha=0.3)
+            if ax.get_legend_handles_labels()[0]:
+                ax.legend(fontsize=8)
+        stages = sorted({(r.get("stage"), r["step"]) for r in rows if r.get("stage")}, key=lambda t: t[1])
+        seen = set()
+        for stage, step in stages:  # mark where each stage begins
+            if stage not in seen and seen:
+                for ax in axes:
+                    ax.axvline(step, color="grey", ls=":", lw=1)
+            seen.add(stage)
+        if title:
+            figure.suptitle(title)
+        figure.tight_layout()
+        figure.savefig(self.file(filename))
+        return self.file(filename)
+
+    def save_model(self, model, filename="model.keras"):
+        """Save `model` without its optimizer state, so that `keras.saving.load_model` needs
+        nothing but `import keras_vit` (the file holds the architecture and weights)."""
+        path = self.file(filename)
+        if getattr(model, "optimizer", None) is not None and hasattr(model, "get_config"):
+            clean = model.__class__.from_config(model.get_config())
+            clean.set_weights(model.get_weights())
+            model = clean
+        model.save(path)
+        return path
+
+
+def _current_learning_rate(optimizer):
+    lr = optimizer.learning_rate
+    try:
+        return float(keras.ops.convert_to_numpy(lr))
+    except Exception:
+        return None
+
+
+class MetricsLogger(keras.callbacks.Callback):
+    """Records evaluation rows (epoch end) and the running training loss every `log_every` steps."""
+
+    def __init__(self, run, log_every=None, step_offset=0, stage=None):
+        super().__init__()
+        self.run = run
+        self.log_every = log_every
+        self.step_offset = step_offset
+        self.stage = stage
+        self._step = 0
+
+    def on_train_begin(self, logs=None):
+        self._step = 0
+        if self.log_every is None:
+            total = (self.params or {}).get("steps") or 50
+            total *= (self.params or {}).get("epochs") or 1
+            self.log_every = max(1, total // 100)
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._step += 1
+        if logs and "loss" in logs and self._step % self.log_every == 0:
+            self.run.steps.append((self.step_offset + self._step, float(logs["loss"])))
+
+    def on_epoch_end(self, epoch, logs=None):
+        row = {"stage": self.stage, "epoch": epoch + 1, "step": self.step_offset + self._step,
+               "learning_rate": _current_learning_rate(self.model.optimizer)}
+        row.update({k: float(v) for k, v in (logs or {}).items() if k != "learning_rate"})
+        self.run.history.append(row)
+        self.run.write_history()
+
+    def on_train_end(self, logs=None):
+        self.run.write_history()
+        self.run.plot_curves()

@@ -1,0 +1,89 @@
+"""`keras-vit finetune / evaluate / fewshot` on tiny data: run folders, metrics, errors."""
+
+import csv
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+from PIL import Image
+
+import keras_vit
+from keras_vit.cli import main
+
+TINY_ARCH = json.dumps(dict(patch_size=8, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=16))
+
+
+def _finetune(out, *extra):
+    return main(["finetune", "--data", "digits", "--batch-size", "16", "--steps", "4", "--eval-every", "2",
+                 "--warmup", "1", "--lr", "0.01", "--verbose", "0", "--out", str(out), *extra])
+
+
+@pytest.fixture(scope="module")
+def scratch_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("run") / "scratch"
+    assert _finetune(out, "--arch", TINY_ARCH, "--weights", "none", "--image-size", "16") == 0
+    return out
+
+
+def test_finetune_run_folder(scratch_run, capsys):
+    files = set(os.listdir(scratch_run))
+    assert {"config.json", "metrics.json", "metrics.csv", "history.csv", "history.json", "curves.png",
+            "model.keras"} <= files
+    metrics = json.loads((scratch_run / "metrics.json").read_text())
+    assert metrics["steps"] == 4 and metrics["classes"] == 10 and 0 <= metrics["test_accuracy"] <= 1
+    with open(scratch_run / "metrics.csv") as f:
+        row = next(csv.DictReader(f))
+    assert float(row["test_accuracy"]) == pytest.approx(metrics["test_accuracy"])
+    with open(scratch_run / "history.csv") as f:
+        history = list(csv.DictReader(f))
+    assert [int(r["step"]) for r in history] == [2, 4] and "val_accuracy" in history[0]
+    assert float(history[0]["learning_rate"]) > 0
+    with Image.open(scratch_run / "curves.png") as image:
+        assert image.size[0] > 500
+    model = keras.saving.load_model(scratch_run / "model.keras")
+    assert isinstance(model, keras_vit.VisionTransformer) and model.image_size == (16, 16)
+
+
+def test_evaluate_agrees_with_the_finetune_metrics(scratch_run, tmp_path, capsys):
+    assert main(["evaluate", "--weights", str(scratch_run), "--data", "digits", "--out", str(tmp_path)]) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    trained = json.loads((scratch_run / "metrics.json").read_text())
+    # evaluate counts argmax hits in NumPy; finetune used keras' evaluate on the same split.
+    assert metrics["examples"] == 360
+    assert metrics["accuracy"] == pytest.approx(trained["test_accuracy"], abs=1e-6)
+    assert metrics["loss"] == pytest.approx(trained["test_loss"], rel=1e-3)
+    assert {"confusion.png", "per_class.csv", "metrics.csv"} <= set(os.listdir(tmp_path))
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("test accuracy: ")
+
+
+def test_finetune_from_a_trained_model_at_a_higher_resolution(scratch_run, tmp_path):
+    assert _finetune(tmp_path, "--weights", str(scratch_run / "model.keras"), "--image-size", "24") == 0
+    model = keras.saving.load_model(tmp_path / "model.keras")
+    assert model.image_size == (24, 24) and model.grid_size == (3, 3)
+    base = keras.saving.load_model(scratch_run / "model.keras")
+    # The encoder starts from the trained weights (it moved only 4 small SGD steps from them).
+    a = base.get_layer("encoderblock_0").weights[0].numpy()
+    b = model.get_layer("encoderblock_0").weights[0].numpy()
+    assert np.abs(a - b).max() < 0.1 * np.abs(a).max()
+
+
+def test_fewshot(scratch_run, tmp_path):
+    assert main(["fewshot", "--weights", str(scratch_run), "--data", "digits", "--shots", "1,3",
+                 "--max-train-images", "200", "--max-test-images", "100", "--out", str(tmp_path)]) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert 0 <= metrics["1shot_accuracy"] <= 1 and metrics["test_images"] == 100 and metrics["feature_dim"] == 16
+    assert {"fewshot.csv", "fewshot.png", "metrics.csv"} <= set(os.listdir(tmp_path))
+
+
+def test_cli_errors_are_clear(scratch_run, tmp_path, capsys):
+    arch = ["--arch", TINY_ARCH, "--weights", "none"]
+    assert _finetune(tmp_path / "a", *arch, "--image-size", "20") == 2
+    assert "20 is not divisible by the patch size 8" in capsys.readouterr().err
+    assert _finetune(tmp_path / "b", *arch, "--image-size", "16", "--classes", "7") == 2
+    assert "classes=7 contradicts the data" in capsys.readouterr().err
+    assert _finetune(tmp_path / "c", *arch, "--data", "tfds:cifar10", "--data-dir", str(tmp_path)) == 2
+    assert "dataset not prepared; run `tfds" in capsys.readouterr().err
+    assert main(["evaluate", "--weights", str(scratch_run), "--data", "shapes", "--out", str(tmp_path / "d")]) == 2
+    assert "head has 10 classes but 'shapes' has 4" in capsys.readouterr().err
