@@ -210,16 +210,24 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         )
         self.out_bias = self.add_weight(name="out_bias", shape=(hidden,), initializer="zeros")
 
-    def _project(self, x, name):
-        return ops.einsum("btd,dhk->bthk", x, getattr(self, f"{name}_kernel")) + getattr(self, f"{name}_bias")
+    def _project(self, x2d, name):
+        # (batch * tokens, hidden) @ (hidden, heads * head_dim): one plain 2-D matmul on every
+        # backend (an einsum with a 3-D kernel becomes a batched matmul plus copies on torch, and
+        # a BatchMatMul instead of oneDNN's fused MatMul on TensorFlow). The reshapes are views.
+        kernel = getattr(self, f"{name}_kernel")
+        bias = getattr(self, f"{name}_bias")
+        width = self.num_heads * self.head_dim
+        return ops.matmul(x2d, ops.reshape(kernel, (-1, width))) + ops.reshape(bias, (width,))
 
     def call(self, x, training=None, return_attention_weights=False):
-        q, k, v = (self._project(x, n) for n in ("query", "key", "value"))
+        shape = ops.shape(x)
+        batch, tokens, hidden = shape[0], shape[1], x.shape[-1]
+        heads_shape = (batch, tokens, self.num_heads, self.head_dim)
+        x2d = ops.reshape(x, (-1, hidden))
+        q, k, v = (ops.reshape(self._project(x2d, n), heads_shape) for n in ("query", "key", "value"))
         scale = 1.0 / float(self.head_dim) ** 0.5
         use_dropout = training and self.attention_dropout_rate > 0
-        # float16: the explicit path keeps the softmax in float32 (and JAX's fused CPU kernel
-        # rejects float16 inputs with float32 accumulation under jit).
-        if return_attention_weights or use_dropout or q.dtype == "float16":
+        if return_attention_weights or use_dropout:
             logits = ops.einsum("bqhk,bthk->bhqt", q * ops.cast(scale, q.dtype), k)
             weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
             weights = ops.cast(weights, v.dtype)
@@ -228,7 +236,9 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         else:
             weights = None
             y = ops.dot_product_attention(q, k, v, scale=scale)
-        out = ops.einsum("bthk,hkd->btd", y, self.out_kernel) + self.out_bias
+        y = ops.reshape(y, (-1, self.num_heads * self.head_dim))
+        out = ops.matmul(y, ops.reshape(self.out_kernel, (-1, hidden))) + self.out_bias
+        out = ops.reshape(out, (batch, tokens, hidden))
         return (out, weights) if return_attention_weights else out
 
     def compute_output_shape(self, input_shape):
