@@ -1,0 +1,183 @@
+"""keras.distribution on 8 virtual CPU devices (JAX): sharded weights, fit, save and reload.
+
+XLA_FLAGS=--xla_force_host_platform_device_count=8 only takes effect before jax is imported, so
+each scenario runs in a fresh process (conftest.run_python); the test process checks what it
+reports. A model trained with DataParallel or with ModelParallel on a (2, 4) / (4, 2) mesh must
+give the single-device loss (same initial weights, same batches, no dropout).
+"""
+
+import json
+
+import numpy as np
+import pytest
+from conftest import BACKEND, run_python
+
+pytestmark = pytest.mark.skipif(BACKEND != "jax", reason="keras.distribution runs on the JAX backend")
+
+ENV = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"}
+
+# Shared head of every scenario: data, deterministic weights, a loss that records the sharding
+# of the predictions it receives (jax.debug.inspect_array_sharding runs while tracing fit).
+PRELUDE = r"""
+import json, warnings
+import numpy as np, jax, keras, tensorflow as tf
+import keras_vit
+assert jax.device_count() == 8, jax.devices()
+keras.utils.set_random_seed(0)
+r = np.random.default_rng(0)
+x = r.uniform(-1, 1, (64, 32, 32, 3)).astype("float32")
+y = r.integers(0, 8, 64).astype("int32")
+
+def dataset():
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True)
+
+SEEN = {}
+def batch_axis(sharding):  # the mesh axis dimension 0 is split on (None: whole)
+    spec = tuple(getattr(sharding, "spec", ()))
+    return spec[0] if spec else None
+
+def recording_loss(y_true, y_pred):
+    jax.debug.inspect_array_sharding(y_pred, callback=lambda s: SEEN.__setitem__("y_pred", batch_axis(s)))
+    return keras.losses.sparse_categorical_crossentropy(y_true, y_pred)
+
+def build(cfg):
+    model = keras_vit.VisionTransformer(**cfg)
+    w = np.random.default_rng(1)
+    for v in model.weights:
+        v.assign((w.standard_normal(tuple(v.shape)) * 0.3).astype("float32"))
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=recording_loss)
+    return model
+
+def fit(cfg):
+    model = build(cfg)
+    return model, model.fit(dataset(), epochs=1, verbose=0).history["loss"][0]
+
+def spec(v):
+    return [str(a) if a is not None else None for a in v.value.sharding.spec] + [None] * (
+        len(v.shape) - len(v.value.sharding.spec))
+
+def shardings(model):
+    return {v.path: dict(spec=spec(v), shard=list(v.value.addressable_shards[0].data.shape))
+            for v in model.weights}
+"""
+
+
+def run(code):
+    out = run_python(PRELUDE + code, env=ENV)
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+def test_data_and_model_parallel_fit_match_one_device_and_reload_on_one_device(tmp_path):
+    report = run(
+        r"""
+CFG = dict(image_size=32, patch_size=8, hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64,
+           classes=8, representation_size=16)
+out = {}
+_, out["single"] = fit(CFG)
+out["single_pred"] = SEEN.pop("y_pred")
+
+data_parallel = keras.distribution.DataParallel(devices=keras.distribution.list_devices())
+with data_parallel.scope():
+    _, out["data_parallel"] = fit(CFG)
+out["data_parallel_pred"] = SEEN.pop("y_pred")
+
+mesh = keras.distribution.DeviceMesh((2, 4), ("batch", "model"), keras.distribution.list_devices())
+layout_map = keras_vit.get_layout_map(mesh, config=CFG)
+model_parallel = keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch")
+with model_parallel.scope():
+    model, out["model_parallel"] = fit(CFG)
+    out["model_parallel_pred"] = SEEN.pop("y_pred")
+    out["weights"] = shardings(model)
+    out["optimizer"] = {v.path: spec(v) for v in model.optimizer.variables}
+    out["layout"] = {v.path: list(layout_map[v.path].axes) for v in model.weights}
+    # Saved from the sharded model (Keras gathers the shards).
+    model.save_weights(TMP + "/mp.weights.h5")
+    model.save(TMP + "/mp.keras")
+    np.save(TMP + "/mp_pred.npy", np.asarray(model.predict(x[:16], batch_size=16, verbose=0)))
+    # A checkpoint loaded under the distribution is laid out by the same rules.
+    reloaded = keras.saving.load_model(TMP + "/mp.keras", compile=False)
+    out["reloaded"] = {v.path: spec(v) for v in reloaded.weights}
+print(json.dumps(out))
+""".replace("TMP", repr(str(tmp_path)))
+    )
+    # Same loss on one device, DataParallel over 8 devices and ModelParallel on (2, 4).
+    single = report["single"]
+    print("single", single, "data_parallel", report["data_parallel"], "model_parallel", report["model_parallel"])
+    np.testing.assert_allclose(report["data_parallel"], single, rtol=2e-5)
+    np.testing.assert_allclose(report["model_parallel"], single, rtol=2e-5)
+    # Keras split the batch over the data axis (the predictions reach the loss batch-sharded).
+    assert report["single_pred"] is None
+    assert report["data_parallel_pred"] == report["model_parallel_pred"] == "batch", report
+
+    weights = report["weights"]
+    attention = "encoderblock_0/MultiHeadDotProductAttention_1/"
+    # Query kernel (hidden 32, heads 4, head_dim 8): one head per device of the model axis.
+    assert weights[attention + "query_kernel"] == {"spec": [None, "model", None], "shard": [32, 1, 8]}
+    assert weights[attention + "value_bias"] == {"spec": ["model", None], "shard": [1, 8]}
+    assert weights[attention + "out_kernel"] == {"spec": ["model", None, None], "shard": [1, 8, 32]}
+    # MLP: Dense_0 (32, 64) by columns, Dense_1 (64, 32) by rows.
+    assert weights["encoderblock_1/MlpBlock_3/Dense_0/kernel"] == {"spec": [None, "model"], "shard": [32, 16]}
+    assert weights["encoderblock_1/MlpBlock_3/Dense_1/kernel"] == {"spec": ["model", None], "shard": [16, 32]}
+    assert weights["embedding/kernel"]["shard"] == [8, 8, 3, 8]
+    assert weights["head/kernel"] == {"spec": ["model", None], "shard": [4, 8]}
+    assert weights["encoder_norm/gamma"] == {"spec": [None], "shard": [32]}
+    # Every variable carries exactly the layout the map gives its path; so do its Adam slots
+    # and the variables of a model loaded under the distribution.
+    for path, axes in report["layout"].items():
+        assert weights[path]["spec"] == axes, path
+        assert report["reloaded"][path] == axes, path
+        slot = path.replace("/", "_")
+        slots = [s for p, s in report["optimizer"].items() if p.endswith(slot + "_momentum")]
+        assert slots == [axes], (path, slots)
+
+    # The weights saved by the sharded process reload in a single-device process.
+    single_device = run_python(
+        r"""
+import json, numpy as np, jax, keras, keras_vit
+assert jax.device_count() == 1
+x = np.random.default_rng(0).uniform(-1, 1, (64, 32, 32, 3)).astype("float32")[:16]
+want = np.load(TMP + "/mp_pred.npy")
+model = keras.saving.load_model(TMP + "/mp.keras", compile=False)
+fresh = keras_vit.VisionTransformer(image_size=32, patch_size=8, hidden_size=32, num_layers=2, num_heads=4,
+                                    mlp_dim=64, classes=8, representation_size=16)
+fresh.load_weights(TMP + "/mp.weights.h5")
+print(json.dumps([float(np.max(np.abs(np.asarray(m.predict(x, verbose=0)) - want))) for m in (model, fresh)]))
+""".replace("TMP", repr(str(tmp_path))),
+        env={"JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""},
+    )
+    errors = json.loads(single_device.strip().splitlines()[-1])
+    print("reload max abs error (.keras, .weights.h5):", errors)
+    assert max(errors) < 1e-5, errors
+
+
+@pytest.mark.slow
+def test_hybrid_with_indivisible_heads_falls_back_and_matches_one_device():
+    """R+ViT on a (4, 2) mesh with 3 heads: attention replicated by the fallback rule, the MLP and
+    embeddings split, the ResNet stem replicated; the loss is the single-device loss."""
+    report = run(
+        r"""
+CFG = dict(image_size=32, patch_size=1, hidden_size=24, num_layers=1, num_heads=3, mlp_dim=32, classes=8,
+           resnet=((1, 1), 0.5))
+out = {}
+_, out["single"] = fit(CFG)
+mesh = keras.distribution.DeviceMesh((4, 2), ("batch", "model"), keras.distribution.list_devices())
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    layout_map = keras_vit.get_layout_map(mesh, config=CFG)
+out["warnings"] = [str(w.message) for w in caught]
+with keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch").scope():
+    model, out["model_parallel"] = fit(CFG)
+    out["weights"] = shardings(model)
+print(json.dumps(out))
+"""
+    )
+    print("single", report["single"], "model_parallel", report["model_parallel"])
+    np.testing.assert_allclose(report["model_parallel"], report["single"], rtol=2e-5)
+    assert any("num_heads" in w or "heads=3" in w for w in report["warnings"]), report["warnings"]
+    weights = report["weights"]
+    assert weights["encoderblock_0/MultiHeadDotProductAttention_1/query_kernel"]["spec"] == [None, None, None]
+    assert weights["encoderblock_0/MlpBlock_3/Dense_0/kernel"] == {"spec": [None, "model"], "shard": [24, 16]}
+    assert weights["embedding/kernel"]["spec"] == [None, None, None, "model"]
+    assert weights["conv_root/kernel"]["spec"] == [None, None, None, None]
+    assert weights["block2/unit1/conv3/kernel"]["spec"] == [None, None, None, None]
