@@ -41,6 +41,7 @@ from keras_vit.imagenet import decode_predictions, preprocess_input  # noqa: F40
 from keras_vit.presets import list_presets  # noqa: F401,E402
 
 # === Data and training ===
+from keras_vit import data  # noqa: F401,E402  (tf.data pipelines; TensorFlow loads on first use)
 
 # === Analysis ===
 from keras_vit import analysis  # noqa: F401,E402  (light: numpy and keras only)

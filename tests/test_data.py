@@ -171,6 +171,10 @@ def test_image_folder_skips_corrupt_and_non_image_files_with_a_counted_warning(t
     # Test split: grey images become RGB; same class list.
     images, labels, info = kd.as_arrays(tmp_path, "test", image_size=8)
     assert images.shape == (3, 8, 8, 3) and list(labels) == [0, 1, 2]
+    # Indexed again (unchanged folder: reused), the warning and counts are the same.
+    with pytest.warns(UserWarning, match=r"3 of 16 files"):
+        _, again = kd.load_dataset(tmp_path, "train", image_size=16, batch_size=4)
+    assert again.num_examples == good
 
 
 def test_image_folder_strict_mode_fails_clearly(tmp_path):

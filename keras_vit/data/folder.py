@@ -74,14 +74,39 @@ def resolve_split_folder(root, split):
     return root, root
 
 
-def index_image_folder(root, split="train", on_bad_file="skip"):
+_INDEX_CACHE = {}
+
+
+def _tree_signature(folder):
+    return tuple(
+        (dirpath, os.stat(dirpath).st_mtime_ns, len(filenames)) for dirpath, _, filenames in sorted(os.walk(folder))
+    )
+
+
+def index_image_folder(root, split="train", on_bad_file="skip", reuse=False):
     """List the images of `split` under `root` with their labels (class-per-subfolder).
 
     Returns a FolderIndex; see the module docstring for what is skipped and how it is reported.
+    With `reuse=True` an unchanged folder indexed before in this process is not decoded again
+    (its warning is repeated once per call site, as Python's warnings do).
     """
     if on_bad_file not in ("skip", "error"):
         raise ValueError(f"on_bad_file must be 'skip' or 'error'; got {on_bad_file!r}.")
     folder, classes_from = resolve_split_folder(root, split)
+    key = (os.path.realpath(folder), os.path.realpath(classes_from), on_bad_file)
+    if reuse and key in _INDEX_CACHE and _INDEX_CACHE[key][0] == _tree_signature(folder):
+        index, message = _INDEX_CACHE[key][1]
+        if message:
+            warnings.warn(message, stacklevel=3)
+        return index
+    index, message = _index(root, folder, classes_from, on_bad_file)
+    _INDEX_CACHE[key] = (_tree_signature(folder), (index, message))
+    if message:
+        warnings.warn(message, stacklevel=3)
+    return index
+
+
+def _index(root, folder, classes_from, on_bad_file):
     class_names = _class_folders(classes_from)
     if not class_names:
         raise ValueError(
@@ -125,7 +150,7 @@ def index_image_folder(root, split="train", on_bad_file="skip"):
         )
         if on_bad_file == "error":
             raise ValueError(message + " Remove them or pass on_bad_file='skip'.")
-        warnings.warn(message + " Skipped them.", stacklevel=3)
+        message += " Skipped them."
     if not paths:
         raise ValueError(f"Image folder {folder!r} has no readable images (extensions {IMAGE_EXTENSIONS}).")
-    return FolderIndex(paths, labels, class_names, non_images, corrupt)
+    return FolderIndex(paths, labels, class_names, non_images, corrupt), (message if bad else None)

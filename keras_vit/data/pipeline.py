@@ -21,8 +21,12 @@ Randomness is derived from `seed` only: the same seed gives the same batches.
 import dataclasses
 import os
 
-from keras_vit.data import preprocessing
 from keras_vit.data.embedded import EMBEDDED_DATASETS, load_embedded
+from keras_vit.data.tfds_sources import TFDS_DATASETS
+
+#: The paper's / original repo's Inception crop ranges: area fraction and aspect ratio (w / h).
+INCEPTION_AREA_RANGE = (0.05, 1.0)
+INCEPTION_ASPECT_RANGE = (3.0 / 4.0, 4.0 / 3.0)
 
 
 @dataclasses.dataclass
@@ -50,13 +54,15 @@ def _check_classes(classes, info):
 def _source_tfds(name, split, data_dir):
     import tensorflow as tf
 
+    from keras_vit.data import preprocessing
+
     from keras_vit.data.tfds_sources import get_tfds_source, read_tfds_split, tfds_builder
 
     source = get_tfds_source(name)
     builder = tfds_builder(source, data_dir)
     if split not in source.splits:
         # A raw tfds split string ("train[:10%]") is passed through for non-table datasets.
-        if name in TFDS_NAMES_CACHE():
+        if name in TFDS_DATASETS:
             raise ValueError(f"{name!r} has splits {sorted(source.splits)}; got {split!r}.")
         spec = split
     else:
@@ -98,18 +104,12 @@ def _source_tfds(name, split, data_dir):
     return ds, DatasetInfo(f"tfds:{name}", split, classes, count, names)
 
 
-def TFDS_NAMES_CACHE():
-    from keras_vit.data.tfds_sources import TFDS_DATASETS
-
-    return TFDS_DATASETS
-
-
 def _source_folder(path, split, on_bad_file):
     import tensorflow as tf
 
     from keras_vit.data.folder import index_image_folder
 
-    index = index_image_folder(path, split, on_bad_file=on_bad_file)
+    index = index_image_folder(path, split, on_bad_file=on_bad_file, reuse=True)
     ds = tf.data.Dataset.from_tensor_slices((index.paths, tf.constant(index.labels, tf.int64)))
 
     def decode(path, label):
@@ -160,8 +160,8 @@ def load_dataset(
     one_hot=False,
     crop=True,
     flip=True,
-    area_range=preprocessing.INCEPTION_AREA_RANGE,
-    aspect_range=preprocessing.INCEPTION_ASPECT_RANGE,
+    area_range=INCEPTION_AREA_RANGE,
+    aspect_range=INCEPTION_ASPECT_RANGE,
     shuffle_buffer=10_000,
     drop_remainder=None,
     cache=None,
@@ -199,6 +199,8 @@ def load_dataset(
         ((8, 32, 32, 3), 4)
     """
     import tensorflow as tf
+
+    from keras_vit.data import preprocessing
 
     data = os.fspath(data)
     ds, info = load_source(data, split, data_dir=data_dir, on_bad_file=on_bad_file)

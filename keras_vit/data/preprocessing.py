@@ -16,9 +16,7 @@ built with the same seed yields the same batches on every run and every Keras ba
 
 import tensorflow as tf
 
-#: The paper's / original repo's Inception crop ranges.
-INCEPTION_AREA_RANGE = (0.05, 1.0)
-INCEPTION_ASPECT_RANGE = (3.0 / 4.0, 4.0 / 3.0)
+from keras_vit.data.pipeline import INCEPTION_AREA_RANGE, INCEPTION_ASPECT_RANGE  # noqa: F401
 
 
 def _size_pair(image_size):
