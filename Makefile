@@ -4,6 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+BENCH_ARGS ?=
 JOBS ?= 2
 
 .PHONY: venv demo test test-jax test-tensorflow test-torch bench clean
@@ -32,8 +33,8 @@ test-torch: venv
 	KERAS_BACKEND=torch $(PY) -m pytest -n $(JOBS) -m "not slow" $(PYTEST_ARGS)
 
 bench: venv
-	$(PY) -m pip install --quiet -e ".[dev,bench]"
-	$(PY) benchmarks/benchmark.py
+	$(PY) -m pip install --quiet --no-deps "keras-hub>=0.18"  # its tensorflow-text pin would pull a second TensorFlow (benchmarks/README.md)
+	$(PY) benchmarks/benchmark.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
