@@ -14,6 +14,7 @@ vit_small_r26_s32_224 keep their full ResNets with depth=2 and a small image siz
 import json
 import os
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -24,6 +25,9 @@ import keras_vit
 from keras_vit.checkpoints import CheckpointError, build_model, read_checkpoint, write_npz
 from keras_vit.models.weight_tree import WeightTreeError
 
+# TensorFlow and triton's bundled LLVM clash in one process (a segfault when triton loads after
+# TensorFlow); the torch references here run on CPU and never need triton.
+sys.modules.setdefault("triton", None)
 torch = pytest.importorskip("torch")
 timm = pytest.importorskip("timm")
 
@@ -348,3 +352,19 @@ def test_errors_missing_unexpected_and_mismatched_weights(tmp_path):
     (tmp_path / "p" / "config.json").write_text(json.dumps(dict(config, mlp_dim=50)))
     with pytest.raises(CheckpointError, match="do not fit its config.json"):
         read_checkpoint(tmp_path / "p")
+
+
+def test_timm_heads_from_model_args_and_bf16_weights(tmp_path):
+    from safetensors.torch import save_file
+
+    ref_model = save_timm("vit_tiny_patch16_224", tmp_path / "t", embed_dim=64, num_heads=4, depth=1, img_size=32)
+    tree, config = read_checkpoint(tmp_path / "t")
+    assert config["num_heads"] == 4 and config["hidden_size"] == 64 and config["num_layers"] == 1
+    assert tree["Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"].shape == (64, 4, 16)
+
+    # bfloat16 tensors (numpy has no bfloat16) are widened exactly to float32.
+    state = {k: v.to(torch.bfloat16).contiguous() for k, v in ref_model.state_dict().items()}
+    save_file(state, str(tmp_path / "t" / "model.safetensors"))
+    tree16, _ = read_checkpoint(tmp_path / "t")
+    expected = state["blocks.0.attn.proj.weight"].float().numpy().T.reshape(4, 16, 64)
+    np.testing.assert_array_equal(tree16["Transformer/encoderblock_0/MultiHeadDotProductAttention_1/out/kernel"], expected)

@@ -7,11 +7,17 @@
 torch.nn.functional.interpolate(mode="bicubic", align_corners=False).
 """
 
+import sys
+
 import numpy as np
 import pytest
 import scipy.ndimage
 
 from keras_vit.layers.resize import interpolation_matrix, resize_position_embedding
+
+# TensorFlow and triton's bundled LLVM clash in one process (a segfault when triton loads after
+# TensorFlow); the torch references here run on CPU and never need triton.
+sys.modules.setdefault("triton", None)
 
 # (source grid, target grid): up, down, non-square both ways, 1-wide edges.
 GRIDS = [((7, 7), (12, 12)), ((12, 12), (7, 7)), ((4, 6), (9, 5)), ((9, 5), (4, 6)), ((3, 3), (3, 8)), ((5, 2), (1, 4))]

@@ -175,10 +175,12 @@ _ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": n
 
 
 class SafetensorsFile:
-    """A .safetensors file read through a memory map: each tensor is a view of the file, turned
-    into a float32 array only when asked for (no pickle, no copy of the whole file).
+    """A .safetensors file read one tensor at a time (no pickle, never the whole file at once).
 
-    Raises CheckpointError for a truncated or malformed file before any tensor is handed out.
+    The header is validated on opening, so a truncated or malformed file raises CheckpointError
+    before any tensor is handed out. Each `get` reads that tensor's bytes straight into a fresh
+    array (float32 stored tensors need no further copy), so peak memory stays at the weights
+    kept plus one tensor.
     """
 
     def __init__(self, path):
@@ -193,6 +195,8 @@ class SafetensorsFile:
                 if n > size - 8 or n > 100_000_000:
                     raise ValueError(f"header length {n} exceeds the file size {size}")
                 header = json.loads(f.read(n).decode("utf-8"))
+            if not isinstance(header, dict):
+                raise ValueError("the header is not a JSON object")
         except (ValueError, UnicodeDecodeError) as err:
             raise corrupt_file_error(self.path, err) from None
         self.metadata = header.pop("__metadata__", None) or {}
@@ -210,14 +214,13 @@ class SafetensorsFile:
             if dtype not in _ST_DTYPES:
                 raise CheckpointError(f"{self.path}: tensor {key!r} has unsupported dtype {dtype}.")
             itemsize = 2 if dtype == "BF16" else np.dtype(_ST_DTYPES[dtype]).itemsize
-            if stop - begin != itemsize * int(np.prod(shape, dtype=np.int64)):
+            if begin < 0 or stop - begin != itemsize * int(np.prod(shape, dtype=np.int64)):
                 raise corrupt_file_error(self.path, ValueError(f"tensor {key!r} size does not match its shape"))
             end = max(end, stop)
         if end > data_size:
             raise corrupt_file_error(
                 self.path, ValueError(f"tensors need {end} data bytes but the file holds {data_size}")
             )
-        self._map = np.memmap(self.path, dtype=np.uint8, mode="r", offset=self._start, shape=(data_size,)) if data_size else None
 
     def keys(self):
         return list(self._entries)
@@ -229,15 +232,19 @@ class SafetensorsFile:
         return key in self._entries
 
     def get(self, key):
-        """The tensor `key` as a float32 array (a read-only view of the file when stored as F32)."""
+        """The tensor `key` as a float32 array."""
         entry = self._entries[key]
         begin, stop = entry["data_offsets"]
         shape = tuple(entry["shape"])
-        raw = self._map[begin:stop] if self._map is not None else np.zeros(0, np.uint8)
-        if entry["dtype"] == "BF16":
-            bits = raw.view(np.uint16).astype(np.uint32) << 16
-            return bits.view(np.float32).reshape(shape)
-        array = raw.view(_ST_DTYPES[entry["dtype"]]).reshape(shape)
+        dtype = entry["dtype"]
+        stored = np.uint16 if dtype == "BF16" else _ST_DTYPES[dtype]
+        array = np.empty(shape, dtype=stored)
+        with open(self.path, "rb") as f:
+            f.seek(self._start + begin)
+            if f.readinto(memoryview(array.reshape(-1)).cast("B")) != stop - begin:
+                raise corrupt_file_error(self.path, EOFError(f"tensor {key!r} is cut short"))
+        if dtype == "BF16":
+            return (array.astype(np.uint32) << 16).view(np.float32)
         return array if array.dtype == np.float32 else array.astype(np.float32)
 
 

@@ -1,6 +1,5 @@
 """One entry point for every format: detect it, read it into (tree, config), build the model."""
 
-import json
 import os
 
 from keras_vit.checkpoints.common import CheckpointError, read_json, source_grid
@@ -246,22 +245,12 @@ def load_checkpoint(
     """
     path = resolve(source, image_size=image_size)
     tree, config = read_checkpoint(path)
-    try:
-        return build_model(
-            tree,
-            config,
-            image_size=image_size,
-            include_top=include_top,
-            classes=classes,
-            pooling=pooling,
-            classifier_activation=classifier_activation,
-        )
-    except CheckpointError:
-        raise
-    finally:
-        del tree
-
-
-def config_summary(config):
-    """A one-line JSON of a checkpoint config (for logs and error messages)."""
-    return json.dumps({k: v for k, v in config.items()}, default=list)
+    return build_model(
+        tree,
+        config,
+        image_size=image_size,
+        include_top=include_top,
+        classes=classes,
+        pooling=pooling,
+        classifier_activation=classifier_activation,
+    )

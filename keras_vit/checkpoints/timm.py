@@ -57,13 +57,14 @@ def timm_heads(architecture):
 
 
 def _linear(w):
-    """PyTorch Linear weight (out, in) -> Flax kernel (in, out)."""
-    return np.ascontiguousarray(w.T)
+    """PyTorch Linear weight (out, in) -> Flax kernel (in, out): a transposed view, copied only
+    once, when it is assigned to the model."""
+    return w.T
 
 
 def _conv(w):
-    """PyTorch conv weight (out, in, kh, kw) -> Flax/Keras kernel (kh, kw, in, out)."""
-    return np.ascontiguousarray(w.transpose(2, 3, 1, 0))
+    """PyTorch conv weight (out, in, kh, kw) -> Flax/Keras kernel (kh, kw, in, out) (a view)."""
+    return w.transpose(2, 3, 1, 0)
 
 
 class _Reader:
@@ -152,7 +153,7 @@ def timm_state_to_tree(files, num_heads=None, *, source="checkpoint", config_hin
             raise CheckpointError(f"{source}: {src}attn.qkv.weight has shape {qkv_w.shape}; expected {(3 * hidden, hidden)}.")
         for j, name in enumerate(("query", "key", "value")):
             tree[f"{att}{name}/kernel"] = _linear(qkv_w[j * hidden : (j + 1) * hidden]).reshape(hidden, num_heads, hd)
-            tree[f"{att}{name}/bias"] = np.ascontiguousarray(qkv_b[j * hidden : (j + 1) * hidden]).reshape(num_heads, hd)
+            tree[f"{att}{name}/bias"] = qkv_b[j * hidden : (j + 1) * hidden].reshape(num_heads, hd)
         tree[f"{att}out/kernel"] = _linear(r.get(src + "attn.proj.weight")).reshape(num_heads, hd, hidden)
         tree[f"{att}out/bias"] = r.get(src + "attn.proj.bias")
         tree[dst + "LayerNorm_2/scale"] = r.get(src + "norm2.weight")

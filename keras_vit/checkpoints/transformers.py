@@ -19,7 +19,7 @@ _IGNORED = ("embeddings.mask_token",)  # used only for masked image modelling, n
 
 
 def _linear(w):
-    return np.ascontiguousarray(w.T)
+    return w.T  # a view; copied once, when assigned to the model
 
 
 def read_transformers(path):
@@ -86,7 +86,7 @@ def transformers_state_to_tree(files, num_heads, *, source="checkpoint"):
         raise CheckpointError(f"{source}: no '{p}embeddings.patch_embeddings.projection.weight'; not a transformers ViT.")
     tree = {}
     e = p + "embeddings."
-    tree["embedding/kernel"] = np.ascontiguousarray(get(e + "patch_embeddings.projection.weight").transpose(2, 3, 1, 0))
+    tree["embedding/kernel"] = get(e + "patch_embeddings.projection.weight").transpose(2, 3, 1, 0)
     tree["embedding/bias"] = get(e + "patch_embeddings.projection.bias")
     tree["cls"] = get(e + "cls_token")
     tree["Transformer/posembed_input/pos_embedding"] = get(e + "position_embeddings")
@@ -104,7 +104,7 @@ def transformers_state_to_tree(files, num_heads, *, source="checkpoint"):
             w = src + f"attention.attention.{name}."
             tree[f"{att}{name}/kernel"] = _linear(get(w + "weight")).reshape(hidden, num_heads, hd)
             bias = get(w + "bias") if w + "bias" in keys else np.zeros(hidden, np.float32)  # qkv_bias=False
-            tree[f"{att}{name}/bias"] = np.ascontiguousarray(bias).reshape(num_heads, hd)
+            tree[f"{att}{name}/bias"] = bias.reshape(num_heads, hd)
         tree[f"{att}out/kernel"] = _linear(get(src + "attention.output.dense.weight")).reshape(num_heads, hd, hidden)
         tree[f"{att}out/bias"] = get(src + "attention.output.dense.bias")
         tree[dst + "LayerNorm_2/scale"] = get(src + "layernorm_after.weight")
