@@ -106,3 +106,113 @@ def test_fewshot_separable_clusters(rng):
     assert training.fewshot_linear_eval(x_train, y_train, x_test, y_test, l2_reg=1.0) >= 0.97
     idx = training.sample_shots(y_test, 3, seed=1)
     assert np.bincount(y_test[idx]).tolist() == [3, 3, 3, 3]
+
+
+# === Optimizer details ===
+
+
+def test_adamw_decays_kernels_only():
+    model = randomize(keras_vit.VisionTransformer(**TINY, representation_size=12))
+    opt = training.pretrain_optimizer(0.5, total_steps=10, warmup_steps=0, weight_decay=0.1)
+    variables = model.trainable_variables
+    before = [np.array(v.numpy()) for v in variables]
+    # Zero gradients: Adam's step is 0, so only the decoupled decay moves the weights.
+    opt.apply([keras.ops.zeros(v.shape) for v in variables], variables)
+    lr = training.warmup_decay_value(1, 0.5, 10, 0, "linear", 1e-5)
+    decayed = set()
+    for v, b in zip(variables, before):
+        if np.allclose(v.numpy(), b * (1 - lr * 0.1), rtol=1e-6):
+            decayed.add(v.path)
+        else:
+            np.testing.assert_allclose(v.numpy(), b, rtol=1e-7, err_msg=v.path)
+    kernels = {v.path for v in variables if v.path.endswith("kernel")}
+    assert decayed == kernels and len(kernels) >= 8
+    assert not any(k in p for p in decayed for k in ("bias", "pos_embedding", "cls", "gamma", "beta"))
+
+
+def test_label_smoothing_loss_matches_formula():
+    logits = np.array([[2.0, -1.0, 0.5], [0.1, 0.2, 0.3]], "float32")
+    labels = np.array([0, 2])
+    loss = training.ClassificationCrossentropy(label_smoothing=0.1, from_logits=True, reduction=None)
+    got = keras.ops.convert_to_numpy(loss(labels, logits))
+    logp = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    target = np.eye(3)[labels] * 0.9 + 0.1 / 3
+    np.testing.assert_allclose(got, -(target * logp).sum(1), rtol=1e-5)
+    onehot = keras.ops.convert_to_numpy(loss(np.eye(3, dtype="float32")[labels], logits))
+    np.testing.assert_allclose(onehot, got, rtol=1e-6)
+    model = keras_vit.VisionTransformer(**TINY, classifier_activation=None)
+    assert training.classification_loss(model).from_logits
+    assert not training.classification_loss(keras_vit.VisionTransformer(**TINY)).from_logits
+
+
+# === Fine-tuning set-up ===
+
+
+def test_for_finetuning_copies_weights_resizes_and_resets_head():
+    from scipy import ndimage
+
+    base = randomize(keras_vit.VisionTransformer(**TINY, representation_size=12))
+    ft = training.for_finetuning(base, image_size=48, classes=4)
+    assert ft.grid_size == (6, 6) and ft.output_shape == (None, 4)
+    assert ft.representation_size is None and ft.dropout_rate == 0.0
+    src, dst = keras_vit.get_weight_tree(base), keras_vit.get_weight_tree(ft)
+    assert not any(k.startswith("pre_logits/") for k in dst)
+    assert np.all(dst["head/kernel"] == 0) and np.all(dst["head/bias"] == 0)
+    for key, value in dst.items():
+        if key.startswith("head/") or key.endswith("pos_embedding"):
+            continue
+        np.testing.assert_array_equal(value, src[key], err_msg=key)
+    # Position embedding: class token kept, grid resized like scipy.ndimage.zoom(order=1).
+    pe = src["Transformer/posembed_input/pos_embedding"][0]
+    grid = pe[1:].reshape(4, 4, -1)
+    want = ndimage.zoom(grid, (6 / 4, 6 / 4, 1), order=1).reshape(36, -1)
+    got = dst["Transformer/posembed_input/pos_embedding"][0]
+    np.testing.assert_array_equal(got[0], pe[0])
+    np.testing.assert_allclose(got[1:], want, rtol=1e-5, atol=1e-6)
+    keep = training.for_finetuning(base, classes=3, keep_representation=True, classifier_activation=None)
+    np.testing.assert_array_equal(keras_vit.get_weight_tree(keep)["pre_logits/kernel"], src["pre_logits/kernel"])
+    assert keep.classifier_activation == "linear"
+    with pytest.raises(TypeError, match="VisionTransformer"):
+        training.for_finetuning(keras.Sequential([keras.layers.Dense(2)]), classes=2)
+
+
+def _smooth_position_grid(model):
+    """Set the patch part of the position embedding to a smooth function of the position."""
+    var = model.get_layer("posembed_input").pos_embedding
+    rows, cols = model.grid_size
+    hidden = var.shape[-1]
+    u, v = np.meshgrid(np.linspace(0, 1, rows), np.linspace(0, 1, cols), indexing="ij")
+    freq = np.random.default_rng(3).uniform(0.2, 1.0, size=(2, hidden))
+    phase = np.random.default_rng(4).uniform(0, np.pi, size=hidden)
+    grid = np.sin(u[..., None] * freq[0] * np.pi + v[..., None] * freq[1] * np.pi + phase)
+    value = var.numpy().copy()
+    value[0, model.num_prefix_tokens :] = grid.reshape(rows * cols, hidden)
+    var.assign(value)
+
+
+def test_resolution_change_keeps_features_close_for_smooth_positions(rng):
+    base = randomize(keras_vit.VisionTransformer(**{**TINY, "classifier": "gap"}), scale=0.3)
+    _smooth_position_grid(base)
+    features_32 = keras_vit.VisionTransformer(**{**TINY, "classifier": "gap", "include_top": False, "pooling": "gap"})
+    keras_vit.set_weight_tree(features_32, keras_vit.get_weight_tree(base), skip=("head/",))
+    big = training.for_finetuning(base, image_size=64, classes=2)
+    features_64 = keras_vit.VisionTransformer(
+        **{**TINY, "image_size": 64, "classifier": "gap", "include_top": False, "pooling": "gap"}
+    )
+    keras_vit.set_weight_tree(features_64, keras_vit.get_weight_tree(big), skip=("head/",))
+    # A 4x4 colour image upsampled (nearest) to 32 and 64 pixels: every 8-pixel patch is flat.
+    small = rng.uniform(-1, 1, size=(3, 4, 4, 3)).astype("float32")
+    img32, img64 = (np.repeat(np.repeat(small, k, 1), k, 2) for k in (8, 16))
+    f32 = np.asarray(features_32.predict(img32, verbose=0))
+    f64 = np.asarray(features_64.predict(img64, verbose=0))
+    rel = np.linalg.norm(f64 - f32) / np.linalg.norm(f32)
+    # Control: the resized grid flipped upside down (the right function, wrong positions).
+    tree = keras_vit.get_weight_tree(big)
+    pe = tree["Transformer/posembed_input/pos_embedding"].copy()
+    pe[0] = pe[0].reshape(8, 8, -1)[::-1].reshape(64, -1)
+    tree["Transformer/posembed_input/pos_embedding"] = pe
+    keras_vit.set_weight_tree(features_64, tree, skip=("head/",))
+    control = np.linalg.norm(np.asarray(features_64.predict(img64, verbose=0)) - f32) / np.linalg.norm(f32)
+    print(f"relative feature change 32->64 px: {rel:.4f} (flipped-position control {control:.4f})")
+    assert rel < 0.05, rel
+    assert rel < control / 2, (rel, control)

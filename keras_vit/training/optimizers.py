@@ -2,14 +2,16 @@
 for pre-training, both with global-norm clipping, optional gradient accumulation and Polyak
 averaging (EMA).
 
-They are Keras' own `SGD` and `AdamW` with two corrections, so `model.fit` runs them compiled on
+They are Keras' own `SGD` and `AdamW` with corrections, so `model.fit` runs them compiled on
 JAX, TensorFlow and PyTorch:
 
 - With `gradient_accumulation_steps=N` Keras averages N micro-batch gradients and applies one
-  update (clipping the averaged gradient, the schedule seeing the number of applied updates),
-  which is exactly one step on the N-times larger batch. But its EMA moves on every micro-batch,
-  so the average would decay with momentum**N per update; here it moves only when an update is
-  applied, as Polyak averaging of the updates should.
+  update (clipping the averaged gradient), which is one step on the N-times larger batch. But
+  Keras 3 evaluates a learning-rate schedule at the micro-step count (so warm-up and decay
+  would run N times too fast), and its EMA moves on every micro-batch (decaying with
+  momentum**N per update). Here the schedule sees applied updates and the EMA moves only when
+  an update is applied: N accumulated micro-batches then equal one large-batch step exactly
+  (tests/test_training_fit.py).
 - `AdamW` decays only variables whose name matches `weight_decay_pattern` (default: kernels),
   the rule of big_vision (`.*/kernel$`): biases, LayerNorm/GroupNorm scales, the class token and
   the position embedding are not decayed. The 2020 code (flax.optim.Adam(weight_decay=...))
@@ -29,8 +31,19 @@ from keras_vit.training.schedules import WarmupCosineDecay, WarmupLinearDecay
 register = keras.saving.register_keras_serializable(package="keras_vit")
 
 
-class _UpdateStepEMA:
-    """Mixin: under gradient accumulation, move the EMA only on steps that apply an update."""
+class _AccumulationFixes:
+    """Mixin: under gradient accumulation, the schedule sees applied updates and the EMA moves
+    only on steps that apply an update."""
+
+    def _get_current_learning_rate(self):
+        # Keras 3 evaluates a schedule at the micro-step counter `_iterations`, although its
+        # docs promise `iterations` (= micro-steps // N): N accumulated micro-batches would
+        # then use the rate of step N*k instead of k. Use the applied-update count.
+        if self.gradient_accumulation_steps and isinstance(
+            self._learning_rate, keras.optimizers.schedules.LearningRateSchedule
+        ):
+            return self._learning_rate(self.iterations)
+        return super()._get_current_learning_rate()
 
     def _update_model_variables_moving_average(self, trainable_variables):
         if not self.use_ema:
@@ -60,7 +73,7 @@ class _UpdateStepEMA:
 
 
 @register
-class SGD(_UpdateStepEMA, keras.optimizers.SGD):
+class SGD(_AccumulationFixes, keras.optimizers.SGD):
     """keras.optimizers.SGD whose EMA moves once per applied update under gradient accumulation.
 
     Example:
@@ -69,7 +82,7 @@ class SGD(_UpdateStepEMA, keras.optimizers.SGD):
 
 
 @register
-class AdamW(_UpdateStepEMA, keras.optimizers.AdamW):
+class AdamW(_AccumulationFixes, keras.optimizers.AdamW):
     """keras.optimizers.AdamW that decays only variables whose name matches `weight_decay_pattern`.
 
     Args:

@@ -1,0 +1,204 @@
+"""keras_vit.training under model.fit: gradient accumulation, EMA, resume, mixed precision, pilot."""
+
+import os
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit import training
+from tests.conftest import BACKEND, TINY, randomize
+
+
+def _data(n=16, size=32, classes=7, seed=0):
+    r = np.random.default_rng(seed)
+    x = r.uniform(-1, 1, size=(n, size, size, 3)).astype("float32")
+    y = r.integers(0, classes, size=n)
+    return x, y
+
+
+def _model(seed=0):
+    model = keras_vit.VisionTransformer(**TINY, classifier_activation=None)
+    return randomize(model, seed=seed)
+
+
+class _RecordWeights(keras.callbacks.Callback):
+    def __init__(self):
+        super().__init__()
+        self.after_batch = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.after_batch.append([np.array(v.numpy()) for v in self.model.trainable_variables])
+
+
+@pytest.mark.skipif(BACKEND not in ("jax", "tensorflow", "torch"), reason="fit backends")
+def test_accumulated_steps_equal_large_batch_steps_and_ema_is_polyak():
+    """4 accumulated micro-batches of 4 == one batch of 16, with momentum, the global-norm clip,
+    the warm-up schedule and EMA; the EMA equals the hand-computed average of the updates."""
+    x, y = _data()
+    ema = 0.5
+    loss = training.classification_loss(from_logits=True)
+
+    def run(batch_size, accumulation):
+        model = _model()
+        opt = training.finetune_optimizer(
+            0.5, total_steps=4, warmup_steps=2, gradient_accumulation_steps=accumulation, use_ema=True,
+            ema_momentum=ema,
+        )
+        model.compile(optimizer=opt, loss=loss)
+        record = _RecordWeights()
+        model.fit(x, y, batch_size=batch_size, epochs=2, shuffle=False, verbose=0, callbacks=[record])
+        averages = [np.array(a.numpy()) for a in opt._model_variables_moving_average]
+        return model, opt, record.after_batch, averages
+
+    large, large_opt, large_steps, large_avg = run(16, None)
+    small, small_opt, small_steps, small_avg = run(4, 4)
+    assert len(large_steps) == 2 and len(small_steps) == 8
+    assert int(large_opt.iterations) == int(small_opt.iterations) == 2
+    # Weights after every applied update agree (micro-steps in between leave them unchanged).
+    init = [np.array(v.numpy()) for v in _model().trainable_variables]
+    for k in range(2):
+        for a, b in zip(large_steps[k], small_steps[4 * k + 3]):
+            np.testing.assert_allclose(b, a, rtol=2e-5, atol=2e-6)
+        for a, b in zip(small_steps[4 * k], small_steps[4 * k + 2]):
+            np.testing.assert_array_equal(a, b)
+    assert max(np.abs(a - b).max() for a, b in zip(large_steps[-1], init)) > 1e-3  # it trained
+    # Polyak average by hand: avg_1 = w_1, avg_k = m avg_(k-1) + (1 - m) w_k over the updates.
+    hand = [w.copy() for w in large_steps[0]]
+    for k in (1,):
+        hand = [ema * h + (1 - ema) * w for h, w in zip(hand, large_steps[k])]
+    for h, a, b in zip(hand, large_avg, small_avg):
+        np.testing.assert_allclose(a, h, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(b, h, rtol=2e-5, atol=2e-6)
+    # fit leaves the averaged weights in the model (Keras finalize_variable_values).
+    for v, h in zip(large.trainable_variables, hand):
+        np.testing.assert_allclose(v.numpy(), h, rtol=1e-5, atol=1e-6)
+
+
+def test_swap_ema_weights_for_evaluation():
+    x, y = _data()
+    model = _model()
+    opt = training.finetune_optimizer(0.3, total_steps=8, warmup_steps=1, use_ema=True, ema_momentum=0.7)
+    model.compile(optimizer=opt, loss=training.classification_loss(from_logits=True))
+    swap = training.SwapEMAWeights()
+    record = _RecordWeights()
+
+    class _EvalWithSwap(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            m = self.model
+            raw = [np.array(v.numpy()) for v in m.trainable_variables]
+            averaged = [np.array(a.numpy()) for a in m.optimizer._model_variables_moving_average]
+            with training.ema_weights(m):
+                inside = [np.array(v.numpy()) for v in m.trainable_variables]
+            after = [np.array(v.numpy()) for v in m.trainable_variables]
+            self.result = (raw, averaged, inside, after)
+
+    check = _EvalWithSwap()
+    history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, validation_data=(x, y),
+                        callbacks=[swap, record, check])
+    raw, averaged, inside, after = check.result
+    for r, a, i, f in zip(raw, averaged, inside, after):
+        np.testing.assert_array_equal(i, a)
+        np.testing.assert_array_equal(f, r)
+    assert any(np.abs(r - a).max() > 1e-4 for r, a in zip(raw, averaged))
+    # Validation loss was computed with the averages: recompute it on a copy holding them.
+    reference = _model()
+    reference.compile(loss=training.classification_loss(from_logits=True))
+    for v, a in zip(reference.trainable_variables, averaged):
+        v.assign(a)
+    want = reference.evaluate(x, y, batch_size=8, verbose=0)
+    assert history.history["val_loss"][-1] == pytest.approx(want, rel=1e-5)
+
+
+class _Interrupt(keras.callbacks.Callback):
+    def __init__(self, after):
+        super().__init__()
+        self.after, self.seen = after, 0
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.seen += 1
+        if self.seen == self.after:
+            raise RuntimeError("simulated preemption")
+
+
+def _stream(x, y, skip=0):
+    import tensorflow as tf
+
+    return tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(4).skip(skip)
+
+
+def test_resume_after_interruption_equals_uninterrupted_run(tmp_path):
+    x, y = _data(n=24)
+
+    def compiled():
+        model = _model()
+        model.compile(
+            optimizer=training.finetune_optimizer(0.2, total_steps=12, warmup_steps=3),
+            loss=training.classification_loss(from_logits=True),
+        )
+        return model
+
+    reference = compiled()
+    reference.fit(_stream(x, y), epochs=3, steps_per_epoch=4, verbose=0)
+
+    backup_dir = str(tmp_path / "backup")
+    first = compiled()
+    with pytest.raises(RuntimeError, match="simulated preemption"):
+        first.fit(_stream(x, y), epochs=3, steps_per_epoch=4, verbose=0,
+                  callbacks=[training.BackupAndResume(backup_dir, save_freq=3), _Interrupt(after=7)])
+    progress = training.backup_progress(backup_dir)
+    assert progress == {"epoch": 1, "batch": 2, "step": 6}
+
+    resumed = compiled()  # a fresh process would rebuild the same model
+    counter = []
+
+    class _Count(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch, logs=None):
+            counter.append(int(self.model.optimizer.iterations))
+
+    history = resumed.fit(_stream(x, y, skip=progress["step"]), epochs=3, steps_per_epoch=4, verbose=0,
+                          callbacks=[training.BackupAndResume(backup_dir, save_freq=3), _Count()])
+    assert counter == list(range(6, 12))  # the step counter (and schedule) continues
+    assert len(history.history["loss"]) == 2  # epochs 2 (remaining 2 steps) and 3
+    assert int(resumed.optimizer.iterations) == 12
+    for a, b in zip(resumed.trainable_variables, reference.trainable_variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+    assert not os.path.exists(backup_dir)  # deleted after a completed run
+
+
+@pytest.mark.skipif(BACKEND not in ("jax", "tensorflow"), reason="bfloat16 training is checked on JAX and TF")
+def test_fit_mixed_bfloat16_loss_finite_and_decreasing():
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    r = np.random.default_rng(0)
+    y = np.arange(64) % 2
+    # Learnable: class 1 images are brighter.
+    x = (r.uniform(-1, 0.6, size=(64, 32, 32, 3)) + 0.4 * y[:, None, None, None]).astype("float32")
+    model = keras_vit.VisionTransformer(**{**TINY, "classes": 2}, classifier_activation=None)
+    assert model.get_layer("encoderblock_0").compute_dtype == "bfloat16"
+    model.compile(
+        optimizer=training.finetune_optimizer(0.03, total_steps=40, warmup_steps=4),
+        loss=training.classification_loss(model, label_smoothing=0.1),
+    )
+    history = model.fit(x, y, batch_size=16, epochs=10, verbose=0)
+    losses = history.history["loss"]
+    assert np.all(np.isfinite(losses))
+    assert losses[-1] < losses[0] - 0.05, losses
+
+
+def test_fewshot_probe_logs_accuracy():
+    x, y = _data(n=24, classes=3)
+    model = _model()
+    model.compile(optimizer=training.finetune_optimizer(0.01, total_steps=6, warmup_steps=1),
+                  loss=training.classification_loss(from_logits=True))
+    probe = training.FewShotProbe(x[:12], y[:12] % 3, x[12:], y[12:] % 3, l2_reg=1.0)
+    history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[probe])
+    assert len(history.history["fewshot_accuracy"]) == 2
+    # The logged value is the few-shot solve on the features the model gives after training.
+    features = training.extract_features(model, x)
+    want = training.fewshot_linear_eval(features[:12], y[:12] % 3, features[12:], y[12:] % 3, l2_reg=1.0,
+                                        num_classes=3)
+    assert history.history["fewshot_accuracy"][-1] == pytest.approx(want)
+    pooled = keras_vit.VisionTransformer(**{**TINY, "include_top": False, "pooling": "token"})
+    keras_vit.set_weight_tree(pooled, keras_vit.get_weight_tree(model), skip=("head/",))
+    np.testing.assert_allclose(training.extract_features(pooled, x), features, rtol=1e-5, atol=1e-5)
