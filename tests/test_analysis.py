@@ -305,15 +305,27 @@ def test_cli_explain_writes_pngs(tmp_path, capsys):
     assert "wrote" in capsys.readouterr().out
 
 
-def test_cli_explain_random_vit_with_warning(tmp_path):
+def test_cli_random_model_warns():
     from keras_vit.commands import explain
 
     with pytest.warns(UserWarning, match="randomly initialised"):
         model = explain.load_model(None, "ViTTi16", 64)
     assert model.input_shape == (None, 64, 64, 3)
-    image = tmp_path / "square.png"
+    assert analysis.anatomy(model).grid_size == (4, 4)
+
+
+def test_explain_greyscale_imagenet_head(tmp_path):
+    from keras_vit.commands import explain
+
+    model = randomize(keras_vit.VisionTransformer(**dict(TINY, classes=1000), num_channels=1))
+    image = tmp_path / "odd size.png"
     analysis.save_png(str(image), np.random.default_rng(0).integers(0, 256, (70, 90, 3), dtype=np.uint8))
-    summary = explain.explain(model, [str(image)], str(tmp_path / "out"), components=6, log=lambda *_: None)
+    paths = [explain.sample_image_path("grace_hopper"), str(image)]
+    summary = explain.explain(model, paths, str(tmp_path / "out"), components=4, log=lambda *_: None)
     assert summary["grid_size"] == [4, 4] and not summary["hybrid"]
-    _check_png(tmp_path / "out" / "patch_embedding_components.png", (100, 100))
-    _check_png(tmp_path / "out" / "rollout_square.png", (70, 90))
+    assert len(summary["top5"]) == 2 and len(summary["top5"][0]) == 5  # ImageNet names for a 1000-way head
+    _check_png(tmp_path / "out" / "rollout_odd_size.png", (70, 90))
+    pcs = _check_png(tmp_path / "out" / "patch_embedding_components.png", (100, 100))
+    # One channel: components drawn in grey (R = G = B).
+    grey = (pcs[..., 0] == pcs[..., 1]) & (pcs[..., 1] == pcs[..., 2])
+    assert grey.mean() > 0.95

@@ -122,19 +122,36 @@ def _constructor(arch):
     return applications.CONSTRUCTORS[arch]
 
 
-def _read_image(path, size):
-    """(original uint8 RGB, model input in [-1, 1] resized to `size` = (height, width))."""
+def _read_image(path, size, channels=3):
+    """(original uint8 RGB, model input in [-1, 1] resized to `size` = (height, width), with
+    `channels` channels: 3 for RGB models, 1 for greyscale ones)."""
+    import numpy as np
     from PIL import Image
 
+    if channels not in (1, 3):
+        raise ValueError(f"explain reads RGB or greyscale images; the model takes {channels} channels.")
     with Image.open(path) as img:
         rgb = img.convert("RGB")
         original = rgb.copy()
         original.thumbnail((512, 512), Image.BICUBIC)  # pictures need not be larger
         resized = rgb.resize((size[1], size[0]), Image.BICUBIC)
-    import numpy as np
+    if channels == 1:
+        resized = resized.convert("L")
+    x = np.asarray(resized, dtype=np.float32).reshape(size[0], size[1], channels)
+    return np.asarray(original), x / np.float32(127.5) - np.float32(1.0)
 
-    x = np.asarray(resized, dtype=np.float32) / np.float32(127.5) - np.float32(1.0)
-    return np.asarray(original), x
+
+def _imagenet_top5(model, batch):
+    """Top-5 ImageNet classes per image when the model ends in a 1000- or 21843-way head."""
+    shape = model.output_shape
+    if not (isinstance(shape, tuple) and len(shape) == 2 and shape[-1] in (1000, 21843)):
+        return None
+    try:
+        from keras_vit import decode_predictions
+    except ImportError:
+        return None
+    decoded = decode_predictions(model.predict(batch, verbose=0), top=5)
+    return [[[name, round(score, 4)] for _, name, score in row] for row in decoded]
 
 
 def _stem(path, used):
@@ -157,7 +174,8 @@ def explain(model, image_paths, out_dir, head_fusion="mean", discard_ratio=0.0, 
 
     os.makedirs(out_dir, exist_ok=True)
     info = analysis.anatomy(model)
-    images = [_read_image(p, info.image_size) for p in image_paths]
+    channels = int(info.chain[0].inputs[0].shape[-1])
+    images = [_read_image(p, info.image_size, channels) for p in image_paths]
     batch = np.stack([x for _, x in images])
     attentions = analysis.attention_weights(model, batch, batch_size=8)
     joint = analysis.rollout(attentions, head_fusion=head_fusion, discard_ratio=discard_ratio)
@@ -208,6 +226,7 @@ def explain(model, image_paths, out_dir, head_fusion="mean", discard_ratio=0.0, 
         "hybrid": info.hybrid,
         "images": list(image_paths),
         "mean_attention_distance_px": np.round(distances, 2).tolist(),
+        "top5": _imagenet_top5(model, batch),
         "files": written,
         "notes": notes,
     }
