@@ -44,20 +44,27 @@ def contender(library, backend, dtype, **options):
 
 
 def contenders(args):
-    """The (library, backend, dtype) workers of the speed table."""
-    out = []
-    hub_backends = ("jax", "tensorflow", "torch") if args.all else ("jax", "tensorflow")
-    for dtype in ("float32", "bfloat16"):
-        out.append(contender("timm", "torch", dtype))
-        # bfloat16 training on JAX:CPU: XLA has no AMX/oneDNN path here (bf16 matmuls run ~10x
-        # slower than oneDNN's), a step takes minutes; time inference only unless --all.
-        slow = dict(tasks="predict1,predict8") if dtype == "bfloat16" and not args.all else {}
-        for backend in ("jax", "tensorflow", "torch"):
-            out.append(contender("keras_vit", backend, dtype, **(slow if backend == "jax" else {})))
-        if not args.skip_keras_hub:
-            out.extend(
-                contender("keras_hub", backend, dtype, **(slow if backend == "jax" else {})) for backend in hub_backends
-            )
+    """The (library, backend, dtype) workers of the speed table, the main comparisons first
+    (a run stopped early still has them): timm and keras_vit's best path per dtype, then the rest."""
+    slow = {} if args.all else dict(tasks="predict1,predict8")
+    # bfloat16 training on JAX:CPU: XLA has no AMX/oneDNN path here (bf16 matmuls run ~10x
+    # slower than oneDNN's), a step takes minutes; time inference only unless --all.
+    out = [
+        contender("timm", "torch", "float32"),
+        contender("keras_vit", "jax", "float32"),
+        contender("keras_vit", "tensorflow", "float32"),
+        contender("timm", "torch", "bfloat16"),
+        contender("keras_vit", "torch", "bfloat16"),
+        contender("keras_vit", "tensorflow", "bfloat16"),
+    ]
+    if not args.skip_keras_hub:
+        out += [contender("keras_hub", "jax", "float32"), contender("keras_hub", "tensorflow", "float32"),
+                contender("keras_hub", "tensorflow", "bfloat16")]
+    out += [contender("keras_vit", "torch", "float32"), contender("keras_vit", "jax", "bfloat16", **slow)]
+    if not args.skip_keras_hub:
+        out.append(contender("keras_hub", "jax", "bfloat16", **slow))
+        if args.all:
+            out += [contender("keras_hub", "torch", "float32"), contender("keras_hub", "torch", "bfloat16")]
     if not args.quick:
         # What the recommended settings are measured against (see README), batch-8 inference
         # only: TensorFlow's XLA path (Keras' default jit_compile="auto" picks it), and
@@ -266,7 +273,7 @@ def worker_int8(spec):
     out = np.asarray(model.predict_on_batch(x), "float64")
     _, q_best, _ = _time(lambda: model.predict_on_batch(x), spec["reps"], 1)
     quantized = sorted(
-        {layer.name for layer in model._flatten_layers() if "int8" in str(layer.dtype_policy.name)}
+        {layer.path for layer in model._flatten_layers() if "int8" in str(layer.dtype_policy.name)}
     )
     diff = np.abs(out - ref)
     return dict(
@@ -281,7 +288,7 @@ def worker_int8(spec):
             np.mean([len(set(a) & set(b)) / 5 for a, b in zip(np.argsort(-out)[:, :5], np.argsort(-ref)[:, :5])])
         ),
         quantized_layers=len(quantized),
-        quantized_names=sorted({n.rstrip("0123456789_") for n in quantized}),
+        quantized_names=sorted({n.split("/")[-1] for n in quantized}),
         jit_compile=jit,
     )
 
