@@ -228,9 +228,16 @@ def fetch_preset(repo_id, revision=None, *, sha256=None, weights_file=None, what
     if os.path.exists(os.path.join(target, _COMPLETE)):
         logger.info("Using the cached conversion of %s@%s at %s", repo_id, commit[:12], target)
         return target
-    verify_snapshot(folder, repo_id, sha256=sha256, weights_file=weights_file)
     if is_keras_preset(folder):
+        # Used in place; verified once per commit (hashing a large file on every load is slow).
+        marker = os.path.join(cache_dir(), "verified", repo_id.replace("/", "--"), commit)
+        if not os.path.exists(marker) or (sha256 and open(marker).read() != sha256):
+            verify_snapshot(folder, repo_id, sha256=sha256, weights_file=weights_file)
+            os.makedirs(os.path.dirname(marker), exist_ok=True)
+            with open(marker, "w") as f:
+                f.write(sha256 or "")
         return folder
+    verify_snapshot(folder, repo_id, sha256=sha256, weights_file=weights_file)
     return convert_to_preset(
         folder,
         target,

@@ -5,6 +5,7 @@ fresh processes (huggingface_hub reads HF_ENDPOINT / HF_HUB_OFFLINE / HF_HUB_CAC
 empty caches in tmp dirs; outputs are compared with timm's own forward pass.
 """
 
+import hashlib
 import importlib.util
 import json
 import os
@@ -14,11 +15,18 @@ import sys
 
 import numpy as np
 import pytest
+
+import keras_vit
+from conftest import TINY, randomize
 from test_hub_server import HubServer, hub_env, run_hub_python
+
+# Several full ViT-Ti/16 builds in fresh processes.
+pytestmark = pytest.mark.slow
 
 TI16_REPO = "timm-test/vit_tiny_patch16_32.test"
 TI16_REPO_64 = "timm-test/vit_tiny_patch16_64.test"
 TINY_REPO = "timm-test/tiny_vit.test"
+KERAS_REPO = "kv-test/tiny_preset"
 _SETUP = """
 import json, os, sys, warnings
 import numpy as np
@@ -72,11 +80,17 @@ def hub(tmp_path_factory):
     for name in ("truncated", "corrupt", "bad_sha", "garbage"):
         shutil.copytree(repos / TINY_REPO, repos / "timm-test" / name)
     (repos / "timm-test" / "garbage" / "model.safetensors").write_bytes(b"\x08" + os.urandom(3000))
+    # A repository that already is a Keras preset (written by keras_vit itself): used as it is.
+    preset_model = randomize(keras_vit.VisionTransformer(**TINY, classifier_activation=None), seed=5)
+    keras_vit.save_preset(preset_model, repos / KERAS_REPO, metadata={"source": "test"})
+    np.save(root / "ref_keras.npy", preset_model.predict(np.load(root / "x32.npy"), verbose=0))
+    ref["keras"] = np.load(root / "ref_keras.npy")
     setup = _SETUP.format(ti32=TI16_REPO, ti64=TI16_REPO_64, x32=str(root / "x32.npy"), x64=str(root / "x64.npy"))
     with HubServer(repos) as server:
         server.faults[("timm-test/truncated", "model.safetensors")] = "truncate"
         server.faults[("timm-test/corrupt", "model.safetensors")] = "corrupt"
-        yield dict(server=server, root=root, ref=ref, setup=setup)
+        tiny_sha = hashlib.sha256((repos / TINY_REPO / "model.safetensors").read_bytes()).hexdigest()
+        yield dict(server=server, root=root, ref=ref, setup=setup, tiny_sha=tiny_sha)
 
 
 def _run(hub, tmp, body, **env):
@@ -104,10 +118,8 @@ def online(hub, tmp_path_factory):
     body = """
 m = keras_vit.ViTTi16(weights="test_tag", input_shape=(32, 32, 3), classes=10, classifier_activation=None)
 result["ti32"] = m.predict(x32, verbose=0).tolist()
-m = keras_vit.ViTTi16(weights="test_tag", input_shape=(64, 64, 3), classes=10, classifier_activation=None)
-result["ti64"] = m.predict(x64, verbose=0).tolist()
-m = keras_vit.ViTTi16(weights="test_tag", input_shape=(48, 48, 3), classes=10, classifier_activation=None)
-result["ti48_shape"] = list(m.output_shape)
+path64 = presets.resolve_source("ViTTi16.test_tag", image_size=(64, 64))
+result["ti64_source"] = json.load(open(os.path.join(path64, "metadata.json")))["source_repo"]
 m = keras_vit.load_checkpoint("hf://timm-test/tiny_vit.test", classifier_activation=None)
 result["tiny"] = m.predict(x32, verbose=0).tolist()
 with warnings.catch_warnings(record=True) as caught:
@@ -115,8 +127,6 @@ with warnings.catch_warnings(record=True) as caught:
     m = keras_vit.ViTTi16(weights="test_tag", input_shape=(32, 32, 3), classes=3)
 result["fresh_head_warning"] = " ".join(str(w.message) for w in caught if "head" in str(w.message))
 result["fresh_head_abs"] = float(np.abs(m.get_layer("head").kernel.numpy()).max())
-m = keras_vit.ViTTi16(weights="test_tag", input_shape=(32, 32, 3), include_top=False, pooling="token")
-result["features_shape"] = list(m.output_shape)
 result["converted"] = sorted(os.listdir(os.path.join(hub.cache_dir(), "presets")))
 """
     before = len(hub["server"].requests)
@@ -129,12 +139,10 @@ def test_tag_through_the_preset_table_matches_timm(hub, online):
 
 
 def test_the_repository_at_the_requested_resolution_is_chosen(hub, online):
-    # 64x64 input -> the 64 repository, with timm's outputs at 64 (no position-embedding resize).
-    assert _rel_err(online["result"]["ti64"], hub["ref"]["ti64"]) < 2e-5
+    # 64x64 input -> the 64 repository (its conversion is what resolve_source returns).
+    assert online["result"]["ti64_source"] == TI16_REPO_64
     fetched = {p.split("/resolve/")[0].strip("/") for m, p in online["requests"] if "/resolve/" in p}
     assert {TI16_REPO, TI16_REPO_64} <= fetched
-    # 48x48: no repository at 48; the closest one is used and its embeddings are resized.
-    assert online["result"]["ti48_shape"] == [None, 10]
 
 
 def test_hf_handle_loads_through_load_checkpoint(hub, online):
@@ -145,7 +153,6 @@ def test_other_classes_attach_a_fresh_zero_head_with_a_warning(online):
     assert online["result"]["fresh_head_abs"] == 0.0
     assert "trained 10-class head" in online["result"]["fresh_head_warning"]
     assert "classes=10" in online["result"]["fresh_head_warning"]
-    assert online["result"]["features_shape"] == [None, 192]
 
 
 def test_downloads_show_progress_and_conversions_are_cached(online):
@@ -195,6 +202,8 @@ def attempt(name, fn):
     except Exception as err:
         result[name] = [type(err).__name__, str(err), [c.__name__ for c in type(err).__mro__]]
 
+m = keras_vit.load_checkpoint("hf://kv-test/tiny_preset", classifier_activation=None)
+result["keras_repo"] = m.predict(x32, verbose=0).tolist()
 attempt("missing_repo", lambda: keras_vit.load_checkpoint("hf://timm-test/absent"))
 attempt("missing_revision", lambda: keras_vit.load_checkpoint("hf://timm-test/tiny_vit.test@v9"))
 presets.register_preset("ViTTi16", "pinned", 32, "timm-test/bad_sha", classes=7, sha256="0" * 64)
@@ -210,9 +219,23 @@ buf = io.StringIO()
 with contextlib.redirect_stdout(buf):
     rc = cli_main(["convert", "hf://timm-test/tiny_vit.test", out_dir])
 result["cli"] = [rc, buf.getvalue(), sorted(os.listdir(out_dir))]
+sys.path.insert(0, {weights_dir!r})
+import publish
+manifest = os.path.join(os.path.dirname(hub.cache_dir()), "manifest.json")
+row = dict(architecture="ViTTi16", tag="tiny", resolution=32, classes=7, top1=None, source="timm",
+           repo="timm-test/tiny_vit.test", revision=None, file="model.safetensors", sha256={tiny_sha!r}, original=None)
+with open(manifest, "w") as f:
+    json.dump(dict(checkpoints=[row]), f)
+publish_out = os.path.join(os.path.dirname(hub.cache_dir()), "published")
+buf = io.StringIO()
+with contextlib.redirect_stdout(buf):
+    rc = publish.main(["--manifest", manifest, "--out", publish_out])
+result["publish"] = [rc, buf.getvalue(), sorted(os.listdir(publish_out))]
 result["keras_vit_cache"] = sorted(
     os.path.relpath(os.path.join(r, n), hub.cache_dir()) for r, ds, ns in os.walk(hub.cache_dir()) for n in ds + ns)
 """
+    weights_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "weights")
+    body = body.replace("{weights_dir!r}", repr(weights_dir)).replace("{tiny_sha!r}", repr(hub["tiny_sha"]))
     result, _ = _run(hub, tmp, body)
     return dict(result=result, tmp=tmp)
 
@@ -247,7 +270,7 @@ def test_unreadable_weights_and_wrong_architecture(errors):
 def test_failures_leave_no_partial_file_in_any_cache(errors):
     # Only the successful conversion (tiny_vit, used by the wrong-architecture case) is cached.
     cached = errors["result"]["keras_vit_cache"]
-    assert all(p.startswith(("presets", os.path.join("presets", "timm-test--tiny_vit.test"))) for p in cached)
+    assert {p.split(os.sep)[1] for p in cached if p.startswith("presets" + os.sep)} == {"timm-test--tiny_vit.test"}
     assert not any("bad_sha" in p or "truncated" in p or "corrupt" in p or "garbage" in p for p in cached)
     assert not any(".converting-" in p for p in cached)
     hf_files = _cache_files(errors["tmp"] / "hf_home")
@@ -263,3 +286,17 @@ def test_cli_converts_an_hf_handle_to_a_preset_folder(errors):
     assert rc == 0
     assert "resolving hf://timm-test/tiny_vit.test" in out and "wrote Keras preset folder" in out
     assert {"config.json", "metadata.json", "model.weights.h5", "README.md"} <= set(files)
+
+
+def test_publish_dry_run_converts_manifest_rows_without_uploading(errors):
+    rc, out, folders = errors["result"]["publish"]
+    assert rc == 0
+    assert "timm-test/tiny_vit.test -> keras-vit/vitti16_32.tiny" in out
+    assert "dry run: would upload" in out
+    assert folders == ["vitti16_32.tiny"]
+
+
+def test_keras_preset_repository_is_used_without_conversion(hub, errors):
+    assert _rel_err(errors["result"]["keras_repo"], hub["ref"]["keras"]) < 1e-6
+    assert not any("kv-test" in p for p in errors["result"]["keras_vit_cache"] if p.startswith("presets"))
+    assert any(p.startswith(os.path.join("verified", "kv-test--tiny_preset")) for p in errors["result"]["keras_vit_cache"])
