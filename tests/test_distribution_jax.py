@@ -181,3 +181,75 @@ print(json.dumps(out))
     assert weights["embedding/kernel"]["spec"] == [None, None, None, "model"]
     assert weights["conv_root/kernel"]["spec"] == [None, None, None, None]
     assert weights["block2/unit1/conv3/kernel"]["spec"] == [None, None, None, None]
+
+
+MULTI_HOST_WORKER = r"""
+import json, sys
+import jax
+jax.config.update("jax_cpu_collectives_implementation", "gloo")  # CPU collectives across processes
+import keras
+process_id = int(sys.argv[1])
+keras.distribution.initialize(job_addresses=sys.argv[2], num_processes=2, process_id=process_id)
+import numpy as np, tensorflow as tf, keras_vit
+assert (jax.process_count(), jax.device_count(), jax.local_device_count()) == (2, 4, 2)
+r = np.random.default_rng(0)
+x = r.uniform(-1, 1, (64, 32, 32, 3)).astype("float32")
+y = r.integers(0, 8, 64).astype("int32")
+CFG = dict(image_size=32, patch_size=8, hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64, classes=8)
+
+def build():
+    model = keras_vit.VisionTransformer(**CFG)
+    w = np.random.default_rng(1)
+    for v in model.weights:
+        v.assign((w.standard_normal(tuple(v.shape)) * 0.3).astype("float32"))
+    model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy")
+    return model
+
+def dataset():  # the GLOBAL batch stream, identical on both processes
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(16, drop_remainder=True)
+
+single = build().fit(dataset(), verbose=0).history["loss"][0]  # this process's first device only
+distribution = keras.distribution.DataParallel(devices=keras.distribution.list_devices())
+with distribution.scope():
+    local = next(iter(distribution.distribute_dataset(dataset())))[0].numpy()
+    loss = build().fit(dataset(), verbose=0).history["loss"][0]
+half = slice(8 * process_id, 8 * process_id + 8)
+print(json.dumps(dict(single=single, loss=loss, local_is_own_half=bool(np.array_equal(local, x[half])))))
+"""
+
+
+@pytest.mark.slow
+def test_two_processes_initialize_and_shard_the_dataset(tmp_path):
+    """keras.distribution.initialize with 2 processes x 2 CPU devices (a 2-host slice in small):
+    Keras gives each process its half of every global batch, and the loss is the one-device loss."""
+    import os
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:  # a free port for the coordinator, never a fixed one
+        s.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{s.getsockname()[1]}"
+    script = tmp_path / "worker.py"
+    script.write_text(MULTI_HOST_WORKER)
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu",
+               XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    workers = [
+        subprocess.Popen([sys.executable, str(script), str(i), address], env=env, text=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        for i in range(2)
+    ]
+    reports = []
+    try:
+        for w in workers:
+            out, err = w.communicate(timeout=600)
+            assert w.returncode == 0, f"worker failed ({w.returncode}):\n{out}\n{err[-4000:]}"
+            reports.append(json.loads(out.strip().splitlines()[-1]))
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+    print(reports)
+    for report in reports:
+        assert report["local_is_own_half"]
+        np.testing.assert_allclose(report["loss"], report["single"], rtol=2e-5)
