@@ -76,15 +76,20 @@ def test_accumulated_steps_equal_large_batch_steps_and_ema_is_polyak():
         np.testing.assert_allclose(v.numpy(), h, rtol=1e-5, atol=1e-6)
 
 
-def test_swap_ema_weights_for_evaluation():
-    x, y = _data()
+def test_ema_swap_checkpoint_and_fewshot_probe(tmp_path):
+    """Validation and the few-shot probe use the EMA weights, training the raw ones; the EMA
+    checkpoint holds the averages; the probe's logged value is the few-shot solve."""
+    x, y = _data(n=24, classes=3)
     model = _model()
     opt = training.finetune_optimizer(0.3, total_steps=8, warmup_steps=1, use_ema=True, ema_momentum=0.7)
     model.compile(optimizer=opt, loss=training.classification_loss(from_logits=True))
-    swap = training.SwapEMAWeights()
-    record = _RecordWeights()
+    path = str(tmp_path / "ema.weights.h5")
+    callbacks = training.finetune_callbacks(
+        checkpoint_path=path, ema=True, fewshot=(x[:12], y[:12], x[12:], y[12:]), fewshot_l2_reg=1.0
+    )
+    assert [type(c).__name__ for c in callbacks] == ["SwapEMAWeights", "FewShotProbe", "EMAModelCheckpoint"]
 
-    class _EvalWithSwap(keras.callbacks.Callback):
+    class _Check(keras.callbacks.Callback):
         def on_epoch_end(self, epoch, logs=None):
             m = self.model
             raw = [np.array(v.numpy()) for v in m.trainable_variables]
@@ -94,9 +99,9 @@ def test_swap_ema_weights_for_evaluation():
             after = [np.array(v.numpy()) for v in m.trainable_variables]
             self.result = (raw, averaged, inside, after)
 
-    check = _EvalWithSwap()
+    check = _Check()
     history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, validation_data=(x, y),
-                        callbacks=[swap, record, check])
+                        callbacks=[check] + callbacks)
     raw, averaged, inside, after = check.result
     for r, a, i, f in zip(raw, averaged, inside, after):
         np.testing.assert_array_equal(i, a)
@@ -109,6 +114,20 @@ def test_swap_ema_weights_for_evaluation():
         v.assign(a)
     want = reference.evaluate(x, y, batch_size=8, verbose=0)
     assert history.history["val_loss"][-1] == pytest.approx(want, rel=1e-5)
+    # The checkpoint holds the averages.
+    saved = _model()
+    saved.load_weights(path)
+    for v, a in zip(saved.trainable_variables, averaged):
+        np.testing.assert_array_equal(v.numpy(), a)
+    # The probe's last value: the few-shot solve on features of the averaged weights, which fit
+    # leaves in the model at the end.
+    assert len(history.history["fewshot_accuracy"]) == 2
+    features = training.extract_features(model, x)
+    want = training.fewshot_linear_eval(features[:12], y[:12], features[12:], y[12:], l2_reg=1.0, num_classes=3)
+    assert history.history["fewshot_accuracy"][-1] == pytest.approx(want)
+    pooled = keras_vit.VisionTransformer(**{**TINY, "include_top": False, "pooling": "token"})
+    keras_vit.set_weight_tree(pooled, keras_vit.get_weight_tree(model), skip=("head/",))
+    np.testing.assert_allclose(training.extract_features(pooled, x), features, rtol=1e-5, atol=1e-5)
 
 
 class _Interrupt(keras.callbacks.Callback):
@@ -184,21 +203,3 @@ def test_fit_mixed_bfloat16_loss_finite_and_decreasing():
     losses = history.history["loss"]
     assert np.all(np.isfinite(losses))
     assert losses[-1] < losses[0] - 0.05, losses
-
-
-def test_fewshot_probe_logs_accuracy():
-    x, y = _data(n=24, classes=3)
-    model = _model()
-    model.compile(optimizer=training.finetune_optimizer(0.01, total_steps=6, warmup_steps=1),
-                  loss=training.classification_loss(from_logits=True))
-    probe = training.FewShotProbe(x[:12], y[:12] % 3, x[12:], y[12:] % 3, l2_reg=1.0)
-    history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, callbacks=[probe])
-    assert len(history.history["fewshot_accuracy"]) == 2
-    # The logged value is the few-shot solve on the features the model gives after training.
-    features = training.extract_features(model, x)
-    want = training.fewshot_linear_eval(features[:12], y[:12] % 3, features[12:], y[12:] % 3, l2_reg=1.0,
-                                        num_classes=3)
-    assert history.history["fewshot_accuracy"][-1] == pytest.approx(want)
-    pooled = keras_vit.VisionTransformer(**{**TINY, "include_top": False, "pooling": "token"})
-    keras_vit.set_weight_tree(pooled, keras_vit.get_weight_tree(model), skip=("head/",))
-    np.testing.assert_allclose(training.extract_features(pooled, x), features, rtol=1e-5, atol=1e-5)

@@ -38,6 +38,8 @@ Callbacks:
                                      of a streamed dataset to continue exactly
     FewShotProbe(train_images, train_labels, test_images, test_labels, *, l2_reg=1024.0,
                  every_epochs=1, name="fewshot_accuracy")   logs few-shot accuracy each epoch
+    finetune_callbacks(*, backup_dir=None, save_freq="epoch", checkpoint_path=None, ema=False,
+                       fewshot=None)  -> the list above, in a working order
 
 Few-shot linear evaluation (NumPy):
     fewshot_linear_eval(train_features, train_labels, test_features, test_labels, *,
@@ -67,6 +69,7 @@ from keras_vit.training.callbacks import (  # noqa: F401
     SwapEMAWeights,
     backup_progress,
     ema_weights,
+    finetune_callbacks,
 )
 from keras_vit.training.fewshot import (  # noqa: F401
     extract_features,

@@ -254,3 +254,40 @@ class FewShotProbe(keras.callbacks.Callback):
             logs[self.name] = accuracy
         if self.verbose:
             print(f"\nEpoch {epoch + 1}: {self.name} = {accuracy:.4f}")
+
+
+# === The recipe's callback list ===
+
+
+def finetune_callbacks(*, backup_dir=None, save_freq="epoch", checkpoint_path=None, ema=False, fewshot=None,
+                       fewshot_l2_reg=1024.0, fewshot_every_epochs=1):
+    """The fine-tuning recipe's callbacks, in an order that works together.
+
+    Args:
+        backup_dir: resumable backups there (`BackupAndResume`, every `save_freq` batches or
+            epoch); when resuming a streamed dataset, skip `backup_progress(backup_dir)["step"]`
+            batches.
+        checkpoint_path: a ModelCheckpoint path (".keras" or ".weights.h5"); with `ema` it
+            writes the averaged weights.
+        ema: the optimizer keeps an EMA (`finetune_optimizer(..., use_ema=True)`): validate and
+            save with it.
+        fewshot: (train_images, train_labels, test_images, test_labels) for a `FewShotProbe`.
+
+    Example:
+        >>> callbacks = finetune_callbacks(backup_dir="/tmp/run/backup", ema=True)
+        >>> [type(c).__name__ for c in callbacks]
+        ['BackupAndResume', 'SwapEMAWeights']
+    """
+    callbacks = []
+    if backup_dir:
+        callbacks.append(BackupAndResume(backup_dir, save_freq=save_freq))
+    if ema:
+        callbacks.append(SwapEMAWeights())
+    if fewshot is not None:
+        callbacks.append(FewShotProbe(*fewshot, l2_reg=fewshot_l2_reg, every_epochs=fewshot_every_epochs,
+                                      use_ema=bool(ema)))
+    if checkpoint_path:
+        weights_only = str(checkpoint_path).endswith(".weights.h5")
+        checkpoint = EMAModelCheckpoint if ema else keras.callbacks.ModelCheckpoint
+        callbacks.append(checkpoint(checkpoint_path, save_weights_only=weights_only))
+    return callbacks
