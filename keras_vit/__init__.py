@@ -42,6 +42,7 @@ from keras_vit.presets import list_presets  # noqa: F401,E402
 
 # === Data and training ===
 from keras_vit import data  # noqa: F401,E402  (tf.data pipelines; TensorFlow loads on first use)
+from keras_vit import training  # noqa: F401,E402  (schedules, optimizers, callbacks, few-shot, pilot)
 
 # === Analysis ===
 from keras_vit import analysis  # noqa: F401,E402  (light: numpy and keras only)
