@@ -392,6 +392,11 @@ def build_with_weights(architecture, weights, kwargs):
         path = weights
     elif weights.startswith("hf://"):
         path = resolve_source(weights, image_size=image_size)
+    elif os.sep in weights or weights.endswith((".npz", ".keras", ".h5", ".safetensors")):
+        raise FileNotFoundError(
+            f"weights={weights!r} looks like a path, but nothing exists there. Pass an existing checkpoint file or "
+            f"folder, a tag (keras_vit.list_presets({architecture.name!r})), 'hf://owner/repo', or weights=None."
+        )
     else:
         preset = find_preset(architecture.name, weights, image_size)
         if weights == "imagenet" and preset.classes != 1000:

@@ -137,3 +137,8 @@ def test_weights_manifest_lists_every_preset():
     for p in presets.PRESETS:
         m = rows[(p.architecture, p.tag, p.resolution)]
         assert (m["repo"], m["classes"], m["top1"], m["original"]) == (p.repo, p.classes, p.top1, p.original)
+
+
+def test_missing_local_path_is_reported_as_a_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match="looks like a path"):
+        keras_vit.ViTTi16(weights=str(tmp_path / "missing.npz"))
