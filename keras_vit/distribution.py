@@ -21,8 +21,10 @@ Each sublayer of an encoder block costs one all-reduce over the model axis per p
   data parallelism over the batch axis scales it instead;
 - LayerNorm / GroupNorm scales and biases are replicated (tiny, needed whole by every device);
 - the output of each block's two residual branches (attention, MLP) is laid out
-  (batch, None, None): split over the data axis, whole on the model axis, which places the one
-  all-reduce per sublayer and keeps the residual stream data-parallel.
+  (batch, None, None): split over the data axis, whole on the model axis, which states where the
+  all-reduce of each sublayer lands and keeps the batch on the data axis. (XLA may still choose
+  to do the residual add and LayerNorm split on hidden, adding an all-gather per sublayer; the
+  CPU compiler does, see docs/TPU.md.)
 
 Every variable is matched by exactly one rule (replication is a rule, never a miss). Keys are
 regular expressions on `Variable.path` (`encoderblock_3/MlpBlock_3/Dense_1/kernel`, ...),
