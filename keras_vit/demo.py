@@ -30,7 +30,7 @@ TEST_SPLIT = "test"
 MODEL = dict(patch_size=4, hidden_size=64, num_layers=4, num_heads=4, mlp_dim=128, classes=10)
 PRETRAIN = dict(image_size=16, steps=600, batch_size=64, learning_rate=2e-3, warmup=60, weight_decay=0.1,
                 label_smoothing=0.1, evals=3)
-FINETUNE = dict(image_size=32, steps=240, batch_size=64, learning_rate=0.01, warmup=24, evals=3)
+FINETUNE = dict(image_size=32, steps=300, batch_size=64, learning_rate=0.02, warmup=30, evals=3)
 QUICK = dict(pretrain_steps=12, finetune_steps=12)
 
 # Digits are not mirror-symmetric and tiny: no flip, and crops keep at least 60% of the area.

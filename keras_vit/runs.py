@@ -93,6 +93,16 @@ class RunFolder:
         with open(self.file(f"{name}.json"), "w") as f:
             json.dump(_jsonable(rows), f, indent=2)
 
+    def load_history(self):
+        """Read history.json back (to continue a resumed run's curves)."""
+        try:
+            with open(self.file("history.json")) as f:
+                saved = json.load(f)
+        except FileNotFoundError:
+            return
+        self.history = saved.get("evaluations", [])
+        self.steps = [tuple(s) for s in saved.get("steps", [])]
+
     def write_history(self):
         _write_csv(self.file("history.csv"), self.history)
         with open(self.file("history.json"), "w") as f:

@@ -59,7 +59,8 @@ def test_evaluate_agrees_with_the_finetune_metrics(scratch_run, tmp_path, capsys
 
 
 def test_finetune_from_a_trained_model_at_a_higher_resolution(scratch_run, tmp_path):
-    assert _finetune(tmp_path, "--weights", str(scratch_run / "model.keras"), "--image-size", "24") == 0
+    assert _finetune(tmp_path, "--weights", str(scratch_run / "model.keras"), "--image-size", "24",
+                     "--ema", "0.9", "--resume") == 0
     model = keras.saving.load_model(tmp_path / "model.keras")
     assert model.image_size == (24, 24) and model.grid_size == (3, 3)
     base = keras.saving.load_model(scratch_run / "model.keras")
@@ -67,6 +68,9 @@ def test_finetune_from_a_trained_model_at_a_higher_resolution(scratch_run, tmp_p
     a = base.get_layer("encoderblock_0").weights[0].numpy()
     b = model.get_layer("encoderblock_0").weights[0].numpy()
     assert np.abs(a - b).max() < 0.1 * np.abs(a).max()
+    # --ema: the saved weights are the averages; --resume: the finished run removed its backup.
+    assert json.loads((tmp_path / "config.json").read_text())["ema"] == 0.9
+    assert not os.path.exists(tmp_path / "backup")
 
 
 def test_fewshot(scratch_run, tmp_path):

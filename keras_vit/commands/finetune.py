@@ -34,6 +34,12 @@ def add_parser(subparsers):
     group.add_argument("--min-crop-area", type=float, default=0.05, help="Inception crop area lower bound")
     group.add_argument("--no-crop", action="store_true", help="no Inception crop (resize only)")
     group.add_argument("--no-flip", action="store_true", help="no random horizontal flip")
+    group.add_argument("--ema", type=float, default=None, metavar="MOMENTUM",
+                       help="Polyak averaging of the weights (paper: 0.9999 for long runs); evaluate and save the "
+                       "averages")
+    group.add_argument("--resume", action="store_true",
+                       help="back up weights + optimizer state in OUT/backup each evaluation and resume an "
+                       "interrupted run from it")
     group.add_argument("--seed", type=int, default=0)
     group.add_argument("--out", required=True, help="run folder (metrics, curves, model.keras)")
     group.add_argument("--verbose", type=int, default=1, help="Keras verbosity: 1 progress bars, 2 lines, 0 quiet")
@@ -85,8 +91,24 @@ def finetune(args):
         raise ValueError(f"--warmup {warmup} must be smaller than --steps {total}.")
     run.save_config(dict(vars(args), func=None, image_size=list(image_size), classes=classes, warmup=warmup,
                          train_examples=train_info.num_examples, eval_examples=eval_info.num_examples))
+    callbacks, done = [], 0
+    if args.ema is not None:
+        callbacks.append(api.SwapEMAWeights())
+    if args.resume:
+        import os
+
+        backup = os.path.join(run.path, "backup")
+        progress = api.backup_progress(backup)
+        if progress:
+            done = progress["step"]
+            print(f"resuming after step {done} from {backup}")
+            run.load_history()
+            train_ds = train_ds.skip(done)  # the same stream of batches, continued
+        callbacks.append(api.BackupAndResume(backup))
+    callbacks.append(run.logger(stage="finetune", step_offset=done))
     model.compile(
-        optimizer=api.finetune_optimizer(args.lr, total_steps=total, warmup_steps=warmup),
+        optimizer=api.finetune_optimizer(args.lr, total_steps=total, warmup_steps=warmup,
+                                         use_ema=args.ema is not None, ema_momentum=args.ema or 0.9999),
         loss=api.classification_loss(model, label_smoothing=args.label_smoothing),
         metrics=["accuracy"],
     )
@@ -95,7 +117,7 @@ def finetune(args):
     start = time.time()
     model.fit(
         train_ds, steps_per_epoch=steps_per_epoch, epochs=epochs, validation_data=eval_ds,
-        validation_steps=args.eval_steps, callbacks=[run.logger(stage="finetune")], verbose=args.verbose,
+        validation_steps=args.eval_steps, callbacks=callbacks, verbose=args.verbose,
         shuffle=False,
     )
     train_time = time.time() - start
