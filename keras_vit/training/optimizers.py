@@ -17,8 +17,14 @@ JAX, TensorFlow and PyTorch:
   the position embedding are not decayed. The 2020 code (flax.optim.Adam(weight_decay=...))
   decayed every parameter; pass `weight_decay_pattern=None` for that.
 
+- On JAX, Keras' `finalize_variable_values` (end of `fit` with use_ema) assigns the averages'
+  own arrays to the model variables; both are donated to the next train step, so a second
+  `fit` fails. Copies are assigned here.
+
 Keras decays as w <- w - lr * wd * w (decoupled, scaled by the current learning rate), which is
-flax.optim.Adam's weight decay.
+flax.optim.Adam's weight decay. Keras' SGD momentum keeps lr inside the velocity
+(v <- m v - lr g; w <- w + v), the original (optax/flax momentum) outside (v <- m v + g;
+w <- w - lr v): identical for a constant rate, slightly different while the schedule moves.
 """
 
 import re
