@@ -3,6 +3,15 @@ position-embedding similarity and patch-embedding components, on any keras_vit m
 
 Array maths lives in `keras_vit.analysis.maths` (pure NumPy); plots in `.plots` import
 matplotlib only when called (Agg, no pyplot state).
+
+    from keras_vit import analysis
+    att = analysis.attention_weights(model, images)       # (layers, batch, heads, T, T)
+    maps = analysis.attention_rollout(model, images)      # (batch, rows, cols)
+    dist = analysis.attention_distance(model, images)     # (layers, heads), input pixels
+    analysis.plot_attention_distance(dist, "distance.png")
+    analysis.save_png("rollout.png", analysis.overlay_attention(images[0], maps[0]))
+
+The same from the shell: `keras-vit explain IMAGE... --weights W --out DIR`.
 """
 
 from keras_vit.analysis.attention import (  # noqa: F401
