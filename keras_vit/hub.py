@@ -160,12 +160,6 @@ def verify_snapshot(folder, repo_id, *, sha256=None, weights_file=None):
 # === Download ===
 
 
-def _hub_cache_hint():
-    from huggingface_hub import constants
-
-    return constants.HF_HUB_CACHE
-
-
 def download(repo_id, revision=None, *, what=None):
     """Snapshot of `repo_id` at `revision` in the huggingface_hub cache -> (folder, commit).
 
@@ -212,6 +206,11 @@ def download(repo_id, revision=None, *, what=None):
     return folder, commit
 
 
+def _read_text(path):
+    with open(path) as f:
+        return f.read()
+
+
 def _converted_dir(repo_id, commit):
     return os.path.join(cache_dir(), "presets", repo_id.replace("/", "--"), commit)
 
@@ -231,7 +230,7 @@ def fetch_preset(repo_id, revision=None, *, sha256=None, weights_file=None, what
     if is_keras_preset(folder):
         # Used in place; verified once per commit (hashing a large file on every load is slow).
         marker = os.path.join(cache_dir(), "verified", repo_id.replace("/", "--"), commit)
-        if not os.path.exists(marker) or (sha256 and open(marker).read() != sha256):
+        if not os.path.exists(marker) or (sha256 and _read_text(marker) != sha256):
             verify_snapshot(folder, repo_id, sha256=sha256, weights_file=weights_file)
             os.makedirs(os.path.dirname(marker), exist_ok=True)
             with open(marker, "w") as f:
