@@ -183,12 +183,15 @@ def rescale_unit(x):
     return (x - x.min()) / span if span > 0 else np.full_like(x, 0.5)
 
 
-def plot_patch_embedding_components(components, path=None, columns=7, title="RGB embedding filters (first principal components)"):
+def plot_patch_embedding_components(components, path=None, columns=7, title=None):
     """The paper's Figure 7 (left): principal components of the patch-embedding filters, each
     rescaled to [0, 1] on its own for display (RGB for 3 channels, grey otherwise)."""
     c = np.asarray(components, dtype=np.float64)
     if c.ndim != 4:
         raise ValueError(f"components must be (n, p, p, channels); got shape {c.shape}.")
+    if title is None:
+        kind = "RGB embedding filters" if c.shape[-1] == 3 else "Embedding filters"
+        title = f"{kind} (first {c.shape[0]} principal components)"
     n = c.shape[0]
     columns = max(1, min(columns, n))
     rows = -(-n // columns)
