@@ -380,8 +380,10 @@ def worker_main(spec):
     threads = spec["threads"]
     backend = spec["backend"]
     _set_threads(backend, threads)
-    if spec["library"] in ("keras_vit", "keras_hub") and backend != "tensorflow":
+    if spec["library"] in ("keras_vit", "keras_hub") and backend == "jax":
         # keras_vit and keras-hub import TensorFlow too (tf.data); keep its pools at the same size.
+        # Not under torch: configuring TensorFlow's pools in a process that runs torch's oneDNN
+        # kernels crashes it (SIGSEGV in the int8 path, reproduced with a 2-layer model).
         try:
             _set_threads("tensorflow", threads)
         except Exception:
