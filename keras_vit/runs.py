@@ -61,7 +61,8 @@ class RunFolder:
         self.path = os.fspath(path)
         os.makedirs(self.path, exist_ok=True)
         self.history = []  # one dict per evaluation (epoch end)
-        self.steps = []  # (step, loss) every few training steps
+        self.steps = []  # (step, running loss, learning rate) every few training steps
+        self.stage_starts = []  # (stage, first step - 1) of each stage logged
 
     def file(self, name):
         return os.path.join(self.path, name)
@@ -102,11 +103,13 @@ class RunFolder:
             return
         self.history = saved.get("evaluations", [])
         self.steps = [tuple(s) for s in saved.get("steps", [])]
+        self.stage_starts = [tuple(s) for s in saved.get("stage_starts", [])]
 
     def write_history(self):
         _write_csv(self.file("history.csv"), self.history)
         with open(self.file("history.json"), "w") as f:
-            json.dump(_jsonable({"evaluations": self.history, "steps": self.steps}), f, indent=2)
+            json.dump(_jsonable({"evaluations": self.history, "steps": self.steps, "stage_starts": self.stage_starts}),
+                      f, indent=2)
 
     def logger(self, log_every=None, step_offset=0, stage=None):
         """A keras Callback that records this run's history and redraws curves.png at the end."""
@@ -127,7 +130,7 @@ class RunFolder:
             return ([p[0] for p in pts], [p[1] for p in pts])
 
         if self.steps:
-            axes[0].plot([s for s, _ in self.steps], [v for _, v in self.steps], lw=0.8, alpha=0.6,
+            axes[0].plot([s[0] for s in self.steps], [s[1] for s in self.steps], lw=0.8, alpha=0.6,
                          label="train (running mean per epoch)")
         for key, style in (("loss", "o-"), ("val_loss", "s-")):
             x, y = series(key)
@@ -137,22 +140,24 @@ class RunFolder:
             x, y = series(key)
             if x:
                 axes[1].plot(x, y, style, label=key, ms=3)
-        x, y = series("learning_rate")
-        if x:
-            axes[2].plot(x, y, "o-", ms=3)
+        lr_steps = [(s[0], s[2]) for s in self.steps if len(s) > 2 and s[2] is not None]
+        if lr_steps:
+            axes[2].plot([s for s, _ in lr_steps], [v for _, v in lr_steps], lw=1.2)
+        else:
+            x, y = series("learning_rate")
+            if x:
+                axes[2].plot(x, y, "o-", ms=3)
         for ax, name in zip(axes, ("loss", "accuracy", "learning rate")):
             ax.set_xlabel("step")
             ax.set_title(name)
             ax.grid(alpha=0.3)
             if ax.get_legend_handles_labels()[0]:
                 ax.legend(fontsize=8)
-        stages = sorted({(r.get("stage"), r["step"]) for r in rows if r.get("stage")}, key=lambda t: t[1])
-        seen = set()
-        for stage, step in stages:  # mark where each stage begins
-            if stage not in seen and seen:
-                for ax in axes:
-                    ax.axvline(step, color="grey", ls=":", lw=1)
-            seen.add(stage)
+        for stage, step in self.stage_starts[1:]:  # mark where each later stage begins
+            for ax in axes:
+                ax.axvline(step, color="grey", ls=":", lw=1)
+                ax.text(step, 1.0, f" {stage}" if stage else "", transform=ax.get_xaxis_transform(), fontsize=7,
+                        va="top", color="grey")
         if title:
             figure.suptitle(title)
         figure.tight_layout()
@@ -192,6 +197,8 @@ class MetricsLogger(keras.callbacks.Callback):
 
     def on_train_begin(self, logs=None):
         self._step = 0
+        if not self.run.stage_starts or self.run.stage_starts[-1][0] != self.stage:
+            self.run.stage_starts.append((self.stage, self.step_offset))
         if self.log_every is None:
             total = (self.params or {}).get("steps") or 50
             total *= (self.params or {}).get("epochs") or 1
@@ -200,7 +207,8 @@ class MetricsLogger(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         self._step += 1
         if logs and "loss" in logs and self._step % self.log_every == 0:
-            self.run.steps.append((self.step_offset + self._step, float(logs["loss"])))
+            self.run.steps.append((self.step_offset + self._step, float(logs["loss"]),
+                                   _current_learning_rate(self.model.optimizer)))
 
     def on_epoch_end(self, epoch, logs=None):
         row = {"stage": self.stage, "epoch": epoch + 1, "step": self.step_offset + self._step,
