@@ -4,8 +4,9 @@
 
 Step 1 (once, in this process): a random timm vit_large_patch16_224 saved with timm's own
 save_for_hf (model.safetensors + config.json), unless the folder already holds one.
-Step 2 (a fresh process per backend, so nothing from step 1 counts): import keras_vit, then
-read_checkpoint + build_model, reporting wall time of each phase and the peak resident memory
+Step 2 (fresh processes per backend, so nothing from step 1 counts): after importing keras_vit,
+time read_checkpoint alone (the eager canonical tree) in one process and keras_vit.load_checkpoint
+(lazy read, model build, assignment) in another, each reporting its peak resident memory
 (ru_maxrss) above the post-import baseline, in units of the checkpoint's weight bytes.
 """
 
@@ -30,34 +31,35 @@ def peak_mb():
 
 import keras
 import keras_vit
-from keras_vit.checkpoints import build_model, read_checkpoint
+from keras_vit.checkpoints import read_checkpoint
 folder = sys.argv[1]
 # Warm the backend (first-op overheads are not conversion costs).
 keras.ops.convert_to_tensor(np.zeros(4, "float32")) + 1
 gc.collect()
-base_rss, base_peak = rss_mb(), peak_mb()
+base_rss = rss_mb()
+mode = sys.argv[2]
 t0 = time.perf_counter()
-tree, config = read_checkpoint(folder)
-t1 = time.perf_counter()
-tree_mb = sum(v.nbytes for v in tree.values()) / 2**20
-after_read = rss_mb()
-model = build_model(tree, config)
-t2 = time.perf_counter()
-del tree
+if mode == "read":  # read_checkpoint alone: the eager canonical tree
+    result = read_checkpoint(folder)
+    weights_mb = sum(v.nbytes for v in result[0].values()) / 2**20
+    params = sum(v.size for v in result[0].values())
+else:  # load_checkpoint: reads lazily, builds the model, assigns (what users call)
+    result = keras_vit.load_checkpoint(folder)
+    params = result.count_params()
+    weights_mb = params * 4 / 2**20
+seconds = time.perf_counter() - t0
 gc.collect()
 out = dict(
     backend=keras.backend.backend(),
-    read_s=round(t1 - t0, 2),
-    build_and_assign_s=round(t2 - t1, 2),
-    total_s=round(t2 - t0, 2),
-    weights_mb=round(tree_mb, 1),
+    step=mode + ("_checkpoint" if mode == "read" else "_checkpoint (lazy read + build + assign)"),
+    seconds=round(seconds, 2),
+    weights_mb=round(weights_mb, 1),
     baseline_rss_mb=round(base_rss, 1),
-    rss_after_read_mb=round(after_read - base_rss, 1),
-    final_rss_mb=round(rss_mb() - base_rss, 1),
+    final_rss_above_baseline_mb=round(rss_mb() - base_rss, 1),
     peak_rss_above_baseline_mb=round(peak_mb() - base_rss, 1),
-    params=int(model.count_params()),
+    params=int(params),
 )
-out["peak_in_weight_copies"] = round(out["peak_rss_above_baseline_mb"] / tree_mb, 2)
+out["peak_in_weight_copies"] = round(out["peak_rss_above_baseline_mb"] / weights_mb, 2)
 print("RESULT " + json.dumps(out))
 """
 
@@ -83,13 +85,15 @@ def main():
     results = []
     for backend in args.backend or ["jax", "tensorflow"]:
         env = dict(os.environ, KERAS_BACKEND=backend, TF_CPP_MIN_LOG_LEVEL="3")
-        run = subprocess.run([sys.executable, "-c", _MEASURE, args.folder], capture_output=True, text=True, env=env)
-        line = [ln for ln in run.stdout.splitlines() if ln.startswith("RESULT ")]
-        if run.returncode or not line:
-            print(run.stdout, run.stderr[-3000:])
-            raise SystemExit(f"measurement failed on {backend}")
-        results.append(json.loads(line[0][7:]))
-        print(json.dumps(results[-1]))
+        for mode in ("read", "load"):  # separate processes: freed heap from one does not count in the other
+            cmd = [sys.executable, "-c", _MEASURE, args.folder, mode]
+            run = subprocess.run(cmd, capture_output=True, text=True, env=env)
+            line = [ln for ln in run.stdout.splitlines() if ln.startswith("RESULT ")]
+            if run.returncode or not line:
+                print(run.stdout, run.stderr[-3000:])
+                raise SystemExit(f"measurement failed on {backend} ({mode})")
+            results.append(json.loads(line[0][7:]))
+            print(json.dumps(results[-1]))
     return results
 
 

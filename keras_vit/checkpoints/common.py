@@ -168,6 +168,69 @@ def heads_from_table(hidden, layers, mlp, classifier, resnet, source="checkpoint
     return heads.pop()
 
 
+# === Lazy tensors ===
+
+
+class LazyArray:
+    """A tensor that is read (and transposed, sliced, reshaped) only when `np.asarray` asks.
+
+    Its shape is known up front, so config inference and validation need no data. Loading
+    through lazy trees lets a model be built (and randomly initialised by Keras) before the
+    weights occupy memory, which keeps a conversion's peak near two copies of the weights.
+    """
+
+    __slots__ = ("_load", "shape")
+    dtype = np.dtype(np.float32)
+
+    def __init__(self, load, shape):
+        self._load = load
+        self.shape = tuple(int(s) for s in shape)
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    def __array__(self, dtype=None, copy=None):
+        array = self._load()
+        return array if dtype is None else array.astype(dtype, copy=False)
+
+    def _then(self, op, shape):
+        load = self._load
+        return LazyArray(lambda: op(load()), shape)
+
+    @property
+    def T(self):
+        return self._then(lambda a: a.T, self.shape[::-1])
+
+    def transpose(self, *axes):
+        axes = tuple(axes[0]) if len(axes) == 1 and not isinstance(axes[0], int) else axes
+        return self._then(lambda a: a.transpose(axes), tuple(self.shape[i] for i in axes))
+
+    def reshape(self, *shape):
+        shape = list(shape[0]) if len(shape) == 1 and not isinstance(shape[0], int) else list(shape)
+        if -1 in shape:
+            known = int(np.prod([s for s in shape if s != -1], dtype=np.int64))
+            shape[shape.index(-1)] = self.size // known
+        if int(np.prod(shape, dtype=np.int64)) != self.size:
+            raise ValueError(f"cannot reshape {self.shape} into {tuple(shape)}")
+        return self._then(lambda a: a.reshape(shape), shape)
+
+    def __getitem__(self, index):
+        # Slicing a zero-stride stand-in gives the result's shape without touching data.
+        # The slice is copied out so that it does not keep its whole source tensor alive.
+        shape = np.broadcast_to(np.zeros((), np.float32), self.shape)[index].shape
+        return self._then(lambda a: np.ascontiguousarray(a[index]), shape)
+
+
+def materialize(tree):
+    """The tree with every LazyArray read into a numpy array."""
+    return {k: (np.asarray(v) if isinstance(v, LazyArray) else v) for k, v in tree.items()}
+
+
 # === Safetensors ===
 
 _ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
@@ -231,13 +294,22 @@ class SafetensorsFile:
     def __contains__(self, key):
         return key in self._entries
 
-    def get(self, key):
-        """The tensor `key` as a float32 array."""
+    def lazy(self, key):
+        """The tensor `key` as a LazyArray (read when converted with np.asarray); slicing its
+        first axis reads only those rows (timm's stacked qkv -> query, key, value)."""
+        return _FileTensor(self, key)
+
+    def get(self, key, rows=None):
+        """The tensor `key` (or its rows [start, stop) of the first axis) as a float32 array."""
         entry = self._entries[key]
         begin, stop = entry["data_offsets"]
         shape = tuple(entry["shape"])
         dtype = entry["dtype"]
         stored = np.uint16 if dtype == "BF16" else _ST_DTYPES[dtype]
+        if rows is not None:
+            row_bytes = np.dtype(stored).itemsize * int(np.prod(shape[1:], dtype=np.int64))
+            begin, stop = begin + rows[0] * row_bytes, begin + rows[1] * row_bytes
+            shape = (rows[1] - rows[0],) + shape[1:]
         array = np.empty(shape, dtype=stored)
         with open(self.path, "rb") as f:
             f.seek(self._start + begin)
@@ -246,6 +318,25 @@ class SafetensorsFile:
         if dtype == "BF16":
             return (array.astype(np.uint32) << 16).view(np.float32)
         return array if array.dtype == np.float32 else array.astype(np.float32)
+
+
+class _FileTensor(LazyArray):
+    """A LazyArray backed by one safetensors tensor, or a row range of it."""
+
+    __slots__ = ("_file", "_key", "_rows")
+
+    def __init__(self, file, key, rows=None):
+        shape = file.shape(key)
+        if rows is not None:
+            shape = (rows[1] - rows[0],) + tuple(shape[1:])
+        super().__init__(lambda: file.get(key, rows), shape)
+        self._file, self._key, self._rows = file, key, rows
+
+    def __getitem__(self, index):
+        if isinstance(index, slice) and index.step in (None, 1) and self._rows is None and self.ndim:
+            start, stop, _ = index.indices(self.shape[0])
+            return _FileTensor(self._file, self._key, (start, max(start, stop)))
+        return super().__getitem__(index)
 
 
 def open_safetensors(path):

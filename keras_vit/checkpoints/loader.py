@@ -2,7 +2,7 @@
 
 import os
 
-from keras_vit.checkpoints.common import CheckpointError, read_json, source_grid
+from keras_vit.checkpoints.common import CheckpointError, materialize, read_json, source_grid
 from keras_vit.models.weight_tree import set_weight_tree, weight_variables
 
 #: Formats `read_checkpoint` knows, by the name `detect_format` returns.
@@ -95,13 +95,20 @@ def read_checkpoint(path):
     """Read a local checkpoint into (canonical weight tree, VisionTransformer kwargs).
 
     The kwargs hold the architecture inferred from the checkpoint itself (shapes and its own
-    config file) and the numerics of its source framework.
+    config file) and the numerics of its source framework; the tree's values are float32 numpy
+    arrays.
 
     Example:
         >>> tree, config = keras_vit.read_checkpoint("vit_tiny_patch16_224/")   # doctest: +SKIP
         >>> config["num_heads"], config["gelu_approximate"]
         (3, False)
     """
+    tree, config = _read(path)
+    return materialize(tree), config
+
+
+def _read(path):
+    """read_checkpoint, leaving safetensors weights lazy (read when assigned)."""
     path = os.fspath(path)
     fmt = detect_format(path)
     if fmt == "npz":
@@ -113,11 +120,11 @@ def read_checkpoint(path):
     if fmt == "timm":
         from keras_vit.checkpoints.timm import read_timm
 
-        return read_timm(path)
+        return read_timm(path, lazy=True)
     if fmt == "transformers":
         from keras_vit.checkpoints.transformers import read_transformers
 
-        return read_transformers(path)
+        return read_transformers(path, lazy=True)
     from keras_vit.checkpoints import keras_format
 
     if fmt == "keras_preset":
@@ -244,7 +251,8 @@ def load_checkpoint(
         >>> model = keras_vit.load_checkpoint("ViT-B_16.npz", image_size=384)   # doctest: +SKIP
     """
     path = resolve(source, image_size=image_size)
-    tree, config = read_checkpoint(path)
+    # Lazy: the model is built (and randomly initialised) before the weights are read.
+    tree, config = _read(path)
     return build_model(
         tree,
         config,

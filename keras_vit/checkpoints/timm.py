@@ -14,7 +14,9 @@ import numpy as np
 
 from keras_vit.checkpoints.common import (
     CheckpointError,
+    LazyArray,
     describe_keys,
+    materialize,
     heads_from_table,
     infer_config,
     open_safetensors,
@@ -82,7 +84,7 @@ class _Reader:
         if key not in self.files:
             raise CheckpointError(f"{self.source}: missing weight {key!r} (timm layout).")
         self.used.add(key)
-        return self.files[key].get(key)
+        return self.files[key].lazy(key)
 
     def unused(self):
         return [k for k in self.files if k not in self.used]
@@ -148,7 +150,9 @@ def timm_state_to_tree(files, num_heads=None, *, source="checkpoint", config_hin
         tree[dst + "LayerNorm_0/scale"] = r.get(src + "norm1.weight")
         tree[dst + "LayerNorm_0/bias"] = r.get(src + "norm1.bias")
         qkv_w = r.get(src + "attn.qkv.weight")
-        qkv_b = r.get(src + "attn.qkv.bias") if r.has(src + "attn.qkv.bias") else np.zeros(3 * hidden, np.float32)
+        qkv_b = r.get(src + "attn.qkv.bias") if r.has(src + "attn.qkv.bias") else LazyArray(
+            lambda: np.zeros(3 * hidden, np.float32), (3 * hidden,)
+        )
         if qkv_w.shape != (3 * hidden, hidden):
             raise CheckpointError(f"{source}: {src}attn.qkv.weight has shape {qkv_w.shape}; expected {(3 * hidden, hidden)}.")
         for j, name in enumerate(("query", "key", "value")):
@@ -188,10 +192,11 @@ def _image_size(config):
     return (size, size) if isinstance(size, int) else tuple(size)
 
 
-def read_timm(path):
+def read_timm(path, lazy=False):
     """Read a timm Hub folder (model.safetensors + config.json) or a bare timm .safetensors.
 
-    Returns (canonical tree, VisionTransformer kwargs with timm's numerics).
+    Returns (canonical tree, VisionTransformer kwargs with timm's numerics). With `lazy=True` the
+    tree holds LazyArrays, read from the file only when converted with np.asarray.
 
     Example:
         >>> tree, config = read_timm("vit_base_patch16_224.augreg2_in21k_ft_in1k/")   # doctest: +SKIP
@@ -232,4 +237,4 @@ def read_timm(path):
             f"{path}: timm global_pool={pool!r} with{'' if expected == 'token' else 'out'} a class token; the "
             "original ViT pools the class token when it has one and averages the patches when it has none."
         )
-    return tree, out
+    return (tree if lazy else materialize(tree)), out

@@ -10,7 +10,15 @@ import os
 
 import numpy as np
 
-from keras_vit.checkpoints.common import CheckpointError, describe_keys, infer_config, open_safetensors, read_json
+from keras_vit.checkpoints.common import (
+    CheckpointError,
+    LazyArray,
+    describe_keys,
+    infer_config,
+    materialize,
+    open_safetensors,
+    read_json,
+)
 from keras_vit.models.config import NUMERICS
 
 #: transformers `hidden_act` -> gelu_approximate (tanh form) of VisionTransformer.
@@ -22,11 +30,11 @@ def _linear(w):
     return w.T  # a view; copied once, when assigned to the model
 
 
-def read_transformers(path):
+def read_transformers(path, lazy=False):
     """Read a transformers ViT folder (config.json + model.safetensors [or a sharded index]).
 
     Returns (canonical tree, VisionTransformer kwargs with transformers' numerics, the LayerNorm
-    epsilon and GELU form taken from config.json).
+    epsilon and GELU form taken from config.json). With `lazy=True` the tree holds LazyArrays.
 
     Example:
         >>> tree, config = read_transformers("vit-base-patch16-224/")   # doctest: +SKIP
@@ -67,7 +75,8 @@ def read_transformers(path):
                     gelu_approximate=_GELU[act])
     size = hf.get("image_size")
     size = (size, size) if isinstance(size, int) else (tuple(size) if size else None)
-    return tree, infer_config(tree, numerics, source=weights, image_size=size)
+    config = infer_config(tree, numerics, source=weights, image_size=size)
+    return (tree if lazy else materialize(tree)), config
 
 
 def transformers_state_to_tree(files, num_heads, *, source="checkpoint"):
@@ -80,7 +89,7 @@ def transformers_state_to_tree(files, num_heads, *, source="checkpoint"):
         if key not in files:
             raise CheckpointError(f"{source}: missing weight {key!r} (transformers ViT layout).")
         used.add(key)
-        return files[key].get(key)
+        return files[key].lazy(key)
 
     if p + "embeddings.patch_embeddings.projection.weight" not in keys:
         raise CheckpointError(f"{source}: no '{p}embeddings.patch_embeddings.projection.weight'; not a transformers ViT.")
@@ -103,7 +112,9 @@ def transformers_state_to_tree(files, num_heads, *, source="checkpoint"):
         for name in ("query", "key", "value"):
             w = src + f"attention.attention.{name}."
             tree[f"{att}{name}/kernel"] = _linear(get(w + "weight")).reshape(hidden, num_heads, hd)
-            bias = get(w + "bias") if w + "bias" in keys else np.zeros(hidden, np.float32)  # qkv_bias=False
+            bias = get(w + "bias") if w + "bias" in keys else LazyArray(  # qkv_bias=False
+                lambda: np.zeros(hidden, np.float32), (hidden,)
+            )
             tree[f"{att}{name}/bias"] = bias.reshape(num_heads, hd)
         tree[f"{att}out/kernel"] = _linear(get(src + "attention.output.dense.weight")).reshape(num_heads, hd, hidden)
         tree[f"{att}out/bias"] = get(src + "attention.output.dense.bias")

@@ -82,9 +82,13 @@ def set_weight_tree(model, tree, *, source_grid=None, resize_rule=None, skip=(),
     for key, var in variables.items():
         if key not in tree:
             continue
-        value = np.asarray(tree[key])
+        value = tree[key]
+        if not hasattr(value, "shape"):
+            value = np.asarray(value)
+        # Arrays that are read lazily (keras_vit.checkpoints) are checked by shape here and read
+        # one at a time below, so a conversion never holds the whole tree next to the model.
         if key == pos_key and tuple(value.shape) != tuple(var.shape):
-            value = _resized_position_embedding(model, value, source_grid, resize_rule, problems)
+            value = _resized_position_embedding(model, np.asarray(value), source_grid, resize_rule, problems)
             if value is None:
                 continue
         if tuple(value.shape) != tuple(var.shape):
@@ -100,7 +104,7 @@ def set_weight_tree(model, tree, *, source_grid=None, resize_rule=None, skip=(),
         )
     for key, value in values.items():
         var = variables[key]
-        var.assign(value.astype(var.dtype))
+        var.assign(np.array(value, dtype=var.dtype))  # a copy: the model never aliases the tree
 
 
 def _resized_position_embedding(model, value, source_grid, resize_rule, problems):
