@@ -498,6 +498,12 @@ def summarise(speed_runs, specs, tasks):
     return rows
 
 
+def _short_error(text):
+    """The last informative line of a worker's error, for a table cell."""
+    lines = [line.strip() for line in str(text).splitlines() if line.strip() and not line.startswith(("WARNING", "I0000"))]
+    return (lines[-1] if lines else str(text).strip())[:160].replace("|", "/")
+
+
 def markdown(report):
     lines = []
     m = report["machine"]
@@ -529,7 +535,7 @@ def markdown(report):
         lines.append("|---|---|---|---|---|---|---|---|---|")
         for backend, r in report["int8"].items():
             if "error" in r:
-                lines.append(f"| {backend} | error: {r['error'][:120]} |")
+                lines.append(f"| {backend} | error: {_short_error(r['error'])} |")
                 continue
             lines.append(
                 f"| {backend} | {r['float32_ips']:.2f} | {r['int8_ips']:.2f} | {r['max_abs_change']:.4f} | "
@@ -542,7 +548,7 @@ def markdown(report):
         lines.append("|---|---|---|---|---|")
         for key, r in report["build_h14"].items():
             if "error" in r:
-                lines.append(f"| {key} | error: {r['error'][:120]} |")
+                lines.append(f"| {key} | error: {_short_error(r['error'])} |")
                 continue
             lines.append(f"| {key} | {r['build_s']:.1f} | {r['peak_rss_mb']:.0f} | {r['rss_before_mb']:.0f} | "
                          f"{r['params']:,} |")
