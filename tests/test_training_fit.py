@@ -162,12 +162,12 @@ def test_resume_after_interruption_equals_uninterrupted_run(tmp_path):
         return model
 
     reference = compiled()
-    reference.fit(_stream(x, y), epochs=3, steps_per_epoch=4, verbose=0)
+    reference.fit(_stream(x, y), epochs=3, steps_per_epoch=4, verbose=0, shuffle=False)
 
     backup_dir = str(tmp_path / "backup")
     first = compiled()
     with pytest.raises(RuntimeError, match="simulated preemption"):
-        first.fit(_stream(x, y), epochs=3, steps_per_epoch=4, verbose=0,
+        first.fit(_stream(x, y), epochs=3, steps_per_epoch=4, verbose=0, shuffle=False,
                   callbacks=[training.BackupAndResume(backup_dir, save_freq=3), _Interrupt(after=7)])
     progress = training.backup_progress(backup_dir)
     assert progress == {"epoch": 1, "batch": 2, "step": 6}
@@ -179,7 +179,7 @@ def test_resume_after_interruption_equals_uninterrupted_run(tmp_path):
         def on_train_batch_begin(self, batch, logs=None):
             counter.append(int(self.model.optimizer.iterations))
 
-    history = resumed.fit(_stream(x, y, skip=progress["step"]), epochs=3, steps_per_epoch=4, verbose=0,
+    history = resumed.fit(_stream(x, y, skip=progress["step"]), epochs=3, steps_per_epoch=4, verbose=0, shuffle=False,
                           callbacks=[training.BackupAndResume(backup_dir, save_freq=3), _Count()])
     assert counter == list(range(6, 12))  # the step counter (and schedule) continues
     assert len(history.history["loss"]) == 2  # epochs 2 (remaining 2 steps) and 3
