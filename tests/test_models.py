@@ -1,5 +1,7 @@
 """Core models: forward pass against an independent NumPy implementation, shapes, errors."""
 
+import re
+
 import keras
 import numpy as np
 import pytest
@@ -117,7 +119,7 @@ HIDDEN = {"Ti": 192, "S": 384, "B": 768, "L": 1024, "H": 1280}
 
 
 def _hidden(name):
-    return HIDDEN[name.replace("R26", "").replace("R50", "").replace("RViT", "ViT")[3:-2].rstrip("0123456789")]
+    return HIDDEN[re.search(r"ViT(Ti|S|B|L|H)\d+$", name).group(1)]
 
 
 def test_every_constructor_is_tabled():
