@@ -227,7 +227,9 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         q, k, v = (ops.reshape(self._project(x2d, n), heads_shape) for n in ("query", "key", "value"))
         scale = 1.0 / float(self.head_dim) ** 0.5
         use_dropout = training and self.attention_dropout_rate > 0
-        if return_attention_weights or use_dropout:
+        # float16: the explicit path keeps the softmax in float32 (and JAX's fused CPU kernel
+        # rejects float16 inputs with float32 accumulation under jit).
+        if return_attention_weights or use_dropout or q.dtype == "float16":
             logits = ops.einsum("bqhk,bthk->bhqt", q * ops.cast(scale, q.dtype), k)
             weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
             weights = ops.cast(weights, v.dtype)
