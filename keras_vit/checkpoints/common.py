@@ -339,6 +339,18 @@ class _FileTensor(LazyArray):
         return super().__getitem__(index)
 
 
+def safetensors_in_folder(folder, how_to_save):
+    """The weights file of a Hub-layout folder; safetensors only (pickles are never loaded)."""
+    for name in ("model.safetensors", "model.safetensors.index.json"):
+        candidate = os.path.join(folder, name)
+        if os.path.exists(candidate):
+            return candidate
+    raise CheckpointError(
+        f"{folder}: no model.safetensors. Only safetensors weights are read (pickled "
+        f"pytorch_model.bin files are not loaded for safety); {how_to_save}."
+    )
+
+
 def open_safetensors(path):
     """{key: SafetensorsFile} for a .safetensors file or a sharded set (*.safetensors.index.json)."""
     path = os.fspath(path)

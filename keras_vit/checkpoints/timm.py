@@ -21,6 +21,7 @@ from keras_vit.checkpoints.common import (
     infer_config,
     open_safetensors,
     read_json,
+    safetensors_in_folder,
 )
 from keras_vit.models.config import NUMERICS
 
@@ -205,16 +206,7 @@ def read_timm(path, lazy=False):
     folder = path if os.path.isdir(path) else os.path.dirname(path)
     weights = path
     if os.path.isdir(path):
-        for name in ("model.safetensors", "model.safetensors.index.json"):
-            if os.path.exists(os.path.join(path, name)):
-                weights = os.path.join(path, name)
-                break
-        else:
-            raise CheckpointError(
-                f"{path}: no model.safetensors. Only safetensors weights are read (pickled "
-                "pytorch_model.bin files are not loaded for safety); save the model with "
-                "safe_serialization=True."
-            )
+        weights = safetensors_in_folder(path, "save the model with safe_serialization=True")
     config_path = os.path.join(folder, "config.json")
     config = read_json(config_path) if os.path.exists(config_path) else {}
     if config and "architecture" not in config:

@@ -18,6 +18,7 @@ from keras_vit.checkpoints.common import (
     materialize,
     open_safetensors,
     read_json,
+    safetensors_in_folder,
 )
 from keras_vit.models.config import NUMERICS
 
@@ -51,16 +52,7 @@ def read_transformers(path, lazy=False):
             "ViTForImageClassification checkpoints are converted."
         )
     if os.path.isdir(path):
-        for name in ("model.safetensors", "model.safetensors.index.json"):
-            if os.path.exists(os.path.join(path, name)):
-                weights = os.path.join(path, name)
-                break
-        else:
-            raise CheckpointError(
-                f"{path}: no model.safetensors. Only safetensors weights are read (pickled "
-                "pytorch_model.bin files are not loaded for safety); save with save_pretrained(..., "
-                "safe_serialization=True)."
-            )
+        weights = safetensors_in_folder(path, "save with save_pretrained(..., safe_serialization=True)")
     else:
         weights = path
     act = hf.get("hidden_act", "gelu")
