@@ -57,19 +57,12 @@ def _check_original(src, dst, prefix):
     np.testing.assert_allclose(out, ref, rtol=0, atol=1e-6)
 
 
-def test_bicubic_rule_is_torch_bicubic_half_pixel():
+@pytest.mark.parametrize("rule,seed", [("bicubic", 1), ("bilinear", 2)])
+def test_half_pixel_rules_are_torch_interpolate(rule, seed):
     for src, dst in GRIDS:
-        pe = _pe(src, 1, seed=1)
-        ref = _torch_reference(pe, src, dst, 1, mode="bicubic", align_corners=False)
-        out = resize_position_embedding(pe, dst, source_grid=src, rule="bicubic")
-        np.testing.assert_allclose(out, ref, rtol=0, atol=1e-5)
-
-
-def test_bilinear_rule_is_torch_bilinear_half_pixel():
-    for src, dst in GRIDS:
-        pe = _pe(src, 1, seed=2)
-        ref = _torch_reference(pe, src, dst, 1, mode="bilinear", align_corners=False)
-        out = resize_position_embedding(pe, dst, source_grid=src, rule="bilinear")
+        pe = _pe(src, 1, seed=seed)
+        ref = _torch_reference(pe, src, dst, 1, mode=rule, align_corners=False)
+        out = resize_position_embedding(pe, dst, source_grid=src, rule=rule)
         np.testing.assert_allclose(out, ref, rtol=0, atol=1e-5)
 
 

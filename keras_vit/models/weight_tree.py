@@ -69,8 +69,9 @@ def set_weight_tree(model, tree, *, source_grid=None, resize_rule=None, skip=(),
         WeightTreeError naming every missing, unexpected and mis-shaped weight.
     """
     variables = weight_variables(model)
-    tree = {k: v for k, v in tree.items() if not k.startswith(tuple(skip))} if skip else dict(tree)
-    missing = [k for k in variables if k not in tree and not k.startswith(tuple(allow_missing) or ("\0",))]
+    # str.startswith(()) is False, so empty prefix tuples skip / allow nothing.
+    tree = {k: v for k, v in tree.items() if not k.startswith(tuple(skip))}
+    missing = [k for k in variables if k not in tree and not k.startswith(tuple(allow_missing))]
     unexpected = [k for k in tree if k not in variables]
     problems = []
     if missing:
