@@ -284,9 +284,16 @@ class MlpBlock(keras.layers.Layer):
         self.dense_1.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
 
     def call(self, x, training=None):
-        y = ops.gelu(self.dense_0(x), approximate=self.gelu_approximate)
+        # The Dense layers see the (batch * tokens, hidden) view: a plain 2-D matmul whose bias
+        # add and GELU TensorFlow's graph optimizer fuses into one oneDNN MatMul (on a 3-D input
+        # Keras' matmul is reshape -> MatMul -> reshape, which blocks that fusion). The reshapes
+        # are free views on every backend.
+        shape = ops.shape(x)
+        y = ops.reshape(x, (-1, x.shape[-1]))
+        y = ops.gelu(self.dense_0(y), approximate=self.gelu_approximate)
         y = self.dropout(y, training=training)
         y = self.dense_1(y)
+        y = ops.reshape(y, shape)
         return self.dropout(y, training=training)
 
     def compute_output_shape(self, input_shape):
