@@ -368,3 +368,44 @@ def test_timm_heads_from_model_args_and_bf16_weights(tmp_path):
     tree16, _ = read_checkpoint(tmp_path / "t")
     expected = state["blocks.0.attn.proj.weight"].float().numpy().T.reshape(4, 16, 64)
     np.testing.assert_array_equal(tree16["Transformer/encoderblock_0/MultiHeadDotProductAttention_1/out/kernel"], expected)
+
+
+def test_loading_builds_without_random_init_and_stays_strict(tmp_path):
+    """Checkpoint loading builds inside skip_random_init (zero-filled variables instead of random
+    draws: on JAX each variable shape would compile a random program); every weight is then
+    assigned, and a tree missing one is still refused before anything is assigned."""
+    from keras_vit.layers.init_scope import random_init_skipped, skip_random_init
+
+    with skip_random_init():
+        assert random_init_skipped()
+        zero = keras_vit.VisionTransformer(**TINY_HYBRID, representation_size=12)
+    assert not random_init_skipped()
+    # Norm scales start at their fixed one (or BiT's zero for a unit's last GroupNorm) either way;
+    # everything else is zero inside the scope.
+    values = {v.path: np.asarray(v) for v in zero.weights}
+    scales = [p for p in values if p.endswith(("gamma", "scale"))]
+    assert scales and all(set(np.unique(values[p])) <= {0.0, 1.0} for p in scales)
+    assert all(not np.any(values[p]) for p in values if p not in scales)
+    # Outside the scope the same model draws random kernels and position embeddings.
+    fresh = keras_vit.VisionTransformer(**TINY_HYBRID, representation_size=12)
+    drawn = [v.path for v in fresh.weights if np.any(np.asarray(v)) and not v.path.endswith(("gamma", "scale"))]
+    assert any("pos_embedding" in p for p in drawn) and any("query_kernel" in p for p in drawn)
+    assert any("conv_root" in p for p in drawn) and any("pre_logits" in p for p in drawn)
+
+    # A load gives exactly the saved weights and the independent NumPy forward pass.
+    model = randomize(keras_vit.VisionTransformer(**TINY_HYBRID, representation_size=12), seed=21)
+    write_npz(model, tmp_path / "h.npz")
+    loaded = keras_vit.load_checkpoint(tmp_path / "h.npz")
+    expected, got = keras_vit.get_weight_tree(model), keras_vit.get_weight_tree(loaded)
+    assert sorted(expected) == sorted(got) and all(np.array_equal(expected[k], got[k]) for k in expected)
+    x = images((2, 64, 64, 3), seed=22)
+    ref = vit_forward(expected, x, patch_size=1, num_layers=2, resnet_units=(1, 1), width_factor=0.5)
+    assert rel_err(loaded.predict(x, verbose=0), ref) < 2e-5
+
+    # A checkpoint lacking a weight: refused (not silently left at zero).
+    with np.load(tmp_path / "h.npz") as f:
+        partial = {k: f[k] for k in f.files if not k.endswith("encoderblock_1/LayerNorm_2/bias")}
+    assert len(partial) == len(expected) - 1
+    np.savez(tmp_path / "partial.npz", **partial)
+    with pytest.raises(WeightTreeError, match="missing weights: .*encoderblock_1/LayerNorm_2/bias"):
+        keras_vit.load_checkpoint(tmp_path / "partial.npz")

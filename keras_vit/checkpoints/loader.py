@@ -162,6 +162,7 @@ def build_model(
         WeightTreeError when the tree does not fit (the model is then never partly assigned);
         ValueError for impossible requests (e.g. no head in the checkpoint and classes=None).
     """
+    from keras_vit.layers.init_scope import skip_random_init
     from keras_vit.models.vit import VisionTransformer
 
     kwargs = dict(config)
@@ -184,7 +185,8 @@ def build_model(
         kwargs["image_size"] = image_size
     kwargs.update(include_top=include_top, pooling=pooling, classifier_activation=classifier_activation)
     kwargs.update(overrides)
-    model = VisionTransformer(**kwargs)
+    with skip_random_init():  # every weight is assigned below (or is the zero fresh head)
+        model = VisionTransformer(**kwargs)
 
     present = {k.split("/", 1)[0] for k in weight_variables(model)}
     skip = tuple(f"{p}/" for p in ("head", "pre_logits") if p not in present)

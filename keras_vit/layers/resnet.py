@@ -8,6 +8,8 @@ Flax modules: conv_root, gn_root, block{s}/unit{u}/{conv1,gn1,...,conv_proj,gn_p
 import keras
 from keras import ops
 
+from keras_vit.layers.init_scope import initializer as _init
+
 register = keras.saving.register_keras_serializable(package="keras_vit")
 
 
@@ -47,7 +49,7 @@ class StdConv2D(keras.layers.Layer):
         self.kernel = self.add_weight(
             name="kernel",
             shape=(k, k, input_shape[-1], self.filters),
-            initializer=keras.initializers.VarianceScaling(1.0, "fan_in", "truncated_normal"),
+            initializer=_init(keras.initializers.VarianceScaling(1.0, "fan_in", "truncated_normal")),
         )
 
     def standardized_kernel(self):

@@ -12,6 +12,7 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.layers.resize import resize_position_embedding
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
@@ -57,7 +58,7 @@ class PatchEmbedding(keras.layers.Layer):
         channels = input_shape[-1]
         p = self.patch_size
         self.kernel = self.add_weight(
-            name="kernel", shape=(p, p, channels, self.hidden_size), initializer=self.kernel_initializer
+            name="kernel", shape=(p, p, channels, self.hidden_size), initializer=_init(self.kernel_initializer)
         )
         self.bias = self.add_weight(name="bias", shape=(self.hidden_size,), initializer="zeros")
 
@@ -139,7 +140,7 @@ class PositionEmbedding(keras.layers.Layer):
         self.pos_embedding = self.add_weight(
             name="pos_embedding",
             shape=(1, self.num_tokens, input_shape[-1]),
-            initializer=keras.initializers.RandomNormal(stddev=0.02),
+            initializer=_init(keras.initializers.RandomNormal(stddev=0.02)),
         )
 
     def call(self, tokens):
@@ -200,13 +201,13 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
             kernel = self.add_weight(
                 name=f"{name}_kernel",
                 shape=(hidden, self.num_heads, head_dim),
-                initializer=SplitFanXavierUniform(in_axes=1),
+                initializer=_init(SplitFanXavierUniform(in_axes=1)),
             )
             bias = self.add_weight(name=f"{name}_bias", shape=(self.num_heads, head_dim), initializer="zeros")
             setattr(self, f"{name}_kernel", kernel)
             setattr(self, f"{name}_bias", bias)
         self.out_kernel = self.add_weight(
-            name="out_kernel", shape=(self.num_heads, head_dim, hidden), initializer=SplitFanXavierUniform(in_axes=2)
+            name="out_kernel", shape=(self.num_heads, head_dim, hidden), initializer=_init(SplitFanXavierUniform(in_axes=2))
         )
         self.out_bias = self.add_weight(name="out_bias", shape=(hidden,), initializer="zeros")
 
@@ -271,7 +272,10 @@ class MlpBlock(keras.layers.Layer):
         self.mlp_dim = int(mlp_dim)
         self.dropout_rate = float(dropout_rate)
         self.gelu_approximate = bool(gelu_approximate)
-        init = dict(kernel_initializer="glorot_uniform", bias_initializer=keras.initializers.RandomNormal(stddev=1e-6))
+        init = dict(
+            kernel_initializer=_init("glorot_uniform"),
+            bias_initializer=_init(keras.initializers.RandomNormal(stddev=1e-6)),
+        )
         self.dense_0 = keras.layers.Dense(self.mlp_dim, dtype=self.dtype_policy, name="Dense_0", **init)
         self.dense_1 = None
         self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=self.dtype_policy, name="dropout")

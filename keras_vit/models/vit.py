@@ -2,6 +2,7 @@
 
 import keras
 
+from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.layers.resnet import GroupNorm, MaxPoolSame, ResNetStage, StdConv2D
 from keras_vit.layers.transformer import ClassToken, EncoderBlock, PatchEmbedding, PositionEmbedding, TokenPooling
 from keras_vit.models.config import NUMERICS, resnet_stride
@@ -167,7 +168,13 @@ class VisionTransformer(keras.Model):
             mode = {None: classifier, "avg": "gap"}.get(pooling, pooling)
             x = TokenPooling(mode, num_prefix, dtype=dtype, name="pool")(x)
             if representation_size is not None:
-                x = keras.layers.Dense(representation_size, activation="tanh", dtype=dtype, name="pre_logits")(x)
+                x = keras.layers.Dense(
+                    representation_size,
+                    activation="tanh",
+                    kernel_initializer=_init("glorot_uniform"),
+                    dtype=dtype,
+                    name="pre_logits",
+                )(x)
         if include_top:
             x = keras.layers.Dense(
                 classes, kernel_initializer="zeros", bias_initializer="zeros", dtype=dtype, name="head"
