@@ -1,0 +1,112 @@
+"""keras_vit against other Keras ViT-B/16s in ONE process, calls interleaved (an A/B).
+
+    KERAS_BACKEND=jax .venv/bin/python benchmarks/ab_inprocess.py
+    KERAS_BACKEND=tensorflow .venv/bin/python benchmarks/ab_inprocess.py --models keras_vit,keras_hub --reps 12
+
+On a shared or virtualised CPU the speed of the whole machine drifts by +-25% from one minute
+to the next, so two contenders measured in separate processes minutes apart can swap places.
+Here every model is built in the same process with the same backend and the same compiled
+predict step (`model.compile(jit_compile=recommended_jit_compile())`, `predict_on_batch`),
+and the timed calls alternate A, B, C, C, B, A, ...: drift hits all of them alike. This is how
+the Keras-vs-Keras comparisons in benchmarks/README.md were measured; `benchmark.py` (one
+process per library and backend) is what compares across frameworks (timm).
+
+Models: keras_vit (ViTB16, GELU tanh as the original), keras_vit_erf (GELU erf as timm),
+keras_hub (ViTBackbone + ViTImageClassifier, if installed: `make bench` installs it) and plain
+(a straightforward Keras ViT: keras.layers.MultiHeadAttention with separate q/k/v einsums,
+Dense, LayerNormalization, default settings).
+"""
+
+import argparse
+import time
+
+import keras
+import numpy as np
+from keras import layers, ops
+
+
+def plain_vit(image_size=224, patch=16, width=768, depth=12, heads=12, mlp=3072, classes=1000):
+    """A straightforward Keras ViT-B/16, written the way the Keras guides do."""
+
+    class ClassAndPosition(layers.Layer):
+        def build(self, input_shape):
+            tokens = input_shape[1] + 1
+            self.cls = self.add_weight(shape=(1, 1, width), initializer="zeros", name="cls")
+            self.pos = self.add_weight(shape=(1, tokens, width), initializer="random_normal", name="pos")
+
+        def call(self, x):
+            cls = ops.broadcast_to(self.cls, (ops.shape(x)[0], 1, width))
+            return ops.concatenate([cls, x], axis=1) + self.pos
+
+    inputs = keras.Input((image_size, image_size, 3))
+    x = layers.Conv2D(width, patch, strides=patch)(inputs)
+    x = layers.Reshape(((image_size // patch) ** 2, width))(x)
+    x = ClassAndPosition()(x)
+    for _ in range(depth):
+        y = layers.LayerNormalization(epsilon=1e-6)(x)
+        x = x + layers.MultiHeadAttention(heads, width // heads)(y, y)
+        y = layers.LayerNormalization(epsilon=1e-6)(x)
+        x = x + layers.Dense(width)(layers.Dense(mlp, activation="gelu")(y))
+    x = layers.LayerNormalization(epsilon=1e-6)(x)
+    return keras.Model(inputs, layers.Dense(classes)(x[:, 0]))
+
+
+def build(name):
+    import keras_vit
+
+    if name == "keras_vit":
+        return keras_vit.ViTB16(weights=None)
+    if name == "keras_vit_erf":
+        return keras_vit.ViTB16(weights=None, gelu_approximate=False)
+    if name == "keras_hub":
+        import keras_hub
+
+        backbone = keras_hub.models.ViTBackbone(
+            image_shape=(224, 224, 3), patch_size=16, num_layers=12, num_heads=12, hidden_dim=768, mlp_dim=3072
+        )
+        return keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=1000, preprocessor=None)
+    if name == "plain":
+        return plain_vit()
+    raise ValueError(f"unknown model {name!r}; choose from keras_vit, keras_vit_erf, keras_hub, plain")
+
+
+def main(argv=None):
+    import keras_vit.performance
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", default="keras_vit,keras_hub,plain")
+    parser.add_argument("--batches", default="1,8")
+    parser.add_argument("--reps", type=int, default=8, help="timed calls per model and batch size")
+    parser.add_argument("--policy", default=None, help="dtype policy, e.g. mixed_bfloat16")
+    args = parser.parse_args(argv)
+    if args.policy:
+        keras.config.set_dtype_policy(args.policy)
+    names = args.models.split(",")
+    models = {}
+    for name in names:
+        model = build(name)
+        model.compile(jit_compile=keras_vit.performance.recommended_jit_compile())
+        models[name] = model
+    print(f"backend {keras.backend.backend()}, policy {keras.config.dtype_policy().name}, {args.reps} interleaved calls")
+    for batch in (int(b) for b in args.batches.split(",")):
+        x = np.random.default_rng(0).random((batch, 224, 224, 3), dtype="float32")
+        for model in models.values():  # compile and warm up
+            model.predict_on_batch(x)
+            model.predict_on_batch(x)
+        times = {name: [] for name in names}
+        for rep in range(args.reps):
+            for name in names if rep % 2 == 0 else names[::-1]:
+                start = time.perf_counter()
+                models[name].predict_on_batch(x)
+                times[name].append(time.perf_counter() - start)
+        base = min(times[names[0]])
+        for name in names:
+            t = sorted(times[name])
+            print(
+                f"batch {batch:2d}  {name:14s} best {batch / t[0]:6.2f} img/s  median {batch / t[len(t) // 2]:6.2f}"
+                f"  ({base / t[0]:.2f}x of {names[0]})"
+            )
+
+
+if __name__ == "__main__":
+    main()
