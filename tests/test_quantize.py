@@ -6,15 +6,16 @@ kernels with per-output-channel scales, inputs quantized on the fly. The attenti
 is compared with the float model's own output and with an independent NumPy forward pass on the
 de-quantized weights the quantized model holds.
 
-Saving a quantized model is not supported yet (the Dense layers inside MlpBlock are rebuilt in
-float on loading): save the float model and quantize after loading.
+A quantized model saves and reloads quantized: VisionTransformer.quantize records the mode and
+the QuantizationConfig in the model's config, and a model rebuilt from that config quantizes
+itself before the saved int8 kernels and scales load.
 """
 
 import warnings
 
 import keras
 import numpy as np
-from conftest import TINY, randomize
+from conftest import TINY, randomize, run_python
 from reference_numpy import vit_forward
 
 import keras_vit
@@ -74,3 +75,30 @@ def test_quantized_model_matches_numpy_on_dequantized_weights():
     err_deq = np.abs(out - ref_deq).max()
     assert err_deq < 0.02 * np.abs(ref_float).max()
     assert err_deq <= np.abs(out - ref_float).max() + 1e-6
+
+
+def test_quantized_model_saves_and_reloads_quantized_in_a_fresh_process(tmp_path):
+    model = _logits_model(seed=4)
+    x = np.random.default_rng(5).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    float_out = model.predict(x, verbose=0)
+    model.quantize("int8")  # no warnings to silence: the model's own quantize expects the norms
+    assert model.get_config()["quantization"]["mode"] == "int8"
+    out = model.predict(x, verbose=0)
+    assert np.abs(out - float_out).max() > 0  # int8 really changed the computation
+    model.save(tmp_path / "q.keras")
+    np.save(tmp_path / "x.npy", x)
+    code = f"""
+import numpy as np, keras
+import keras_vit  # registers the classes; load_model runs in safe mode, no custom_objects
+m = keras.saving.load_model({str(tmp_path / "q.keras")!r})
+int8 = sorted(l.path for l in m._flatten_layers()
+              if getattr(l, "dtype_policy", None) is not None and "int8" in l.dtype_policy.name)
+print(",".join(int8))
+np.save({str(tmp_path / "out.npy")!r}, m.predict(np.load({str(tmp_path / "x.npy")!r}), verbose=0))
+"""
+    layers = run_python(code).strip().splitlines()[-1].split(",")
+    assert layers == sorted([f"encoderblock_{i}/MlpBlock_3/Dense_{j}" for i in range(2) for j in range(2)] + ["head"])
+    assert np.array_equal(np.load(tmp_path / "out.npy"), out)
+
+    # A float model's config says so, and it reloads float.
+    assert keras_vit.VisionTransformer(**TINY).get_config()["quantization"] is None

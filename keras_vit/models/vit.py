@@ -1,5 +1,7 @@
 """The VisionTransformer model: ViT and R+ViT hybrids as one functional Keras model."""
 
+import warnings
+
 import keras
 
 from keras_vit.layers.init_scope import initializer as _init
@@ -93,6 +95,7 @@ class VisionTransformer(keras.Model):
         std_conv_epsilon_inside_sqrt=NUMERICS["original"]["std_conv_epsilon_inside_sqrt"],
         position_embedding_resize=NUMERICS["original"]["position_embedding_resize"],
         num_channels=3,
+        quantization=None,
         name=None,
         dtype=None,
         **kwargs,
@@ -207,6 +210,14 @@ class VisionTransformer(keras.Model):
         self.num_channels = int(num_channels)
         self.grid_size = grid
         self.num_prefix_tokens = num_prefix
+        self.quantization = None
+        if quantization:
+            # A saved quantized model: quantize the fresh float layers the same way, so the
+            # int8 variables (kernels and scales) exist for the saved values to load into.
+            quantization = dict(quantization) if isinstance(quantization, dict) else {"mode": quantization}
+            if isinstance(quantization.get("config"), dict):
+                quantization["config"] = keras.saving.deserialize_keras_object(quantization["config"])
+            self.quantize(**quantization)
 
     @property
     def stride(self):
@@ -242,9 +253,43 @@ class VisionTransformer(keras.Model):
             "std_conv_epsilon_inside_sqrt": self.std_conv_epsilon_inside_sqrt,
             "position_embedding_resize": self.position_embedding_resize,
             "num_channels": self.num_channels,
+            "quantization": self.quantization,
             "name": self.name,
             "trainable": self.trainable,
         }
+
+    def quantize(self, mode=None, config=None, filters=None, **kwargs):
+        """Keras' `Model.quantize`, remembered in the model's config so that a saved quantized
+        model loads quantized (`keras.saving.load_model` rebuilds the model from its arguments).
+
+        int8 quantizes the Dense layers: the MLPs' Dense_0/Dense_1, `pre_logits` and the head
+        (benchmarks/README.md has the speed and the change of the logits). The attention
+        projections, patch embedding and norms stay float. Only `mode` and string filters can
+        be remembered with `mode` and `config`; a callable filter cannot (a warning says so).
+
+        Example:
+            >>> model = keras_vit.ViTB16(weights=None)  # doctest: +SKIP
+            >>> model.quantize("int8")  # doctest: +SKIP
+            >>> model.save("vit_int8.keras")  # doctest: +SKIP
+            >>> keras.saving.load_model("vit_int8.keras")  # int8 again  # doctest: +SKIP
+        """
+        with warnings.catch_warnings():
+            # Keras names every layer without a quantize method (norms, tokens): expected here.
+            warnings.filterwarnings("ignore", message=".*does not have a `quantize` method.*")
+            super().quantize(mode, config=config, filters=filters, **kwargs)
+        # Keras resolves `mode` to a QuantizationConfig (serialisable) before calling us.
+        remembered = {"mode": getattr(config, "mode", mode)}
+        if config is not None:
+            remembered["config"] = keras.saving.serialize_keras_object(config)
+        if isinstance(filters, str) or (isinstance(filters, (list, tuple)) and all(isinstance(f, str) for f in filters)):
+            remembered["filters"] = filters if isinstance(filters, str) else list(filters)
+        elif filters is not None or kwargs:
+            warnings.warn(
+                "This model was quantized with a callable filter or extra options, which its config cannot "
+                "hold: a reloaded model is quantized without them (mode and config are kept).",
+                stacklevel=2,
+            )
+        self.quantization = remembered
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
