@@ -12,9 +12,12 @@ the Keras-vs-Keras comparisons in benchmarks/README.md were measured; `benchmark
 process per library and backend) is what compares across frameworks (timm).
 
 Models: keras_vit (ViTB16, GELU tanh as the original), keras_vit_erf (GELU erf as timm),
-keras_hub (ViTBackbone + ViTImageClassifier, if installed: `make bench` installs it) and plain
+keras_hub (ViTBackbone + ViTImageClassifier, if installed: `make bench` installs it), plain
 (a straightforward Keras ViT: keras.layers.MultiHeadAttention with separate q/k/v einsums,
-Dense, LayerNormalization, default settings).
+Dense, LayerNormalization, default settings) and timm (vit_base_patch16_224 in PyTorch eager,
+`torch.inference_mode()`, in the same process: the two frameworks' thread pools take turns,
+so a cross-framework ratio is measured without the machine's drift; bfloat16 policies run it
+under `torch.autocast`).
 """
 
 import argparse
@@ -51,6 +54,30 @@ def plain_vit(image_size=224, patch=16, width=768, depth=12, heads=12, mlp=3072,
     return keras.Model(inputs, layers.Dense(classes)(x[:, 0]))
 
 
+class TimmModel:
+    """timm's ViT-B/16 behind the two calls this script makes (compile, predict_on_batch)."""
+
+    def __init__(self):
+        import sys
+
+        sys.modules.setdefault("triton", None)  # timm's optional triton import crashes beside TensorFlow
+        import timm
+        import torch
+
+        torch.set_num_threads(len(__import__("os").sched_getaffinity(0)))
+        self.torch = torch
+        self.model = timm.create_model("vit_base_patch16_224").eval()
+        self.bf16 = "bfloat16" in keras.config.dtype_policy().name
+
+    def compile(self, **kwargs):
+        pass
+
+    def predict_on_batch(self, x):
+        torch = self.torch
+        with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16, enabled=self.bf16):
+            return self.model(torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()).float().numpy()
+
+
 def build(name):
     import keras_vit
 
@@ -67,7 +94,9 @@ def build(name):
         return keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=1000, preprocessor=None)
     if name == "plain":
         return plain_vit()
-    raise ValueError(f"unknown model {name!r}; choose from keras_vit, keras_vit_erf, keras_hub, plain")
+    if name == "timm":
+        return TimmModel()
+    raise ValueError(f"unknown model {name!r}; choose from keras_vit, keras_vit_erf, keras_hub, plain, timm")
 
 
 def main(argv=None):
