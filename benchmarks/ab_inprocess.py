@@ -21,6 +21,7 @@ under `torch.autocast`).
 """
 
 import argparse
+import os
 import time
 
 import keras
@@ -64,7 +65,7 @@ class TimmModel:
         import timm
         import torch
 
-        torch.set_num_threads(len(__import__("os").sched_getaffinity(0)))
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
         self.torch = torch
         self.model = timm.create_model("vit_base_patch16_224").eval()
         self.bf16 = "bfloat16" in keras.config.dtype_policy().name
@@ -86,12 +87,9 @@ def build(name):
     if name == "keras_vit_erf":
         return keras_vit.ViTB16(weights=None, gelu_approximate=False)
     if name == "keras_hub":
-        import keras_hub
+        from benchmark import _keras_model  # the same keras-hub model as benchmark.py's table
 
-        backbone = keras_hub.models.ViTBackbone(
-            image_shape=(224, 224, 3), patch_size=16, num_layers=12, num_heads=12, hidden_dim=768, mlp_dim=3072
-        )
-        return keras_hub.models.ViTImageClassifier(backbone=backbone, num_classes=1000, preprocessor=None)
+        return _keras_model({"library": "keras_hub"})
     if name == "plain":
         return plain_vit()
     if name == "timm":

@@ -123,8 +123,6 @@ def test_train_preprocess_without_augmentation_equals_eval():
 
 
 def test_dataset_feeds_fit():
-    import keras
-
     import keras_vit
 
     ds, info = kd.load_dataset("shapes", "train", image_size=16, batch_size=8, training=True)

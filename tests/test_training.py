@@ -1,7 +1,5 @@
 """keras_vit.training: schedules, few-shot solve, optimizers (accumulation, EMA), fine-tuning set-up."""
 
-import math
-
 import keras
 import numpy as np
 import pytest

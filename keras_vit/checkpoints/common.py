@@ -175,8 +175,8 @@ class LazyArray:
     """A tensor that is read (and transposed, sliced, reshaped) only when `np.asarray` asks.
 
     Its shape is known up front, so config inference and validation need no data. Loading
-    through lazy trees lets a model be built (and randomly initialised by Keras) before the
-    weights occupy memory, which keeps a conversion's peak near two copies of the weights.
+    through lazy trees lets a model be built before the weights occupy memory, which keeps a
+    conversion's peak near two copies of the weights.
     """
 
     __slots__ = ("_load", "shape")

@@ -253,7 +253,7 @@ def load_checkpoint(
         >>> model = keras_vit.load_checkpoint("ViT-B_16.npz", image_size=384)   # doctest: +SKIP
     """
     path = resolve(source, image_size=image_size)
-    # Lazy: the model is built (and randomly initialised) before the weights are read.
+    # Lazy: the model is built before the weights are read, one tensor at a time.
     tree, config = _read(path)
     return build_model(
         tree,

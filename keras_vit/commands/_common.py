@@ -14,20 +14,10 @@ DATA_HELP = (
 
 
 def training_api():
-    """The keras_vit.training functions the commands use, as a namespace."""
-    import types
+    """keras_vit.training, imported when a command runs."""
+    from keras_vit import training
 
-    try:
-        from keras_vit.training import (  # noqa: F401
-            BackupAndResume, SwapEMAWeights, backup_progress, classification_loss, extract_features,
-            fewshot_linear_eval, finetune_optimizer, for_finetuning, pretrain_optimizer, sample_shots,
-        )
-    except ImportError:  # the package exports may not be assembled yet: use the modules
-        from keras_vit.training.callbacks import BackupAndResume, SwapEMAWeights, backup_progress  # noqa: F401
-        from keras_vit.training.fewshot import extract_features, fewshot_linear_eval, sample_shots  # noqa: F401
-        from keras_vit.training.optimizers import finetune_optimizer, pretrain_optimizer  # noqa: F401
-        from keras_vit.training.recipes import classification_loss, for_finetuning  # noqa: F401
-    return types.SimpleNamespace(**{k: v for k, v in locals().items() if k != "types"})
+    return training
 
 
 def add_model_args(parser, required=False):

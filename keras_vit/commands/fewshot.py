@@ -10,8 +10,6 @@ features fitted by closed-form regularised least squares to {-1, 1}^K targets
 metrics.csv (accuracy per shot count) and fewshot.png.
 """
 
-import numpy as np
-
 from keras_vit.commands import _common
 
 

@@ -91,9 +91,7 @@ def finetune(args):
         raise ValueError(f"--warmup {warmup} must be smaller than --steps {total}.")
     run.save_config(dict(vars(args), func=None, image_size=list(image_size), classes=classes, warmup=warmup,
                          train_examples=train_info.num_examples, eval_examples=eval_info.num_examples))
-    callbacks, done = [], 0
-    if args.ema is not None:
-        callbacks.append(api.SwapEMAWeights())
+    backup, done = None, 0
     if args.resume:
         import os
 
@@ -104,7 +102,7 @@ def finetune(args):
             print(f"resuming after step {done} from {backup}")
             run.load_history()
             train_ds = train_ds.skip(done)  # the same stream of batches, continued
-        callbacks.append(api.BackupAndResume(backup))
+    callbacks = api.finetune_callbacks(backup_dir=backup, ema=args.ema is not None)
     callbacks.append(run.logger(stage="finetune", step_offset=done))
     model.compile(
         optimizer=api.finetune_optimizer(args.lr, total_steps=total, warmup_steps=warmup,

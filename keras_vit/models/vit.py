@@ -264,8 +264,9 @@ class VisionTransformer(keras.Model):
 
         int8 quantizes the Dense layers: the MLPs' Dense_0/Dense_1, `pre_logits` and the head
         (benchmarks/README.md has the speed and the change of the logits). The attention
-        projections, patch embedding and norms stay float. Only `mode` and string filters can
-        be remembered with `mode` and `config`; a callable filter cannot (a warning says so).
+        projections, patch embedding and norms stay float. The config remembers `mode`, the
+        QuantizationConfig and string filters; a callable filter cannot be remembered (a
+        warning says so).
 
         Example:
             >>> model = keras_vit.ViTB16(weights=None)  # doctest: +SKIP
