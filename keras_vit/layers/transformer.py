@@ -226,6 +226,14 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         heads_shape = (batch, tokens, self.num_heads, self.head_dim)
         x2d = ops.reshape(x, (-1, hidden))
         q, k, v = (ops.reshape(self._project(x2d, n), heads_shape) for n in ("query", "key", "value"))
+        y, weights = self._attend(q, k, v, training, return_attention_weights)
+        out = ops.matmul(y, ops.reshape(self.out_kernel, (-1, hidden))) + self.out_bias
+        out = ops.reshape(out, (batch, tokens, hidden))
+        return (out, weights) if return_attention_weights else out
+
+    def _attend(self, q, k, v, training, return_attention_weights):
+        """Scaled dot-product attention of (batch, tokens, heads, head_dim) q/k/v; returns the
+        heads concatenated as (batch * tokens, heads * head_dim) and the weights (or None)."""
         scale = 1.0 / float(self.head_dim) ** 0.5
         use_dropout = training and self.attention_dropout_rate > 0
         # float16: the explicit path keeps the softmax in float32 (and JAX's fused CPU kernel
@@ -239,8 +247,91 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         else:
             weights = None
             y = ops.dot_product_attention(q, k, v, scale=scale)
-        y = ops.reshape(y, (-1, self.num_heads * self.head_dim))
-        out = ops.matmul(y, ops.reshape(self.out_kernel, (-1, hidden))) + self.out_bias
+        return ops.reshape(y, (-1, self.num_heads * self.head_dim)), weights
+
+    # --- int8 ---------------------------------------------------------------------------------
+    # Keras' Model.quantize reaches only leaf layers (this one holds a Dropout), so
+    # VisionTransformer.quantize calls `quantize` here itself. The int8 layout: one fused
+    # (hidden, 3 * heads * head_dim) int8 kernel for query/key/value -- the input is quantized once
+    # and multiplied once -- and a (heads * head_dim, hidden) int8 out kernel, each with a float
+    # scale per output channel (Keras' Dense convention: int8 = round(w * scale)). Biases stay
+    # float and trainable; gradients reach the input through the de-quantized kernels.
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        if type_check and type(self) is not MultiHeadDotProductAttention:
+            raise self._not_implemented_error(self.quantize)
+        # Keras' quantize wrapper has checked the arguments and resolved `config` for `mode`.
+        mode = getattr(config, "mode", None) or mode
+        if mode != "int8":
+            raise NotImplementedError(
+                f"MultiHeadDotProductAttention quantizes to int8 only (received mode={mode!r}); its "
+                f"projections stay in {self.compute_dtype}."
+            )
+        self.quantization_config = config
+        weight_quantizer = keras.quantizers.QuantizationConfig.weight_quantizer_or_default(
+            config, keras.quantizers.AbsMaxQuantizer(axis=0)
+        )
+        hidden = self.query_kernel.shape[0]
+        width = self.num_heads * self.head_dim
+        qkv = ops.concatenate([ops.reshape(getattr(self, f"{n}_kernel"), (hidden, width)) for n in ("query", "key", "value")], axis=1)
+        qkv_value, qkv_scale = weight_quantizer(qkv, axis=0, to_numpy=True)
+        out_value, out_scale = weight_quantizer(ops.reshape(self.out_kernel, (width, hidden)), axis=0, to_numpy=True)
+        for name in ("query_kernel", "key_kernel", "value_kernel", "out_kernel"):
+            delattr(self, name)
+        self._int8_build(hidden, width, config)
+        self.qkv_kernel.assign(qkv_value)
+        self.qkv_kernel_scale.assign(ops.reshape(qkv_scale, (-1,)))
+        self.out_kernel.assign(out_value)
+        self.out_kernel_scale.assign(ops.reshape(out_scale, (-1,)))
+        self._is_quantized = True  # before the policy: setting an int8 policy quantizes otherwise
+        if self.dtype_policy.quantization_mode is None:
+            self.dtype_policy = keras.dtype_policies.get(f"int8_from_{self.dtype_policy.name}")
+
+    def _int8_build(self, hidden, width, config=None):
+        self.inputs_quantizer = keras.quantizers.QuantizationConfig.activation_quantizer_or_default(
+            config, keras.quantizers.AbsMaxQuantizer()
+        )
+        int8 = dict(initializer="zeros", dtype="int8", trainable=False)
+        self.qkv_kernel = self.add_weight(name="qkv_kernel", shape=(hidden, 3 * width), **int8)
+        self.qkv_kernel_scale = self.add_weight(name="qkv_kernel_scale", shape=(3 * width,), initializer="ones", trainable=False)
+        self.out_kernel = self.add_weight(name="out_kernel", shape=(width, hidden), **int8)
+        self.out_kernel_scale = self.add_weight(name="out_kernel_scale", shape=(hidden,), initializer="ones", trainable=False)
+
+    def _int8_matmul(self, x2d, kernel, kernel_scale):
+        """x2d @ de-quantized kernel, computed as int8 x int8 -> int32 with the input quantized
+        per row on the fly (unless the config has no activation quantizer)."""
+        compute_dtype = self.compute_dtype
+        inputs_quantizer = self.inputs_quantizer
+
+        @ops.custom_gradient
+        def matmul(x, kernel, kernel_scale):
+            def grad_fn(*args, upstream=None):
+                if upstream is None:
+                    (upstream,) = args
+                float_kernel = ops.divide(ops.cast(kernel, compute_dtype), kernel_scale)
+                return ops.matmul(upstream, ops.transpose(float_kernel)), None, None
+
+            scale = kernel_scale
+            if inputs_quantizer:
+                x, x_scale = inputs_quantizer(x, axis=-1)
+                scale = ops.multiply(scale, x_scale)
+            y = ops.cast(ops.matmul(x, kernel), compute_dtype)
+            return ops.divide(y, scale), grad_fn
+
+        return matmul(x2d, ops.convert_to_tensor(kernel), ops.convert_to_tensor(kernel_scale))
+
+    def _int8_call(self, x, training=None, return_attention_weights=False):
+        shape = ops.shape(x)
+        batch, tokens, hidden = shape[0], shape[1], x.shape[-1]
+        width = self.num_heads * self.head_dim
+        x2d = ops.reshape(x, (-1, hidden))
+        qkv = self._int8_matmul(x2d, self.qkv_kernel, self.qkv_kernel_scale)
+        biases = ops.concatenate([ops.reshape(getattr(self, f"{n}_bias"), (width,)) for n in ("query", "key", "value")])
+        qkv = qkv + ops.cast(biases, qkv.dtype)
+        heads_shape = (batch, tokens, self.num_heads, self.head_dim)
+        q, k, v = (ops.reshape(qkv[:, i * width : (i + 1) * width], heads_shape) for i in range(3))
+        y, weights = self._attend(q, k, v, training, return_attention_weights)
+        out = self._int8_matmul(y, self.out_kernel, self.out_kernel_scale) + ops.cast(self.out_bias, y.dtype)
         out = ops.reshape(out, (batch, tokens, hidden))
         return (out, weights) if return_attention_weights else out
 

@@ -1,12 +1,20 @@
 """The VisionTransformer model: ViT and R+ViT hybrids as one functional Keras model."""
 
+import re
 import warnings
 
 import keras
 
 from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.layers.resnet import GroupNorm, MaxPoolSame, ResNetStage, StdConv2D
-from keras_vit.layers.transformer import ClassToken, EncoderBlock, PatchEmbedding, PositionEmbedding, TokenPooling
+from keras_vit.layers.transformer import (
+    ClassToken,
+    EncoderBlock,
+    MultiHeadDotProductAttention,
+    PatchEmbedding,
+    PositionEmbedding,
+    TokenPooling,
+)
 from keras_vit.models.config import NUMERICS, resnet_stride
 
 _POOLING = (None, "token", "gap", "avg", "max")
@@ -262,9 +270,13 @@ class VisionTransformer(keras.Model):
         """Keras' `Model.quantize`, remembered in the model's config so that a saved quantized
         model loads quantized (`keras.saving.load_model` rebuilds the model from its arguments).
 
-        int8 quantizes the Dense layers: the MLPs' Dense_0/Dense_1, `pre_logits` and the head
-        (benchmarks/README.md has the speed and the change of the logits). The attention
-        projections, patch embedding and norms stay float. The config remembers `mode`, the
+        int8 quantizes every transformer matmul: the attention projections (query/key/value fused
+        into one int8 kernel, and out), the MLPs' Dense_0/Dense_1, `pre_logits` and the head, each
+        with per-output-channel scales and the inputs quantized per token on the fly
+        (benchmarks/README.md has the speed and the change of the logits). The patch embedding,
+        ResNet stem and norms stay float; other modes (int4, float8, ...) reach only the Dense
+        layers. A quantized model has no float weight tree (`get_weight_tree` refuses it). The
+        config remembers `mode`, the
         QuantizationConfig and string filters; a callable filter cannot be remembered (a
         warning says so).
 
@@ -278,6 +290,18 @@ class VisionTransformer(keras.Model):
             # Keras names every layer without a quantize method (norms, tokens): expected here.
             warnings.filterwarnings("ignore", message=".*does not have a `quantize` method.*")
             super().quantize(mode, config=config, filters=filters, **kwargs)
+        # Keras reaches only leaf layers; the attention layers hold a Dropout, so they are ours.
+        if getattr(config, "mode", mode) == "int8":
+            attention = [
+                layer
+                for layer in self._flatten_layers()
+                if isinstance(layer, MultiHeadDotProductAttention) and _matches(layer, filters)
+            ]
+            for layer in attention:
+                layer.quantize("int8", config=config)
+            if attention:
+                self.train_function = self.test_function = self.predict_function = None
+                self._post_quantize("int8")
         # Keras resolves `mode` to a QuantizationConfig (serialisable) before calling us.
         remembered = {"mode": getattr(config, "mode", mode)}
         if config is not None:
@@ -298,3 +322,15 @@ class VisionTransformer(keras.Model):
         if "dtype" in config and isinstance(config["dtype"], dict):
             config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
         return cls(**config)
+
+
+def _matches(layer, filters):
+    """Keras' rule for `quantize(filters=...)`: a regex (or list of them) searched in the layer's
+    name, or a callable on the layer; None matches every layer."""
+    if filters is None:
+        return True
+    if isinstance(filters, str):
+        return re.search(filters, layer.name) is not None
+    if isinstance(filters, (list, tuple)):
+        return any(re.search(f, layer.name) is not None for f in filters)
+    return bool(filters(layer))

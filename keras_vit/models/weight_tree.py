@@ -24,6 +24,19 @@ def _layer_prefix(name):
 
 def weight_variables(model):
     """{canonical key: keras.Variable} for every weight of a keras_vit model."""
+    quantized = {
+        layer.path: layer.quantization_mode
+        for layer in model._flatten_layers()
+        if getattr(layer, "quantization_mode", None) is not None
+    }
+    if quantized:
+        modes = "/".join(sorted(set(quantized.values())))
+        raise WeightTreeError(
+            f"The model is {modes}-quantized ({_describe(quantized, limit=3)}); the weight tree holds "
+            "float weights in the original "
+            "layout, which a quantized model no longer has. Convert, export or load the float "
+            "model, then quantize."
+        )
     out = {}
     for layer in model.layers:
         prefix = _layer_prefix(layer.name)
