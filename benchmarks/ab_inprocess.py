@@ -12,6 +12,8 @@ the Keras-vs-Keras comparisons in benchmarks/README.md were measured; `benchmark
 process per library and backend) is what compares across frameworks (timm).
 
 Models: keras_vit (ViTB16, GELU tanh as the original), keras_vit_erf (GELU erf as timm),
+keras_vit_int8 (`model.quantize("int8")`: every transformer matmul), keras_vit_int8_mlp (int8
+of the Dense layers only, `filters=["Dense_", "head"]`: what Keras reaches by itself),
 keras_hub (ViTBackbone + ViTImageClassifier, if installed: `make bench` installs it), plain
 (a straightforward Keras ViT: keras.layers.MultiHeadAttention with separate q/k/v einsums,
 Dense, LayerNormalization, default settings) and timm (vit_base_patch16_224 in PyTorch eager,
@@ -86,6 +88,11 @@ def build(name):
         return keras_vit.ViTB16(weights=None)
     if name == "keras_vit_erf":
         return keras_vit.ViTB16(weights=None, gelu_approximate=False)
+    if name in ("keras_vit_int8", "keras_vit_int8_mlp"):
+        # int8 of every transformer matmul, or (the Keras default reach) of the Dense layers only.
+        model = keras_vit.ViTB16(weights=None)
+        model.quantize("int8", filters=None if name == "keras_vit_int8" else ["Dense_", "head"])
+        return model
     if name == "keras_hub":
         from benchmark import _keras_model  # the same keras-hub model as benchmark.py's table
 
@@ -94,7 +101,10 @@ def build(name):
         return plain_vit()
     if name == "timm":
         return TimmModel()
-    raise ValueError(f"unknown model {name!r}; choose from keras_vit, keras_vit_erf, keras_hub, plain, timm")
+    raise ValueError(
+        f"unknown model {name!r}; choose from keras_vit, keras_vit_erf, keras_vit_int8, keras_vit_int8_mlp, "
+        "keras_hub, plain, timm"
+    )
 
 
 def main(argv=None):

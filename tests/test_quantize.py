@@ -193,3 +193,37 @@ def test_int4_quantizes_dense_layers_and_leaves_attention_float():
     assert set(modes.values()) == {"int4"} and not any("Attention" in p for p in modes)
     out = model.predict(x, verbose=0)
     assert np.all(np.isfinite(out)) and np.abs(out - ref).max() < 0.2 * np.abs(ref).max()
+
+
+def test_integer_matmul_is_the_exact_integer_product():
+    """On every backend (int32 kernel on JAX, float32 of the int8 values elsewhere) the product of
+    int8 matrices equals NumPy's int64 product, at ViT-H's widest fan-in (1280) too."""
+    from keras_vit.layers import integer_matmul
+
+    rng = np.random.default_rng(13)
+    for k in (24, 768, 1280):
+        a = rng.integers(-127, 128, (37, k)).astype("int8")
+        b = rng.integers(-127, 128, (k, 19)).astype("int8")
+        a[0] = 127  # a worst-case row: every product at the maximum
+        b[:, 0] = 127
+        out = keras.ops.convert_to_numpy(integer_matmul(keras.ops.convert_to_tensor(a), keras.ops.convert_to_tensor(b)))
+        np.testing.assert_array_equal(out.astype("int64"), a.astype("int64") @ b.astype("int64"))
+
+
+def test_quantized_dense_subclass_matches_keras_dense_int8():
+    """keras_vit's Dense (the MLP, pre_logits and head layers) computes what Keras' own int8 Dense
+    computes from the same float kernel, on the faster matmul."""
+    from keras_vit.layers import Dense
+
+    rng = np.random.default_rng(14)
+    kernel = rng.normal(0, 0.05, (48, 16)).astype("float32")
+    bias = rng.normal(0, 0.1, (16,)).astype("float32")
+    x = rng.normal(0, 1, (5, 48)).astype("float32")
+    ours, theirs = Dense(16, activation="gelu"), keras.layers.Dense(16, activation="gelu")
+    for layer in (ours, theirs):
+        layer.build((None, 48))
+        layer.set_weights([kernel, bias])
+        layer.quantize("int8")
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(ours._kernel), keras.ops.convert_to_numpy(theirs._kernel))
+    out, ref = (keras.ops.convert_to_numpy(layer(x)) for layer in (ours, theirs))
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)

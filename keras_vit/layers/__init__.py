@@ -1,5 +1,6 @@
 """Backend-agnostic Keras 3 layers of the Vision Transformer and its BiT ResNet (keras.ops only)."""
 
+from keras_vit.layers.quantized import Dense, int8_matmul, integer_matmul
 from keras_vit.layers.resize import RESIZE_RULES, resize_position_embedding
 from keras_vit.layers.resnet import BottleneckUnit, GroupNorm, MaxPoolSame, ResNetStage, StdConv2D, same_padding
 from keras_vit.layers.transformer import (

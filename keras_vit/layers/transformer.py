@@ -13,6 +13,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.init_scope import initializer as _init
+from keras_vit.layers.quantized import Dense, int8_matmul
 from keras_vit.layers.resize import resize_position_embedding
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
@@ -254,7 +255,8 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
     # VisionTransformer.quantize calls `quantize` here itself. The int8 layout: one fused
     # (hidden, 3 * heads * head_dim) int8 kernel for query/key/value -- the input is quantized once
     # and multiplied once -- and a (heads * head_dim, hidden) int8 out kernel, each with a float
-    # scale per output channel (Keras' Dense convention: int8 = round(w * scale)). Biases stay
+    # scale per output channel (Keras' Dense convention: int8 = round(w * scale)), multiplied by
+    # layers.quantized.int8_matmul like the MLP's Dense layers. Biases stay
     # float and trainable; gradients reach the input through the de-quantized kernels.
 
     def quantize(self, mode=None, type_check=True, config=None):
@@ -298,27 +300,7 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         self.out_kernel_scale = self.add_weight(name="out_kernel_scale", shape=(hidden,), initializer="ones", trainable=False)
 
     def _int8_matmul(self, x2d, kernel, kernel_scale):
-        """x2d @ de-quantized kernel, computed as int8 x int8 -> int32 with the input quantized
-        per row on the fly (unless the config has no activation quantizer)."""
-        compute_dtype = self.compute_dtype
-        inputs_quantizer = self.inputs_quantizer
-
-        @ops.custom_gradient
-        def matmul(x, kernel, kernel_scale):
-            def grad_fn(*args, upstream=None):
-                if upstream is None:
-                    (upstream,) = args
-                float_kernel = ops.divide(ops.cast(kernel, compute_dtype), kernel_scale)
-                return ops.matmul(upstream, ops.transpose(float_kernel)), None, None
-
-            scale = kernel_scale
-            if inputs_quantizer:
-                x, x_scale = inputs_quantizer(x, axis=-1)
-                scale = ops.multiply(scale, x_scale)
-            y = ops.cast(ops.matmul(x, kernel), compute_dtype)
-            return ops.divide(y, scale), grad_fn
-
-        return matmul(x2d, ops.convert_to_tensor(kernel), ops.convert_to_tensor(kernel_scale))
+        return int8_matmul(x2d, kernel, kernel_scale, self.inputs_quantizer, self.compute_dtype)
 
     def _int8_call(self, x, training=None, return_attention_weights=False):
         shape = ops.shape(x)
@@ -367,14 +349,14 @@ class MlpBlock(keras.layers.Layer):
             kernel_initializer=_init("glorot_uniform"),
             bias_initializer=_init(keras.initializers.RandomNormal(stddev=1e-6)),
         )
-        self.dense_0 = keras.layers.Dense(self.mlp_dim, dtype=self.dtype_policy, name="Dense_0", **init)
+        self.dense_0 = Dense(self.mlp_dim, dtype=self.dtype_policy, name="Dense_0", **init)
         self.dense_1 = None
         self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=self.dtype_policy, name="dropout")
         self._init = init
 
     def build(self, input_shape):
         hidden = input_shape[-1]
-        self.dense_1 = keras.layers.Dense(hidden, dtype=self.dtype_policy, name="Dense_1", **self._init)
+        self.dense_1 = Dense(hidden, dtype=self.dtype_policy, name="Dense_1", **self._init)
         self.dense_0.build(input_shape)
         self.dense_1.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
 

@@ -6,6 +6,7 @@ import warnings
 import keras
 
 from keras_vit.layers.init_scope import initializer as _init
+from keras_vit.layers.quantized import Dense
 from keras_vit.layers.resnet import GroupNorm, MaxPoolSame, ResNetStage, StdConv2D
 from keras_vit.layers.transformer import (
     ClassToken,
@@ -179,7 +180,7 @@ class VisionTransformer(keras.Model):
             mode = {None: classifier, "avg": "gap"}.get(pooling, pooling)
             x = TokenPooling(mode, num_prefix, dtype=dtype, name="pool")(x)
             if representation_size is not None:
-                x = keras.layers.Dense(
+                x = Dense(
                     representation_size,
                     activation="tanh",
                     kernel_initializer=_init("glorot_uniform"),
@@ -187,7 +188,7 @@ class VisionTransformer(keras.Model):
                     name="pre_logits",
                 )(x)
         if include_top:
-            x = keras.layers.Dense(
+            x = Dense(
                 classes, kernel_initializer="zeros", bias_initializer="zeros", dtype=dtype, name="head"
             )(x)
             x = keras.layers.Activation(classifier_activation, dtype="float32", name="predictions")(x)

@@ -1,0 +1,85 @@
+"""int8 matmuls that are fast on every backend, and the Dense layer that uses them.
+
+Keras' int8 Dense multiplies int8 by int8 into int32 with `keras.ops.matmul`. JAX (XLA) runs
+that as a real integer kernel, about 3x faster than float32 on a CPU with VNNI/AMX. TensorFlow
+(an Eigen integer kernel) and PyTorch on the CPU (int32 `torch.matmul`) do not: there the same
+call was 5x (TensorFlow) and 14x (PyTorch) slower than float32 for ViT-B/16
+(benchmarks/README.md). On those backends `integer_matmul` multiplies the int8 values as
+float32 instead: products of int8 are exact in float32 and so are their sums below 2**24
+(|sum| < 16.7M, i.e. the worst case of 1040 terms of 127 * 127; typical sums are far smaller),
+so the result is the integer product, at float32 speed, with the weights still stored in int8.
+"""
+
+import keras
+from keras import ops
+
+register = keras.saving.register_keras_serializable(package="keras_vit")
+
+
+def _has_integer_kernel(x):
+    backend = keras.backend.backend()
+    if backend == "jax":
+        return True
+    if backend == "torch":
+        # Keras runs int8 x int8 on CUDA through torch._int_mm.
+        return getattr(getattr(x, "device", None), "type", None) == "cuda"
+    return False
+
+
+def integer_matmul(x_int8, kernel_int8):
+    """The exact product of two int8 tensors as int32 (JAX, PyTorch on CUDA) or float32."""
+    if _has_integer_kernel(x_int8):
+        return ops.matmul(x_int8, kernel_int8)
+    return ops.matmul(ops.cast(x_int8, "float32"), ops.cast(kernel_int8, "float32"))
+
+
+def int8_matmul(x, kernel, kernel_scale, inputs_quantizer, compute_dtype):
+    """`x @ (kernel / kernel_scale)` for an int8 `kernel` with one scale per output column.
+
+    `x` is quantized per row on the fly by `inputs_quantizer` (Keras' AbsMaxQuantizer by
+    default; None keeps `x` float and multiplies by the de-quantized kernel). The gradient
+    reaches `x` through the de-quantized kernel; the int8 kernel and its scale get none.
+    """
+
+    @ops.custom_gradient
+    def matmul(x, kernel, kernel_scale):
+        def grad_fn(*args, upstream=None):
+            if upstream is None:
+                (upstream,) = args
+            float_kernel = ops.divide(ops.cast(kernel, compute_dtype), kernel_scale)
+            return ops.matmul(upstream, ops.transpose(float_kernel)), None, None
+
+        if inputs_quantizer:
+            x_int8, x_scale = inputs_quantizer(x, axis=-1)
+            y = integer_matmul(x_int8, kernel)
+            scale = ops.multiply(kernel_scale, x_scale)
+        else:
+            y = ops.matmul(x, ops.cast(kernel, compute_dtype))
+            scale = kernel_scale
+        return ops.divide(ops.cast(y, compute_dtype), scale), grad_fn
+
+    return matmul(x, ops.convert_to_tensor(kernel), ops.convert_to_tensor(kernel_scale))
+
+
+@register
+class Dense(keras.layers.Dense):
+    """keras.layers.Dense whose int8 mode runs `int8_matmul` (fast on every backend).
+
+    Float, int4, float8 and LoRA behave exactly as Keras' Dense; only the int8 call differs, and
+    only in which kernel multiplies the integers, not in the result. Variables, names and saved
+    files are Keras' Dense's.
+    """
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        # Keras' Dense refuses to quantize subclasses (type_check); this one keeps its layout.
+        super().quantize(mode, type_check=False, config=config)
+
+    def _int8_call(self, inputs, training=None):
+        if self.lora_enabled:
+            return super()._int8_call(inputs, training=training)
+        x = int8_matmul(inputs, self._kernel, self.kernel_scale, self.inputs_quantizer, self.compute_dtype)
+        if self.bias is not None:
+            x = ops.add(x, self.bias)
+        if self.activation is not None:
+            x = self.activation(x)
+        return x
