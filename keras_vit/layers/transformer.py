@@ -13,6 +13,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.init_scope import initializer as _init
+from keras_vit.layers.matmul import matmul
 from keras_vit.layers.quantized import Dense, int8_matmul
 from keras_vit.layers.resize import resize_position_embedding
 
@@ -219,7 +220,7 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         kernel = getattr(self, f"{name}_kernel")
         bias = getattr(self, f"{name}_bias")
         width = self.num_heads * self.head_dim
-        return ops.matmul(x2d, ops.reshape(kernel, (-1, width))) + ops.reshape(bias, (width,))
+        return matmul(x2d, ops.reshape(kernel, (-1, width))) + ops.reshape(bias, (width,))
 
     def call(self, x, training=None, return_attention_weights=False):
         shape = ops.shape(x)
@@ -228,7 +229,7 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         x2d = ops.reshape(x, (-1, hidden))
         q, k, v = (ops.reshape(self._project(x2d, n), heads_shape) for n in ("query", "key", "value"))
         y, weights = self._attend(q, k, v, training, return_attention_weights)
-        out = ops.matmul(y, ops.reshape(self.out_kernel, (-1, hidden))) + self.out_bias
+        out = matmul(y, ops.reshape(self.out_kernel, (-1, hidden))) + self.out_bias
         out = ops.reshape(out, (batch, tokens, hidden))
         return (out, weights) if return_attention_weights else out
 

@@ -1,0 +1,40 @@
+"""`matmul`: keras.ops.matmul, with the one backend detail that decides bfloat16 speed on JAX.
+
+XLA:CPU multiplies bfloat16 matrices on the AMX / AVX512-BF16 units only when the dot is asked
+for a float32 result (`preferred_element_type=float32`); a bfloat16 x bfloat16 -> bfloat16 dot,
+which is what `keras.ops.matmul` asks for, runs about 5x slower (benchmarks/README.md: 200 vs
+970 GFLOP/s on a (1576, 768) x (768, 3072) dot). So on JAX's CPU backend two bfloat16 operands
+are multiplied into float32 and the product is rounded back to bfloat16 -- the same rounding a
+bfloat16 dot ends with, after float32 accumulation. Every other case is `keras.ops.matmul`.
+This is the layers' only backend-specific line; it sits behind this one function.
+"""
+
+import functools
+
+import keras
+from keras import ops
+
+
+@functools.cache
+def _jax_on_cpu():
+    import jax
+
+    return jax.default_backend() == "cpu"
+
+
+def matmul(x1, x2):
+    """`keras.ops.matmul(x1, x2)`; bfloat16 x bfloat16 on JAX's CPU accumulates into float32
+    explicitly (5x faster there) and returns bfloat16 like keras.ops.matmul.
+
+    Example:
+        >>> from keras import ops
+        >>> matmul(ops.ones((2, 3)), ops.ones((3, 4))).shape
+        (2, 4)
+    """
+    if keras.backend.backend() == "jax":
+        x1, x2 = ops.convert_to_tensor(x1), ops.convert_to_tensor(x2)
+        if x1.dtype == x2.dtype == "bfloat16" and _jax_on_cpu():
+            import jax.numpy as jnp
+
+            return jnp.matmul(x1, x2, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+    return ops.matmul(x1, x2)
