@@ -186,3 +186,23 @@ def test_error_bad_input_shape_and_heads():
         keras_vit.ViTTi16(weights=None, input_shape=(None, None, 3))
     with pytest.raises(ValueError, match="not divisible by num_heads 5"):
         keras_vit.VisionTransformer(**{**TINY, "num_heads": 5})
+
+
+def test_symbolic_attention_weights_outputs():
+    """A functional model can expose a block's attention weights: the symbolic call with
+    return_attention_weights=True yields (tokens, weights) specs, and the model's weights are
+    softmax rows over the tokens, equal to an eager call's."""
+    from keras_vit.layers import EncoderBlock, MultiHeadDotProductAttention
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2, 5, 24)).astype("float32")
+    for layer in (MultiHeadDotProductAttention(3), EncoderBlock(3, 48)):
+        inputs = keras.Input((5, 24))
+        tokens, weights = layer(inputs, return_attention_weights=True)
+        assert tuple(tokens.shape) == (None, 5, 24) and tuple(weights.shape) == (None, 3, 5, 5)
+        assert tuple(layer(inputs).shape) == (None, 5, 24)  # the plain call still gives one output
+        out_tokens, out_weights = keras.Model(inputs, [tokens, weights]).predict(x, verbose=0)
+        eager_tokens, eager_weights = layer(x, return_attention_weights=True)
+        np.testing.assert_allclose(out_weights.sum(-1), 1.0, rtol=1e-5)
+        np.testing.assert_allclose(out_weights, keras.ops.convert_to_numpy(eager_weights), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(out_tokens, keras.ops.convert_to_numpy(eager_tokens), rtol=1e-5, atol=1e-5)

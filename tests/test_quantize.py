@@ -68,13 +68,9 @@ def test_quantize_int8_quantizes_dense_layers_and_keeps_outputs_close():
     assert np.all(out.argmax(-1) == ref.argmax(-1))
 
 
-def test_quantized_model_matches_numpy_on_dequantized_weights():
-    """What the int8 layers compute is x @ (q * scale) up to the on-the-fly input quantization:
-    a NumPy forward pass on the de-quantized kernels lands closer than the float weights do."""
-    model = _logits_model(seed=2)
-    x = np.random.default_rng(3).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
-    tree = keras_vit.get_weight_tree(model)
-    model.quantize("int8")
+def _dequantized_tree(model, tree):
+    """The float weight tree with every quantized kernel replaced by kernel / scale, read from
+    the int8 variables the quantized model holds."""
     deq = dict(tree)
     for path in ("Transformer/encoderblock_0/MlpBlock_3/Dense_0", "Transformer/encoderblock_0/MlpBlock_3/Dense_1",
                  "Transformer/encoderblock_1/MlpBlock_3/Dense_0", "Transformer/encoderblock_1/MlpBlock_3/Dense_1",
@@ -99,6 +95,17 @@ def test_quantized_model_matches_numpy_on_dequantized_weights():
         # The de-quantized kernels are the float ones to within half a quantization step.
         step = np.abs(tree[f"{prefix}/query/kernel"]).max(axis=0) / 127
         assert np.all(np.abs(deq[f"{prefix}/query/kernel"] - tree[f"{prefix}/query/kernel"]) <= step / 2 + 1e-7)
+    return deq
+
+
+def test_quantized_model_matches_numpy_on_dequantized_weights():
+    """What the int8 layers compute is x @ (q * scale) up to the on-the-fly input quantization:
+    a NumPy forward pass on the de-quantized kernels lands closer than the float weights do."""
+    model = _logits_model(seed=2)
+    x = np.random.default_rng(3).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    tree = keras_vit.get_weight_tree(model)
+    model.quantize("int8")
+    deq = _dequantized_tree(model, tree)
     out = model.predict(x, verbose=0)
     ref_deq = vit_forward(deq, x, patch_size=8, num_layers=2)
     ref_float = vit_forward(tree, x, patch_size=8, num_layers=2)
@@ -227,3 +234,22 @@ def test_quantized_dense_subclass_matches_keras_dense_int8():
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(ours._kernel), keras.ops.convert_to_numpy(theirs._kernel))
     out, ref = (keras.ops.convert_to_numpy(layer(x)) for layer in (ours, theirs))
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_weight_only_int8_is_the_float_model_on_dequantized_weights():
+    """With no activation quantizer the int8 layers compute x @ (int8 / scale) exactly: the
+    model equals an independent NumPy forward pass on the de-quantized kernels to float32
+    round-off, and it saves and reloads with that config."""
+    model = _logits_model(seed=15)
+    x = np.random.default_rng(16).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    tree = keras_vit.get_weight_tree(model)
+    config = keras.quantizers.Int8QuantizationConfig(
+        weight_quantizer=keras.quantizers.AbsMaxQuantizer(axis=0), activation_quantizer=None
+    )
+    model.quantize(config=config)
+    out = model.predict(x, verbose=0)
+    ref = vit_forward(_dequantized_tree(model, tree), x, patch_size=8, num_layers=2)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5 * np.abs(ref).max())
+    rebuilt = keras_vit.VisionTransformer.from_config(model.get_config())
+    rebuilt.set_weights(model.get_weights())
+    np.testing.assert_array_equal(rebuilt.predict(x, verbose=0), out)

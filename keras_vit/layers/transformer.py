@@ -174,6 +174,17 @@ class PositionEmbedding(keras.layers.Layer):
 # === Attention ===
 
 
+def _output_spec(x, num_heads, dtype, return_attention_weights):
+    """Symbolic outputs of an attention layer or block: the tokens, and with
+    `return_attention_weights` the (batch, heads, tokens, tokens) weights too (Keras passes call
+    keyword arguments to compute_output_spec, not to compute_output_shape)."""
+    out = keras.KerasTensor(x.shape, dtype=dtype)
+    if not return_attention_weights:
+        return out
+    batch, tokens = x.shape[0], x.shape[1]
+    return out, keras.KerasTensor((batch, num_heads, tokens, tokens), dtype=dtype)
+
+
 @register
 class MultiHeadDotProductAttention(keras.layers.Layer):
     """Multi-head self-attention with the original's per-head kernels.
@@ -321,6 +332,9 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return input_shape
 
+    def compute_output_spec(self, x, training=None, return_attention_weights=False):
+        return _output_spec(x, self.num_heads, self.compute_dtype, return_attention_weights)
+
     def weight_tree_variables(self):
         tree = {}
         for name in ("query", "key", "value", "out"):
@@ -439,6 +453,9 @@ class EncoderBlock(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return input_shape
+
+    def compute_output_spec(self, x, training=None, return_attention_weights=False):
+        return _output_spec(x, self.num_heads, self.compute_dtype, return_attention_weights)
 
     def weight_tree_variables(self):
         tree = {f"LayerNorm_0/{k}": v for k, v in layer_norm_variables(self.norm_0).items()}
