@@ -19,7 +19,8 @@ keras_hub (ViTBackbone + ViTImageClassifier, if installed: `make bench` installs
 Dense, LayerNormalization, default settings) and timm (vit_base_patch16_224 in PyTorch eager,
 `torch.inference_mode()`, in the same process: the two frameworks' thread pools take turns,
 so a cross-framework ratio is measured without the machine's drift; bfloat16 policies run it
-under `torch.autocast`).
+under `torch.autocast`) and timm_bf16 (timm with its parameters cast to bfloat16, no autocast:
+the counterpart of a Keras "bfloat16" policy).
 """
 
 import argparse
@@ -60,7 +61,7 @@ def plain_vit(image_size=224, patch=16, width=768, depth=12, heads=12, mlp=3072,
 class TimmModel:
     """timm's ViT-B/16 behind the two calls this script makes (compile, predict_on_batch)."""
 
-    def __init__(self):
+    def __init__(self, bfloat16_weights=False):
         import sys
 
         sys.modules.setdefault("triton", None)  # timm's optional triton import crashes beside TensorFlow
@@ -71,14 +72,21 @@ class TimmModel:
         self.torch = torch
         self.model = timm.create_model("vit_base_patch16_224").eval()
         self.bf16 = "bfloat16" in keras.config.dtype_policy().name
+        self.weights_bf16 = bfloat16_weights
+        if bfloat16_weights:  # bfloat16 parameters, no autocast: what a Keras "bfloat16" policy is
+            self.model = self.model.to(torch.bfloat16)
 
     def compile(self, **kwargs):
         pass
 
     def predict_on_batch(self, x):
         torch = self.torch
+        images = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()
+        if self.weights_bf16:
+            with torch.inference_mode():
+                return self.model(images.to(torch.bfloat16)).float().numpy()
         with torch.inference_mode(), torch.autocast("cpu", torch.bfloat16, enabled=self.bf16):
-            return self.model(torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()).float().numpy()
+            return self.model(images).float().numpy()
 
 
 def build(name):
@@ -101,9 +109,11 @@ def build(name):
         return plain_vit()
     if name == "timm":
         return TimmModel()
+    if name == "timm_bf16":
+        return TimmModel(bfloat16_weights=True)
     raise ValueError(
         f"unknown model {name!r}; choose from keras_vit, keras_vit_erf, keras_vit_int8, keras_vit_int8_mlp, "
-        "keras_hub, plain, timm"
+        "keras_hub, plain, timm, timm_bf16"
     )
 
 

@@ -253,3 +253,22 @@ def test_weight_only_int8_is_the_float_model_on_dequantized_weights():
     rebuilt = keras_vit.VisionTransformer.from_config(model.get_config())
     rebuilt.set_weights(model.get_weights())
     np.testing.assert_array_equal(rebuilt.predict(x, verbose=0), out)
+
+
+def test_standalone_quantized_attention_layer_round_trips_through_its_config():
+    """An int8 attention layer's config carries its int8 dtype policy; a layer built from it
+    has the int8 variables in the same order, so the saved values load and compute the same."""
+    from keras_vit.layers import MultiHeadDotProductAttention
+
+    layer = MultiHeadDotProductAttention(3)
+    layer.build((None, 5, 24))
+    rng = np.random.default_rng(17)
+    layer.set_weights([rng.normal(0, 0.2, w.shape).astype("float32") for w in layer.get_weights()])
+    layer.quantize("int8")
+    x = rng.normal(size=(2, 5, 24)).astype("float32")
+    restored = MultiHeadDotProductAttention.from_config(layer.get_config())
+    restored.build((None, 5, 24))
+    assert restored.quantization_mode == "int8"
+    assert [v.name for v in restored.weights] == [v.name for v in layer.weights]
+    restored.set_weights(layer.get_weights())
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(restored(x)), keras.ops.convert_to_numpy(layer(x)))

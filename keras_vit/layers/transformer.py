@@ -210,19 +210,27 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
             )
         head_dim = hidden // self.num_heads
         self.head_dim = head_dim
+        # Built with an int8 policy (a quantized layer restored from its config): the int8
+        # variables directly, in the order `quantize` leaves them (biases, then int8 kernels).
+        quantized = self.quantization_mode == "int8"
         for name in ("query", "key", "value"):
-            kernel = self.add_weight(
-                name=f"{name}_kernel",
-                shape=(hidden, self.num_heads, head_dim),
-                initializer=_init(SplitFanXavierUniform(in_axes=1)),
-            )
+            if not quantized:
+                kernel = self.add_weight(
+                    name=f"{name}_kernel",
+                    shape=(hidden, self.num_heads, head_dim),
+                    initializer=_init(SplitFanXavierUniform(in_axes=1)),
+                )
+                setattr(self, f"{name}_kernel", kernel)
             bias = self.add_weight(name=f"{name}_bias", shape=(self.num_heads, head_dim), initializer="zeros")
-            setattr(self, f"{name}_kernel", kernel)
             setattr(self, f"{name}_bias", bias)
-        self.out_kernel = self.add_weight(
-            name="out_kernel", shape=(self.num_heads, head_dim, hidden), initializer=_init(SplitFanXavierUniform(in_axes=2))
-        )
+        if not quantized:
+            self.out_kernel = self.add_weight(
+                name="out_kernel", shape=(self.num_heads, head_dim, hidden), initializer=_init(SplitFanXavierUniform(in_axes=2))
+            )
         self.out_bias = self.add_weight(name="out_bias", shape=(hidden,), initializer="zeros")
+        if quantized:
+            self._int8_build(hidden, self.num_heads * head_dim, getattr(self, "quantization_config", None))
+            self._is_quantized = True
 
     def _project(self, x2d, name):
         # (batch * tokens, hidden) @ (hidden, heads * head_dim): one plain 2-D matmul on every
