@@ -52,7 +52,7 @@ def test_quantize_int8_quantizes_dense_layers_and_keeps_outputs_close():
     expected = set(INT8_LAYERS)
     assert quantized == expected
     for path in expected:
-        layer = next(layer for layer in model._flatten_layers() if layer.path == path)
+        layer = _layer(model, path)
         kernels = [layer._kernel] if hasattr(layer, "_kernel") else [layer.qkv_kernel, layer.out_kernel]
         assert all(keras.backend.standardize_dtype(k.dtype) == "int8" for k in kernels)
     # No float copy of a quantized kernel is left behind: every kernel variable is int8.

@@ -31,11 +31,6 @@ def skip_random_init():
         _SKIP.reset(token)
 
 
-def random_init_skipped():
-    """True inside `skip_random_init()`."""
-    return _SKIP.get()
-
-
 def initializer(init):
     """`init`, or "zeros" inside `skip_random_init()` (for the layers' add_weight calls)."""
     return "zeros" if _SKIP.get() else init

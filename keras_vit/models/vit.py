@@ -279,9 +279,8 @@ class VisionTransformer(keras.Model):
         (benchmarks/README.md has the speed and the change of the logits). The patch embedding,
         ResNet stem and norms stay float; other modes (int4, float8, ...) reach only the Dense
         layers. A quantized model has no float weight tree (`get_weight_tree` refuses it). The
-        config remembers `mode`, the
-        QuantizationConfig and string filters; a callable filter cannot be remembered (a
-        warning says so).
+        config remembers `mode`, the QuantizationConfig and string filters; a callable filter
+        cannot be remembered (a warning says so).
 
         Example:
             >>> model = keras_vit.ViTB16(weights=None)  # doctest: +SKIP

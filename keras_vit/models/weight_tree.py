@@ -33,9 +33,8 @@ def weight_variables(model):
         modes = "/".join(sorted(set(quantized.values())))
         raise WeightTreeError(
             f"The model is {modes}-quantized ({_describe(quantized, limit=3)}); the weight tree holds "
-            "float weights in the original "
-            "layout, which a quantized model no longer has. Convert, export or load the float "
-            "model, then quantize."
+            "float weights in the original layout, which a quantized model no longer has. Convert, "
+            "export or load the float model, then quantize."
         )
     out = {}
     for layer in model.layers:
