@@ -2,11 +2,13 @@
 
     KERAS_BACKEND=jax .venv/bin/python benchmarks/ab_inprocess.py
     KERAS_BACKEND=tensorflow .venv/bin/python benchmarks/ab_inprocess.py --models keras_vit,keras_hub --reps 12
+    KERAS_BACKEND=torch .venv/bin/python benchmarks/ab_inprocess.py --models keras_vit,timm --jit-compile both
 
 On a shared or virtualised CPU the speed of the whole machine drifts by +-25% from one minute
 to the next, so two contenders measured in separate processes minutes apart can swap places.
 Here every model is built in the same process with the same backend and the same compiled
-predict step (`model.compile(jit_compile=recommended_jit_compile())`, `predict_on_batch`),
+predict step (`model.compile(jit_compile=recommended_jit_compile())` unless --jit-compile
+says otherwise, `predict_on_batch`),
 and the timed calls alternate A, B, C, C, B, A, ...: drift hits all of them alike. This is how
 the Keras-vs-Keras comparisons in benchmarks/README.md were measured; `benchmark.py` (one
 process per library and backend) is what compares across frameworks (timm).
@@ -125,20 +127,33 @@ def main(argv=None):
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--reps", type=int, default=8, help="timed calls per model and batch size")
     parser.add_argument("--policy", default=None, help="dtype policy, e.g. mixed_bfloat16")
+    parser.add_argument(
+        "--jit-compile", default="recommended", choices=("recommended", "true", "false", "both"),
+        help="jit_compile of the Keras models; 'both' builds each twice (name@eager, name@compiled)",
+    )
     args = parser.parse_args(argv)
     if args.policy:
         keras.config.set_dtype_policy(args.policy)
-    names = args.models.split(",")
-    models = {}
-    for name in names:
-        model = build(name)
-        model.compile(jit_compile=keras_vit.performance.recommended_jit_compile())
-        models[name] = model
+    settings = {
+        "recommended": [("", keras_vit.performance.recommended_jit_compile())],
+        "true": [("", True)],
+        "false": [("", False)],
+        "both": [("@eager", False), ("@compiled", True)],
+    }[args.jit_compile]
+    names, models = [], {}
+    for name in args.models.split(","):
+        for suffix, jit in settings if not name.startswith("timm") else [("", None)]:
+            model = build(name)
+            model.compile(jit_compile=jit)
+            names.append(name + suffix)
+            models[name + suffix] = model
     print(f"backend {keras.backend.backend()}, policy {keras.config.dtype_policy().name}, {args.reps} interleaved calls")
     for batch in (int(b) for b in args.batches.split(",")):
         x = np.random.default_rng(0).random((batch, 224, 224, 3), dtype="float32")
-        for model in models.values():  # compile and warm up
+        for name, model in models.items():  # compile and warm up
+            start = time.perf_counter()
             model.predict_on_batch(x)
+            print(f"batch {batch:2d}  {name:14s} first call {time.perf_counter() - start:6.1f} s", flush=True)
             model.predict_on_batch(x)
         times = {name: [] for name in names}
         for rep in range(args.reps):
@@ -151,7 +166,8 @@ def main(argv=None):
             t = sorted(times[name])
             print(
                 f"batch {batch:2d}  {name:14s} best {batch / t[0]:6.2f} img/s  median {batch / t[len(t) // 2]:6.2f}"
-                f"  ({base / t[0]:.2f}x of {names[0]})"
+                f"  ({base / t[0]:.2f}x of {names[0]})",
+                flush=True,
             )
 
 

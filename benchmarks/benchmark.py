@@ -67,9 +67,11 @@ def contenders(args):
             out += [contender("keras_hub", "torch", "float32"), contender("keras_hub", "torch", "bfloat16")]
     if not args.quick:
         # What the recommended settings are measured against (see README), batch-8 inference
-        # only: TensorFlow's XLA path (Keras' default jit_compile="auto" picks it), and
+        # only: TensorFlow's XLA path (Keras' default jit_compile="auto" picks it), the eager
+        # PyTorch backend (Keras' default there; the recommended setting is torch.compile), and
         # bfloat16 weights (an inference-only policy, no per-call casts of float32 weights).
         out.append(contender("keras_vit", "tensorflow", "float32", jit_compile=True, tasks="predict8"))
+        out.append(contender("keras_vit", "torch", "bfloat16", jit_compile=False, tasks="predict8"))
         out.append(contender("keras_vit", "torch", "bfloat16", weights="bfloat16", tasks="predict8"))
         if args.all:
             out.append(contender("keras_vit", "tensorflow", "bfloat16", jit_compile=True, tasks="predict8"))

@@ -8,7 +8,7 @@ import keras_vit.performance as perf
 
 
 def test_recommended_jit_compile_on_cpu():
-    expected = {"jax": True, "tensorflow": False, "torch": False}
+    expected = {"jax": True, "tensorflow": False, "torch": True}
     assert perf.recommended_jit_compile() == expected.get(keras.backend.backend(), "auto")
     assert perf.recommended_jit_compile(backend="jax") is True
     assert perf.recommended_jit_compile(dtype_policy="mixed_bfloat16") == perf.recommended_jit_compile()
@@ -38,3 +38,65 @@ def test_layers_matmul_is_keras_matmul_with_float32_accumulation(dtype):
     # for float32) plus float32 accumulation error (768 terms of size ~1: well below 1e-3).
     rounding = 2.0**-8 if dtype == "bfloat16" else 2.0**-24
     assert np.all(np.abs(got - exact) <= rounding * np.abs(exact) + 1e-3)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_layers_matmul_add_is_product_plus_bias(dtype):
+    """layers.matmul_add (torch: one fused addmm) is x @ kernel + bias: the float64 result within
+    a rounding step or two (the fused form rounds once, the unfused twice), the dtype of the
+    unfused form, and its gradients are those of the unfused form."""
+    from keras_vit.layers.matmul import matmul, matmul_add
+
+    rng = np.random.default_rng(1)
+    x, k, b = (rng.normal(size=s).astype("float32") for s in ((33, 256), (256, 40), (40,)))
+    b = b * 10.0  # a bias large against the product: a dropped or misplaced bias fails
+    xs, ks, bs = (keras.ops.cast(v, dtype) for v in (x, k, b))
+    out = matmul_add(xs, ks, bs)
+    assert keras.backend.standardize_dtype(out.dtype) == dtype
+    to64 = lambda t: keras.ops.convert_to_numpy(keras.ops.cast(t, "float32")).astype("float64")  # noqa: E731
+    product = to64(xs) @ to64(ks)
+    exact = product + to64(bs)
+    # A rounding of the product and one of the sum (half an ulp each: 2**-9 relative in bfloat16,
+    # 2**-24 in float32), doubled for the float32 accumulation over 256 terms.
+    rounding = 2.0**-8 if dtype == "bfloat16" else 2.0**-23
+    assert np.all(np.abs(to64(out) - exact) <= rounding * (np.abs(product) + np.abs(exact)) + 1e-3)
+    with pytest.raises(Exception):
+        np.testing.assert_allclose(to64(out), to64(matmul(xs, ks)), atol=1.0)  # the bias is there
+
+    if keras.backend.backend() == "torch" and dtype == "float32":
+        import torch
+
+        grads = []
+        for fn in (matmul_add, lambda a, w, c: matmul(a, w) + c):
+            tx, tk, tb = (torch.tensor(v, requires_grad=True) for v in (x, k, b))
+            fn(tx, tk, tb).square().sum().backward()
+            grads.append([t.grad.numpy() for t in (tx, tk, tb)])
+        for fused, unfused in zip(*grads):
+            np.testing.assert_allclose(fused, unfused, rtol=1e-5, atol=1e-4)
+
+
+def test_recommended_jit_compile_runs_predict_and_fit_as_eager(rng):
+    """The recommended compiled predict and train steps (JAX: XLA; TensorFlow: a graph; PyTorch
+    on CPU: torch.compile) give the eager model's outputs, loss and updated weights."""
+    import keras_vit
+    from conftest import TINY, randomize
+
+    x = (rng.normal(size=(4, 32, 32, 3)) * np.array([0.5, 1.0, 2.0, 4.0])[:, None, None, None]).astype("float32")
+    y = np.arange(4) % TINY["classes"]
+    models = []
+    for settings in (dict(run_eagerly=True), dict(jit_compile=perf.recommended_jit_compile())):
+        keras.utils.set_random_seed(0)
+        model = randomize(keras_vit.VisionTransformer(**TINY, classifier_activation=None), seed=3)
+        model.compile(
+            optimizer=keras.optimizers.SGD(0.1, momentum=0.9),
+            loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+            **settings,
+        )
+        models.append(model)
+    eager, compiled = models
+    np.testing.assert_allclose(compiled.predict_on_batch(x), eager.predict_on_batch(x), rtol=1e-4, atol=1e-5)
+    assert np.abs(eager.predict_on_batch(x)).max() > 0.1  # random weights: a head that is not zero
+    for _ in range(2):
+        np.testing.assert_allclose(compiled.train_on_batch(x, y), eager.train_on_batch(x, y), rtol=1e-4)
+    for a, b in zip(compiled.weights, eager.weights):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), rtol=1e-4, atol=1e-5)

@@ -1,6 +1,6 @@
 """Backend-agnostic Keras 3 layers of the Vision Transformer and its BiT ResNet (keras.ops only;
-the one backend-specific line, a JAX dot option that decides bfloat16 speed, sits behind
-`layers.matmul.matmul`)."""
+the backend-specific lines -- a JAX dot option that decides bfloat16 speed, PyTorch's fused
+matmul-plus-bias -- sit behind `layers.matmul.matmul` and `layers.matmul.matmul_add`)."""
 
 from keras_vit.layers.quantized import Dense, int8_matmul, integer_matmul
 from keras_vit.layers.resize import RESIZE_RULES, resize_position_embedding

@@ -6,7 +6,13 @@ which is what `keras.ops.matmul` asks for, runs about 5x slower (benchmarks/READ
 970 GFLOP/s on a (1576, 768) x (768, 3072) dot). So on JAX's CPU backend two bfloat16 operands
 are multiplied into float32 and the product is rounded back to bfloat16 -- the same rounding a
 bfloat16 dot ends with, after float32 accumulation. Every other case is `keras.ops.matmul`.
-This is the layers' only backend-specific line; it sits behind this one function.
+
+`matmul_add` is `matmul(x, kernel) + bias`. On PyTorch it is one `torch.addmm` (the bias added
+in oneDNN's matmul epilogue, as torch's own Linear does) instead of a matmul and a separate
+add over the whole output: the add was 9% of the op time of a bfloat16 ViT-B/16 on the PyTorch
+backend (benchmarks/README.md). TensorFlow's graph optimizer and XLA fuse the add by themselves.
+
+These are the layers' only backend-specific lines; they sit behind these two functions.
 """
 
 import functools
@@ -38,3 +44,21 @@ def matmul(x1, x2):
 
             return jnp.matmul(x1, x2, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
     return ops.matmul(x1, x2)
+
+
+def matmul_add(x, kernel, bias):
+    """`matmul(x, kernel) + bias` for a 2-D `x`, a 2-D `kernel` and a 1-D `bias`; on PyTorch one
+    fused `torch.addmm` when the three share a dtype.
+
+    Example:
+        >>> from keras import ops
+        >>> matmul_add(ops.ones((2, 3)), ops.ones((3, 4)), ops.ones((4,))).shape
+        (2, 4)
+    """
+    if keras.backend.backend() == "torch":
+        x, kernel, bias = ops.convert_to_tensor(x), ops.convert_to_tensor(kernel), ops.convert_to_tensor(bias)
+        if x.ndim == 2 and kernel.ndim == 2 and bias.ndim == 1 and x.dtype == kernel.dtype == bias.dtype:
+            import torch
+
+            return torch.addmm(bias, x, kernel)
+    return ops.add(matmul(x, kernel), bias)

@@ -14,7 +14,7 @@ result is the integer product, at float32 speed, with the weights still stored i
 import keras
 from keras import ops
 
-from keras_vit.layers.matmul import matmul
+from keras_vit.layers.matmul import matmul, matmul_add
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
 
@@ -82,9 +82,10 @@ class Dense(keras.layers.Dense):
     def call(self, inputs, training=None):
         if self.lora_enabled:
             return super().call(inputs, training=training)
-        x = matmul(inputs, self.kernel)
         if self.bias is not None:
-            x = ops.add(x, self.bias)
+            x = matmul_add(inputs, self.kernel, self.bias)
+        else:
+            x = matmul(inputs, self.kernel)
         if self.activation is not None:
             x = self.activation(x)
         return x
