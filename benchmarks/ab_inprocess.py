@@ -83,7 +83,7 @@ class TimmModel:
 
     def predict_on_batch(self, x):
         torch = self.torch
-        images = torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()
+        images = (x if isinstance(x, torch.Tensor) else torch.from_numpy(x)).permute(0, 3, 1, 2).contiguous()
         if self.weights_bf16:
             with torch.inference_mode():
                 return self.model(images.to(torch.bfloat16)).float().numpy()
@@ -131,6 +131,10 @@ def main(argv=None):
         "--jit-compile", default="recommended", choices=("recommended", "true", "false", "both"),
         help="jit_compile of the Keras models; 'both' builds each twice (name@eager, name@compiled)",
     )
+    parser.add_argument(
+        "--torch-tensors", action="store_true",
+        help="PyTorch backend: give the models a torch tensor instead of a NumPy array",
+    )
     args = parser.parse_args(argv)
     if args.policy:
         keras.config.set_dtype_policy(args.policy)
@@ -150,6 +154,10 @@ def main(argv=None):
     print(f"backend {keras.backend.backend()}, policy {keras.config.dtype_policy().name}, {args.reps} interleaved calls")
     for batch in (int(b) for b in args.batches.split(",")):
         x = np.random.default_rng(0).random((batch, 224, 224, 3), dtype="float32")
+        if args.torch_tensors and keras.backend.backend() == "torch":
+            import torch
+
+            x = torch.from_numpy(x)
         for name, model in models.items():  # compile and warm up
             start = time.perf_counter()
             model.predict_on_batch(x)

@@ -6,7 +6,7 @@ matmuls (XLA:CPU computes them about 10x slower than oneDNN); JAX always compile
 the PyTorch backend is fastest under torch.compile (Keras' `jit_compile=True`): eager Keras
 spends ~30 ms of Python per ViT-B/16 call on a 2-core CPU, which compiling removes (ViT-B/16
 at batch 1: 0.65x of timm eager, 1.01x compiled). Compiling costs about a minute per input
-shape for predict and 2.5 minutes for the train step on 2 cores; for a handful of calls,
+shape for predict and about 3 minutes for the train step on 2 cores; for a handful of calls,
 `jit_compile=False` finishes first.
 
     import keras_vit

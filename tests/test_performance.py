@@ -100,3 +100,27 @@ def test_recommended_jit_compile_runs_predict_and_fit_as_eager(rng):
         np.testing.assert_allclose(compiled.train_on_batch(x, y), eager.train_on_batch(x, y), rtol=1e-4)
     for a, b in zip(compiled.weights, eager.weights):
         np.testing.assert_allclose(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_layers_gelu_tanh_form_traced_by_torch_compile(monkeypatch, dtype):
+    """PyTorch: the tanh GELU as torch.compile traces it (x * sigmoid(2z), computed in float32)
+    is the original's 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) in NumPy float64, to the
+    output's rounding. JAX, TensorFlow: `gelu` is keras.ops.gelu, both forms."""
+    import keras_vit.layers.matmul as m
+
+    x = np.concatenate([np.linspace(-12.0, 12.0, 2001), [-60.0, -0.0, 1e-6, 60.0]]).astype("float32")
+    xs = keras.ops.cast(x, dtype)
+    as64 = lambda t: keras.ops.convert_to_numpy(keras.ops.cast(t, "float32")).astype("float64")  # noqa: E731
+    if keras.backend.backend() != "torch":
+        for approximate in (True, False):
+            np.testing.assert_array_equal(as64(m.gelu(xs, approximate)), as64(keras.ops.gelu(xs, approximate)))
+        return
+    monkeypatch.setattr(m, "_torch_compiling", lambda: True)  # the branch dynamo traces, run eagerly
+    x64 = as64(xs)
+    expected = 0.5 * x64 * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x64 + 0.044715 * x64**3)))
+    out = m.gelu(xs, approximate=True)
+    assert keras.backend.standardize_dtype(out.dtype) == dtype
+    rounding = 2.0**-8 if dtype == "bfloat16" else 1e-6
+    np.testing.assert_allclose(as64(out), expected, rtol=rounding, atol=1e-6)
+    np.testing.assert_array_equal(as64(m.gelu(xs, False)), as64(keras.ops.gelu(xs, False)))  # erf: Keras'

@@ -12,10 +12,19 @@ in oneDNN's matmul epilogue, as torch's own Linear does) instead of a matmul and
 add over the whole output: the add was 9% of the op time of a bfloat16 ViT-B/16 on the PyTorch
 backend (benchmarks/README.md). TensorFlow's graph optimizer and XLA fuse the add by themselves.
 
-These are the layers' only backend-specific lines; they sit behind these two functions.
+`gelu` is `keras.ops.gelu`, except for the tanh form being traced by torch.compile: there it is
+written as x * sigmoid(2z), z = sqrt(2/pi) * (x + 0.044715 x^3) -- the same function, since
+(1 + tanh(z)) / 2 = sigmoid(2z) -- in float32, which the compiler turns into one fused loop,
+3x faster than torch's tanh-GELU kernel (1.9 vs 5.9 ms on a (1576, 3072) bfloat16 input,
+benchmarks/README.md). Eager PyTorch keeps torch's kernel (the formula would be several passes
+there), JAX and TensorFlow keep ops.gelu (XLA fuses it; TensorFlow's graph optimizer fuses the
+tanh GELU into the preceding oneDNN matmul).
+
+These are the layers' only backend-specific lines; they sit behind these three functions.
 """
 
 import functools
+import math
 
 import keras
 from keras import ops
@@ -62,3 +71,25 @@ def matmul_add(x, kernel, bias):
 
             return torch.addmm(bias, x, kernel)
     return ops.add(matmul(x, kernel), bias)
+
+
+def _torch_compiling():
+    import torch
+
+    return torch.compiler.is_compiling()
+
+
+def gelu(x, approximate=True):
+    """`keras.ops.gelu(x, approximate)`; the tanh form is written as x * sigmoid(2z) in float32
+    while torch.compile traces it (one fused loop, 3x faster there).
+
+    Example:
+        >>> from keras import ops
+        >>> float(gelu(ops.ones(()), approximate=False))  # doctest: +ELLIPSIS
+        0.841...
+    """
+    if approximate and keras.backend.backend() == "torch" and _torch_compiling():
+        y = ops.cast(x, "float32")
+        z = (2.0 * math.sqrt(2.0 / math.pi)) * (y + 0.044715 * y * y * y)
+        return ops.cast(y * ops.sigmoid(z), x.dtype)
+    return ops.gelu(x, approximate=approximate)

@@ -13,7 +13,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.init_scope import initializer as _init
-from keras_vit.layers.matmul import matmul, matmul_add
+from keras_vit.layers.matmul import gelu, matmul, matmul_add
 from keras_vit.layers.quantized import Dense, int8_matmul
 from keras_vit.layers.resize import resize_position_embedding
 
@@ -390,7 +390,7 @@ class MlpBlock(keras.layers.Layer):
         # are free views on every backend.
         shape = ops.shape(x)
         y = ops.reshape(x, (-1, x.shape[-1]))
-        y = ops.gelu(self.dense_0(y), approximate=self.gelu_approximate)
+        y = gelu(self.dense_0(y), approximate=self.gelu_approximate)
         y = self._dropout(y, training)
         y = self.dense_1(y)
         y = ops.reshape(y, shape)
