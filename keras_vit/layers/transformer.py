@@ -13,7 +13,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.init_scope import initializer as _init
-from keras_vit.layers.matmul import gelu, matmul, matmul_add
+from keras_vit.layers.matmul import gelu, matmul_add
 from keras_vit.layers.quantized import Dense, int8_matmul
 from keras_vit.layers.resize import resize_position_embedding
 
