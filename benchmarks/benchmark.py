@@ -591,7 +591,7 @@ def extras(args, report, reps, save):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
-                        help="inference only, 1 round, 2 reps, no extras (about 10 minutes on an idle 2-core machine)")
+                        help="inference only, 1 round, 2 reps, no extras (about 10 minutes on an idle 2-core machine, plus ~1.5 minutes of torch.compile per PyTorch-backend worker)")
     parser.add_argument("--rounds", type=int, default=None, help="round-robin rounds (default 2, quick 1)")
     parser.add_argument("--reps", type=int, default=None, help="timed repetitions per task (default 3, quick 2)")
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for every contender")
