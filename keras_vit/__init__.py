@@ -29,14 +29,9 @@ from keras_vit.applications import (  # noqa: F401
 from keras_vit.models import VisionTransformer, get_weight_tree, set_weight_tree  # noqa: F401
 
 # === Checkpoints and presets ===
-from keras_vit.checkpoints import (  # noqa: F401,E402
-    CheckpointError,
-    build_model,
-    load_checkpoint,
-    read_checkpoint,
-    save_preset,
-    write_npz,
-)
+from keras_vit.checkpoints import CheckpointError, read_checkpoint, save_preset, write_npz  # noqa: F401,E402
+from keras_vit.loading import build_from_checkpoint as build_model  # noqa: F401,E402
+from keras_vit.loading import load_checkpoint  # noqa: F401,E402
 from keras_vit.imagenet import decode_predictions, preprocess_input  # noqa: F401,E402
 from keras_vit.presets import list_presets  # noqa: F401,E402
 

@@ -102,9 +102,11 @@ def build_application(
     if weights is None:
         model = VisionTransformer(**kwargs)
     else:
-        from keras_vit.presets import build_with_weights
+        from keras_vit.loading import load
 
-        model = build_with_weights(arch, weights, kwargs)
+        for key in arch.kwargs():
+            kwargs.pop(key, None)  # the checkpoint states the architecture; load() checks it is `arch`
+        model = load(weights, architecture=arch, **kwargs)
     if input_tensor is not None:
         inputs = keras.utils.get_source_inputs(input_tensor)
         outputs = model(input_tensor)

@@ -1,4 +1,4 @@
-"""Hugging Face Hub downloads, integrity checks and the cache of converted Keras presets.
+"""Hugging Face Hub downloads and integrity checks: the bottom layer of the loading path.
 
 Downloads go through huggingface_hub itself (`snapshot_download`): its progress bars, its cache
 (HF_HOME / HF_HUB_CACHE), its offline mode (HF_HUB_OFFLINE=1) and its endpoint (HF_ENDPOINT).
@@ -6,13 +6,12 @@ Every downloaded file is checked against the hash the Hub names it by (sha256 fo
 git blob sha1 for the others) and against the sha256 the preset table knows, if any; a bad file
 is removed from the Hub cache so that the next try downloads it again.
 
-A repository that is not already a Keras preset is converted once (read with
-`keras_vit.checkpoints`, saved with `save_preset`) into
+Nothing is converted or copied: the checkpoint readers read the Hub cache's files in place,
+lazily, straight into the model. keras_vit keeps only small records under `cache_dir()`
+($KERAS_VIT_CACHE, default ~/.cache/keras_vit): which snapshot files were verified (`verified/`)
+and the lock files that serialise concurrent loads of one repository (`locks/`).
 
-    $KERAS_VIT_CACHE/presets/<owner>--<name>/<commit>/      (default ~/.cache/keras_vit)
-
-written in a temporary folder and renamed into place, so a failed conversion leaves nothing
-behind and a second load (also offline) converts nothing.
+This module imports nothing else of keras_vit.
 """
 
 import hashlib
@@ -20,20 +19,16 @@ import json
 import logging
 import os
 import re
-import shutil
-import tempfile
 
 logger = logging.getLogger("keras_vit")
 
-#: Files worth downloading from a checkpoint repository (not the PyTorch pickles, Flax msgpack or
-#: TensorFlow .h5 that transformers repositories also hold).
+#: Files worth downloading from a checkpoint repository by default (not the PyTorch pickles, Flax
+#: msgpack or TensorFlow .h5 that transformers repositories also hold). The loading path passes
+#: the checkpoint formats' own patterns (keras_vit.checkpoints.registry.hub_file_patterns).
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "model.weights.h5", "*.npz", "*.keras", "*.md"]
-#: What makes a folder a Keras preset (keras_vit.checkpoints.save_preset writes these).
-_PRESET_FILES = ("config.json", "metadata.json", "model.weights.h5")
 _HF_HANDLE = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(?:@(?P<revision>[\w.\-/]+))?$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _SHA1 = re.compile(r"^[0-9a-f]{40}$")
-_COMPLETE = ".complete"
 
 
 # === Errors ===
@@ -75,11 +70,6 @@ def parse_hf_handle(source):
             "(e.g. 'hf://timm/vit_base_patch16_224.augreg2_in21k_ft_in1k')."
         )
     return match["repo"], match["revision"]
-
-
-def is_keras_preset(folder):
-    """Whether `folder` holds a Keras preset (config.json, metadata.json, model.weights.h5)."""
-    return os.path.isdir(folder) and all(os.path.isfile(os.path.join(folder, f)) for f in _PRESET_FILES)
 
 
 # === Integrity ===
@@ -160,11 +150,11 @@ def verify_snapshot(folder, repo_id, *, sha256=None, weights_file=None):
 # === Download ===
 
 
-def download(repo_id, revision=None, *, what=None):
+def download(repo_id, revision=None, *, what=None, allow_patterns=None):
     """Snapshot of `repo_id` at `revision` in the huggingface_hub cache -> (folder, commit).
 
-    Only checkpoint files are fetched (ALLOW_PATTERNS). `what` names the request in errors
-    (e.g. "weights='augreg_in21k' of ViTB16").
+    Only checkpoint files are fetched (`allow_patterns`, default ALLOW_PATTERNS). `what` names
+    the request in errors (e.g. "weights='augreg_in21k' of ViTB16").
 
     Raises:
         RepositoryNotFoundError, OfflineError, IntegrityError (truncated transfer), HubError.
@@ -175,7 +165,7 @@ def download(repo_id, revision=None, *, what=None):
     what = what or f"hf://{repo_id}"
     revision = revision or "main"
     try:
-        folder = snapshot_download(repo_id, revision=revision, allow_patterns=ALLOW_PATTERNS)
+        folder = snapshot_download(repo_id, revision=revision, allow_patterns=allow_patterns or ALLOW_PATTERNS)
     except hf_errors.RevisionNotFoundError as err:
         raise RepositoryNotFoundError(
             f"Revision {revision!r} of {repo_id} does not exist on {constants.ENDPOINT} (for {what}). "
@@ -206,87 +196,99 @@ def download(repo_id, revision=None, *, what=None):
     return folder, commit
 
 
-def _read_text(path):
-    with open(path) as f:
-        return f.read()
+# === Verified snapshots ===
 
 
-def _converted_dir(repo_id, commit):
-    return os.path.join(cache_dir(), "presets", repo_id.replace("/", "--"), commit)
+def _marker_path(repo_id, commit):
+    return os.path.join(cache_dir(), "verified", repo_id.replace("/", "--"), commit + ".json")
 
 
-def fetch_preset(repo_id, revision=None, *, sha256=None, weights_file=None, what=None, metadata=None):
-    """A local Keras preset folder holding `repo_id` at `revision`, converted once and cached.
-
-    Keras-preset repositories are used straight from the Hub cache; any other checkpoint
-    repository (timm, transformers, original .npz) is verified, converted with
-    `keras_vit.checkpoints` and cached under `cache_dir()`.
-    """
-    folder, commit = download(repo_id, revision, what=what)
-    target = _converted_dir(repo_id, commit)
-    if os.path.exists(os.path.join(target, _COMPLETE)):
-        logger.info("Using the cached conversion of %s@%s at %s", repo_id, commit[:12], target)
-        return target
-    if is_keras_preset(folder):
-        # Used in place; verified once per commit (hashing a large file on every load is slow).
-        marker = os.path.join(cache_dir(), "verified", repo_id.replace("/", "--"), commit)
-        if not os.path.exists(marker) or (sha256 and _read_text(marker) != sha256):
-            verify_snapshot(folder, repo_id, sha256=sha256, weights_file=weights_file)
-            os.makedirs(os.path.dirname(marker), exist_ok=True)
-            with open(marker, "w") as f:
-                f.write(sha256 or "")
-        return folder
-    verify_snapshot(folder, repo_id, sha256=sha256, weights_file=weights_file)
-    return convert_to_preset(
-        folder,
-        target,
-        metadata={"hub_id": f"hf://{repo_id}", "source_repo": repo_id, "source_commit": commit, **(metadata or {})},
-    )
+def _stat_record(path):
+    st = os.stat(path)
+    return [st.st_size, st.st_mtime_ns, st.st_ino]
 
 
-def model_from_checkpoint(path, image_size=None):
-    """The model a local checkpoint holds, as it is: its head if it has one (logits), else its
-    features and `pre_logits` (include_top=False, pooled as the checkpoint's classifier)."""
-    from keras_vit import checkpoints
-
-    tree, config = checkpoints.read_checkpoint(path)
-    has_head = config.get("classes") is not None
-    return checkpoints.build_model(
-        tree,
-        config,
-        image_size=image_size,
-        include_top=has_head,
-        pooling=None if has_head else config.get("classifier", "token"),
-    )
-
-
-def convert_to_preset(source, target, metadata=None):
-    """Convert the checkpoint at `source` into a Keras preset folder `target`, atomically.
-
-    Written in a temporary sibling folder and renamed into place: a failure leaves nothing at
-    `target`, and a concurrent conversion of the same source simply wins the race.
-    """
-    from keras_vit import checkpoints
-
-    parent = os.path.dirname(os.path.abspath(target))
-    os.makedirs(parent, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".converting-", dir=parent)
+def _read_marker(path):
     try:
-        logger.info("Converting %s to a Keras preset at %s", source, target)
-        checkpoints.save_preset(model_from_checkpoint(source), tmp, metadata=dict(metadata or {}))
-        with open(os.path.join(tmp, _COMPLETE), "w") as f:
-            json.dump({"source": os.fspath(source)}, f)
+        with open(path) as f:
+            value = json.load(f)
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _write_marker(path, record):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f)
+    os.replace(tmp, path)  # atomic: a killed process leaves the old marker or none
+
+
+def _snapshot_files(folder):
+    files = []
+    for root, _, names in os.walk(folder):
+        files += [os.path.join(root, n) for n in names]
+    return sorted(files)
+
+
+def _unchanged_since_verified(folder, marker, sha256):
+    """Whether every file of the snapshot is the one verified before (same size, modification
+    time and inode as recorded when it was hashed), so hashing it again can be skipped."""
+    if not marker or marker.get("sha256") != sha256:
+        return False
+    files = marker.get("files", {})
+    current = _snapshot_files(folder)
+    if sorted(files) != sorted(os.path.relpath(p, folder) for p in current):
+        return False
+    try:
+        return all(_stat_record(p) == files[os.path.relpath(p, folder)] for p in current)
+    except OSError:
+        return False
+
+
+def _lock(repo_id):
+    from filelock import FileLock
+
+    path = os.path.join(cache_dir(), "locks", repo_id.replace("/", "--") + ".lock")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    return FileLock(path)
+
+
+def fetch(repo_id, revision=None, *, sha256=None, weights_file=None, what=None, allow_patterns=None):
+    """A verified local snapshot of `repo_id` at `revision`: (folder, commit).
+
+    Downloads through huggingface_hub (its cache, progress bars, offline mode). Every file is
+    checked against the hash the Hub stores it under (and `sha256`, when given, against
+    `weights_file`) the first time; the sizes, modification times and inodes seen then are
+    recorded under `cache_dir()/verified/`, and a later load re-hashes only files whose record
+    changed. A file that no longer matches (a bit flip, a truncation) is removed from the cache
+    and downloaded again; offline, the error names the file and the fix.
+
+    Concurrent loads of one repository (threads or processes) take turns on a file lock, so the
+    files are downloaded and hashed once.
+
+    Raises:
+        RepositoryNotFoundError, OfflineError, IntegrityError, HubError.
+    """
+    with _lock(repo_id):
+        folder, commit = download(repo_id, revision, what=what, allow_patterns=allow_patterns)
+        marker_path = _marker_path(repo_id, commit)
+        if _unchanged_since_verified(folder, _read_marker(marker_path), sha256):
+            return folder, commit
         try:
-            os.rename(tmp, target)
-        except OSError:
-            if not os.path.exists(os.path.join(target, _COMPLETE)):
-                raise
-            shutil.rmtree(tmp, ignore_errors=True)  # another process converted it meanwhile
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        try:
-            os.rmdir(parent)  # only when empty: the repository's folder created above
-        except OSError:
-            pass
-        raise
-    return target
+            verify_snapshot(folder, repo_id, sha256=sha256, weights_file=weights_file)
+        except IntegrityError as err:
+            from huggingface_hub import constants
+
+            if constants.HF_HUB_OFFLINE:
+                raise IntegrityError(
+                    f"{err} Offline (HF_HUB_OFFLINE=1), it cannot be downloaded again: go online once, or "
+                    f"delete {constants.HF_HUB_CACHE}/models--{repo_id.replace('/', '--')} and download it anew."
+                ) from None
+            logger.warning("%s Downloading it again.", err)
+            folder, commit = download(repo_id, revision, what=what, allow_patterns=allow_patterns)
+            verify_snapshot(folder, repo_id, sha256=sha256, weights_file=weights_file)
+        record = {os.path.relpath(p, folder): _stat_record(p) for p in _snapshot_files(folder)}
+        _write_marker(_marker_path(repo_id, commit), {"sha256": sha256, "files": record})
+        return folder, commit

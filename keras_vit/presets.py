@@ -1,31 +1,27 @@
-"""Named weights: the preset table (tag -> upstream Hub repository), `list_presets`,
-`resolve_source` and the constructors' `weights=` argument.
+"""Named weights: the preset table (tag -> upstream Hub repository) and the choice of a row.
 
-Every published checkpoint of every constructor is one row of `_TABLE` below: the constructor,
+This module is data and lookups only; `keras_vit.loading` turns a name into files and a model.
+Every published checkpoint of every constructor is one row of the tables below: the constructor,
 timm's tag, the resolution, the head size, the ImageNet-1k top-1 its source reports (timm's
 results-imagenet.csv; None where none is reported, e.g. for ImageNet-21k heads), the Hub
 repository, and the original Flax .npz in the `gs://vit_models/` bucket it came from.
 
-`weights=` and `load_checkpoint` accept:
+The names `weights=` and `load_checkpoint` accept besides paths and "hf://owner/repo":
 - a tag of the constructor ("augreg_in21k_ft_in1k", "orig_in21k", ...; `list_presets("ViTB16")`);
 - an alias: "imagenet" (the best ImageNet-1k fine-tuned weights published for the architecture,
   at the requested resolution when published there; "imagenet21k" where no fine-tuned ones
   exist) and "imagenet21k" (the ImageNet-21k pre-trained weights: AugReg's, with their trained
   21,843-class head, where published, else the original ones, which have no head);
 - a preset name "<Constructor>.<tag>" (e.g. "ViTB16.augreg2_in21k_ft_in1k"), or a timm name
-  "<timm_architecture>.<tag>" (e.g. "vit_base_patch16_384.augreg_in21k_ft_in1k");
-- "hf://owner/repo[@revision]" or a local path.
+  "<timm_architecture>.<tag>" (e.g. "vit_base_patch16_384.augreg_in21k_ft_in1k").
 Where a tag is published at several resolutions, the repository whose resolution is closest to
 the requested input size is used (224 vs 384); position embeddings are resized for any other.
 """
 
 import dataclasses
 import difflib
-import os
-import warnings
 
-from keras_vit import hub
-from keras_vit.models.config import ARCHITECTURES, EXTRA_ARCHITECTURES
+from keras_vit.models.config import ARCHITECTURES, all_architectures
 
 _GS = "gs://vit_models/"
 
@@ -174,12 +170,14 @@ _TRANSFORMERS_ROWS = [
     ("ViTH14", "google_in21k", 224, 0, None, "google/vit-huge-patch14-224-in21k", "imagenet21k/ViT-H_14.npz"),
 ]
 
-#: Every preset, in table order. Extend it with `register_preset`.
-PRESETS = [
-    Preset(a, t, r, c, top1, repo, _GS + orig if orig else None, source=source)
+#: Every preset, keyed by its Hub repository, in table order. Extend it with `register_preset`.
+PRESETS = {
+    repo: Preset(a, t, r, c, top1, repo, _GS + orig if orig else None, source=source)
     for rows, source in ((_TIMM_ROWS, "timm"), (_TRANSFORMERS_ROWS, "transformers"))
     for a, t, r, c, top1, repo, orig in rows
-]
+}
+#: The presets by repository name without the owner (timm's "<architecture>.<tag>" names).
+_BY_REPO_NAME = {repo.split("/", 1)[-1]: p for repo, p in PRESETS.items()}
 
 #: The aliases every constructor accepts besides its tags.
 ALIASES = ("imagenet", "imagenet21k")
@@ -192,13 +190,17 @@ def register_preset(architecture, tag, resolution, repo, *, classes, top1=None, 
         >>> register_preset("ViTB16", "my_pets", 384, "me/vit-b16-pets", classes=37)  # doctest: +SKIP
         >>> model = keras_vit.ViTB16(weights="my_pets", input_shape=(384, 384, 3), classes=37)  # doctest: +SKIP
     """
-    if architecture not in ARCHITECTURES and architecture not in EXTRA_ARCHITECTURES:
+    if architecture not in all_architectures():
         raise ValueError(f"Unknown architecture {architecture!r}; known: {', '.join(ARCHITECTURES)}.")
     if tag in ALIASES:
         raise ValueError(f"{tag!r} is an alias ({', '.join(ALIASES)}); choose another tag.")
     preset = Preset(architecture, tag, int(resolution), int(classes), top1, repo, **fields)
-    PRESETS[:] = [p for p in PRESETS if (p.architecture, p.tag, p.resolution) != (architecture, tag, preset.resolution)]
-    PRESETS.append(preset)
+    for key, p in list(PRESETS.items()):
+        if (p.architecture, p.tag, p.resolution) == (architecture, tag, preset.resolution):
+            del PRESETS[key]
+            _BY_REPO_NAME.pop(key.split("/", 1)[-1], None)
+    PRESETS[repo] = preset
+    _BY_REPO_NAME[repo.split("/", 1)[-1]] = preset
     return preset
 
 
@@ -212,11 +214,11 @@ def list_presets(architecture=None):
         >>> [(p.tag, p.resolution) for p in list_presets("ViTL32")]
         [('orig_in21k_ft_in1k', 384), ('orig_in21k', 224), ('google_in21k_ft_in1k', 384), ('google_in21k', 224)]
     """
-    if architecture is not None and architecture not in ARCHITECTURES and architecture not in EXTRA_ARCHITECTURES:
+    if architecture is not None and architecture not in all_architectures():
         close = difflib.get_close_matches(str(architecture), list(ARCHITECTURES), n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise ValueError(f"Unknown architecture {architecture!r}.{hint} Known: {', '.join(ARCHITECTURES)}.")
-    return [p for p in PRESETS if architecture is None or p.architecture == architecture]
+    return [p for p in PRESETS.values() if architecture is None or p.architecture == architecture]
 
 
 def tags(architecture):
@@ -283,139 +285,21 @@ def find_preset(architecture, weights, image_size=None):
     )
 
 
-def _preset_by_name(name, image_size):
-    arch, _, tag = name.partition(".")
-    if arch in ARCHITECTURES or arch in EXTRA_ARCHITECTURES:
-        return find_preset(arch, tag, image_size)
-    by_repo = [p for p in PRESETS if p.repo.split("/", 1)[-1] == name]
-    if by_repo:
-        return by_repo[0]
-    return None
-
-
-def _fetch(preset, what):
-    return hub.fetch_preset(
-        preset.repo,
-        preset.revision,
-        sha256=preset.sha256,
-        weights_file=preset.weights_file,
-        what=what,
-        metadata={"preset": preset.name, "tag": preset.tag, "top1": preset.top1, "original": preset.original},
-    )
-
-
-# === Resolving sources ===
-
-
-def resolve_source(source, *, image_size=None):
-    """A local checkpoint path for `source`: itself if it exists; else the Keras preset folder that
-    a preset name or "hf://owner/repo[@revision]" resolves to (downloaded through huggingface_hub,
-    verified, converted once and cached; see keras_vit.hub).
-
-    Args:
-        source: a local path, "hf://owner/repo[@revision]", "<Constructor>.<tag>" (e.g.
-            "ViTB16.imagenet") or "<timm_architecture>.<tag>".
-        image_size: the resolution the model will run at: picks the 224 or 384 repository.
-
-    Example:
-        >>> path = resolve_source("ViTB16.augreg2_in21k_ft_in1k")  # doctest: +SKIP
-    """
-    source = os.fspath(source)
-    if os.path.exists(source):
-        return source
-    if source.startswith("hf://"):
-        repo, revision = hub.parse_hf_handle(source)
-        return hub.fetch_preset(repo, revision, what=source)
-    preset = _preset_by_name(source, image_size)
-    if preset is None:
-        names = [p.name for p in PRESETS] + [p.repo.split("/", 1)[-1] for p in PRESETS]
-        close = difflib.get_close_matches(source, names, n=3, cutoff=0.6)
-        hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-        raise ValueError(
-            f"{source!r} is neither an existing path, nor 'hf://owner/repo', nor a preset name.{hint} "
-            "Preset names are '<Constructor>.<tag>' (e.g. 'ViTB16.augreg2_in21k_ft_in1k', 'ViTB16.imagenet') or "
-            "timm names ('vit_base_patch16_224.augreg2_in21k_ft_in1k'); see keras_vit.list_presets()."
-        )
-    return _fetch(preset, what=source)
-
-
-# === weights= of the constructors ===
-
-_ARCH_FIELDS = ("patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim", "classifier", "resnet")
-_MODEL_ARGS = ("image_size", "include_top", "classes", "pooling", "classifier_activation")
-
-
-def _describe(config):
-    text = f"hidden {config['hidden_size']}, {config['num_layers']} layers, {config['num_heads']} heads, patch {config['patch_size']}"
-    return text + (f", ResNet {tuple(config['resnet'][0])}" if config.get("resnet") else "")
-
-
-def _check_architecture(architecture, config, weights):
-    expected = architecture.kwargs()
-    expected.setdefault("resnet", None)
-    got = {k: config.get(k) for k in _ARCH_FIELDS}
-    if got.get("resnet") is not None:
-        got["resnet"] = (tuple(got["resnet"][0]), got["resnet"][1])
-    if expected.get("resnet") is not None:
-        expected["resnet"] = (tuple(expected["resnet"][0]), expected["resnet"][1])
-    if any(got[k] != expected[k] for k in _ARCH_FIELDS):
-        raise ValueError(
-            f"weights={weights!r} hold a different architecture ({_describe(got)}) than {architecture.name} "
-            f"({_describe(expected)}). Use the matching constructor, or keras_vit.load_checkpoint(), which builds "
-            "whatever architecture the checkpoint holds."
-        )
-
-
-def build_with_weights(architecture, weights, kwargs):
-    """Build `architecture` (a models.config.Architecture) with VisionTransformer `kwargs` and load
-    `weights` (a tag, an alias, a local path or "hf://owner/repo") into it.
-
-    Head semantics (as keras.applications, plus fine-tuning):
-    - include_top=False: the head is dropped (`pooling` as usual).
-    - include_top=True and `classes` equal to the checkpoint's: the trained head is kept.
-    - include_top=True and another `classes` (or a checkpoint without a head, e.g. "orig_in21k"):
-      a fresh zero-initialised head (the original fine-tuning recipe) is attached; when that
-      discards a trained head (e.g. the 21,843-class "augreg_in21k" head with the default
-      classes=1000), a warning says so: pass classes=21843 to keep it.
-    The numerics (LayerNorm epsilon, GELU, ...) and `pre_logits` come from the checkpoint; the
-    position embeddings are resized to `input_shape` with the checkpoint's own rule.
+def preset_by_name(name, image_size=None):
+    """The `Preset` a name means: "<Constructor>.<tag or alias>" (at the row closest to
+    `image_size`) or a repository name ("vit_base_patch16_384.augreg_in21k_ft_in1k",
+    "vit-base-patch16-224"); None when it names no preset.
 
     Raises:
-        ValueError (unknown tag, other architecture), keras_vit.hub.HubError (not found, offline,
-        corrupt download), WeightTreeError / CheckpointError (unreadable or mismatched file).
+        ValueError for a known constructor with an unknown tag (naming the valid ones).
     """
-    from keras_vit import checkpoints
+    arch, _, tag = str(name).partition(".")
+    if arch in all_architectures():
+        return find_preset(arch, tag, image_size)
+    return _BY_REPO_NAME.get(name)
 
-    weights = os.fspath(weights)
-    image_size = kwargs.get("image_size")
-    if os.path.exists(weights):
-        path = weights
-    elif weights.startswith("hf://"):
-        path = resolve_source(weights, image_size=image_size)
-    elif os.sep in weights or weights.endswith((".npz", ".keras", ".h5", ".safetensors")):
-        raise FileNotFoundError(
-            f"weights={weights!r} looks like a path, but nothing exists there. Pass an existing checkpoint file or "
-            f"folder, a tag (keras_vit.list_presets({architecture.name!r})), 'hf://owner/repo', or weights=None."
-        )
-    else:
-        preset = find_preset(architecture.name, weights, image_size)
-        if weights == "imagenet" and preset.classes != 1000:
-            warnings.warn(
-                f"No ImageNet-1k fine-tuned weights are published for {architecture.name}; weights='imagenet' loads "
-                f"{preset.tag!r} (pre-trained on ImageNet-21k) instead.",
-                stacklevel=4,
-            )
-        path = _fetch(preset, what=f"weights={weights!r} of {architecture.name}")
-    tree, config = checkpoints.read_checkpoint(path)
-    _check_architecture(architecture, config, weights)
-    ckpt_classes = config.get("classes")
-    classes = kwargs.get("classes")
-    if kwargs.get("include_top", True) and ckpt_classes and classes != ckpt_classes:
-        warnings.warn(
-            f"weights={weights!r} have a trained {ckpt_classes}-class head; classes={classes} attaches a fresh "
-            f"zero-initialised {classes}-class head instead (to be fine-tuned). Pass classes={ckpt_classes} to keep "
-            "the trained head.",
-            stacklevel=4,
-        )
-    overrides = {k: v for k, v in kwargs.items() if k not in _MODEL_ARGS and k not in _ARCH_FIELDS}
-    return checkpoints.build_model(tree, config, **{k: kwargs.get(k) for k in _MODEL_ARGS}, **overrides)
+
+def suggest(name, n=3):
+    """The preset names closest to `name` (for "did you mean" hints)."""
+    names = [p.name for p in PRESETS.values()] + list(_BY_REPO_NAME)
+    return difflib.get_close_matches(str(name), names, n=n, cutoff=0.6)

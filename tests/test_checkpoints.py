@@ -22,7 +22,7 @@ from conftest import TINY, TINY_HYBRID, randomize
 from reference_numpy import vit_forward
 
 import keras_vit
-from keras_vit.checkpoints import CheckpointError, build_model, read_checkpoint, write_npz
+from keras_vit import CheckpointError, build_model, read_checkpoint, write_npz
 from keras_vit.models.weight_tree import WeightTreeError
 
 # TensorFlow and triton's bundled LLVM clash in one process (a segfault when triton loads after

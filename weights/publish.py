@@ -8,7 +8,7 @@
 The checkpoints are the rows of weights/manifest.json, which is generated from the preset table
 in keras_vit/presets.py (the one place they are stated; a test keeps the two in sync). Each row is
 downloaded through huggingface_hub, verified (the Hub's hashes, plus the manifest's sha256 where
-known), converted with keras_vit.checkpoints and written as a Keras preset folder (config.json,
+known), loaded with keras_vit's one loading path and written as a Keras preset folder (config.json,
 metadata.json, model.weights.h5, README.md model card). With --push each folder is uploaded with
 huggingface_hub's upload_folder to <namespace>/<timm-style name>.
 """
@@ -29,7 +29,7 @@ def manifest_rows():
     from keras_vit.presets import PRESETS
 
     rows = []
-    for p in PRESETS:
+    for p in PRESETS.values():
         rows.append(
             {
                 "architecture": p.architecture,
@@ -88,20 +88,19 @@ def select(rows, only):
 
 def convert(row, out_dir):
     """Download, verify and convert one row; returns the preset folder under `out_dir`."""
-    from keras_vit import hub
+    from keras_vit import loading, presets, save_preset
 
-    cached = hub.fetch_preset(
-        row["repo"],
-        row.get("revision"),
-        sha256=row.get("sha256"),
-        weights_file=row.get("file") if row.get("sha256") else None,
-        what=f"{row['architecture']}.{row['tag']}",
-        metadata={k: row[k] for k in ("architecture", "tag", "resolution", "top1", "original") if row.get(k) is not None},
+    preset = presets.Preset(
+        row["architecture"], row["tag"], row["resolution"], row["classes"], row.get("top1"), row["repo"],
+        row.get("original"), row.get("revision"), row.get("sha256"),
+        row.get("file") if row.get("sha256") else None, row.get("source", "timm"),
     )
+    model = loading.load(preset, include_top=None)  # the checkpoint as it is: its head, or its features
     target = os.path.join(out_dir, target_name(row))
     if os.path.exists(target):
         shutil.rmtree(target)
-    shutil.copytree(cached, target, ignore=shutil.ignore_patterns(".complete"))
+    metadata = {k: row[k] for k in ("architecture", "tag", "resolution", "top1", "original") if row.get(k) is not None}
+    save_preset(model, target, metadata={"hub_id": f"hf://{row['repo']}", "source_repo": row["repo"], **metadata})
     return target
 
 

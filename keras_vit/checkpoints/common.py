@@ -14,7 +14,7 @@ import struct
 
 import numpy as np
 
-from keras_vit.models.config import ARCHITECTURES, EXTRA_ARCHITECTURES, NUMERICS, resnet_stride
+from keras_vit.models.config import NUMERICS, all_architectures, resnet_stride
 
 # === Errors ===
 
@@ -153,7 +153,7 @@ def heads_from_table(hidden, layers, mlp, classifier, resnet, source="checkpoint
     attention as stacked qkv matrices and carry no config stating it)."""
     rows = [
         a
-        for a in list(ARCHITECTURES.values()) + list(EXTRA_ARCHITECTURES.values())
+        for a in all_architectures().values()
         if (a.hidden_size, a.num_layers, a.mlp_dim, a.classifier) == (hidden, layers, mlp, classifier)
         and (a.resnet is None) == (resnet is None)
     ]
@@ -373,3 +373,41 @@ def read_json(path):
             return json.load(f)
     except ValueError as err:
         raise corrupt_file_error(path, err) from None
+
+
+def read_json_or_empty(path):
+    """The JSON object in `path`, or {} when it is missing, unreadable or not an object (for
+    format detection, which must not raise on another format's files)."""
+    try:
+        with open(path) as f:
+            value = json.load(f)
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def looks_like_safetensors(path):
+    """Whether a file without a telling extension starts like a safetensors file (an 8-byte
+    little-endian header length that fits the file, then a JSON object)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(9)
+        size = os.path.getsize(path)
+    except OSError:
+        return False
+    return len(head) == 9 and int.from_bytes(head[:8], "little") < size and head[8:9] == b"{"
+
+
+def safetensors_flavour(path):
+    """"transformers" or "timm", from the tensor names of a .safetensors (or its index); "timm"
+    also for a file too damaged to tell (its reader then says what is wrong with it)."""
+    try:
+        if path.endswith(".index.json"):
+            keys = list(read_json_or_empty(path).get("weight_map", {}))
+        else:
+            keys = SafetensorsFile(path).keys()
+    except CheckpointError:
+        return "timm"
+    if any(k.endswith("embeddings.patch_embeddings.projection.weight") for k in keys):
+        return "transformers"
+    return "timm"

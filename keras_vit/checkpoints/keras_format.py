@@ -9,11 +9,20 @@ non-square resolution travel with the weights), model.weights.h5 is Keras' own w
 import datetime
 import json
 import os
+import zipfile
 
 import keras
 import numpy as np
 
-from keras_vit.checkpoints.common import ARCHITECTURE_FIELDS, CheckpointError, read_json
+from keras_vit.checkpoints.common import (
+    ARCHITECTURE_FIELDS,
+    CheckpointError,
+    LazyArray,
+    corrupt_file_error,
+    materialize,
+    read_json,
+)
+from keras_vit.checkpoints.registry import CheckpointFormat
 
 CONFIG_FILE = "config.json"
 METADATA_FILE = "metadata.json"
@@ -22,11 +31,13 @@ README_FILE = "README.md"
 
 
 def _unwrap(config, source):
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{source}: config.json does not hold a JSON object.")
     if "class_name" in config and "config" in config:  # keras.saving.serialize_keras_object form
         if config["class_name"] != "VisionTransformer":
             raise CheckpointError(f"{source}: config.json describes a {config['class_name']}, not a VisionTransformer.")
         config = config["config"]
-    if not {"patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim"} <= set(config):
+    if not isinstance(config, dict) or not {"patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim"} <= set(config):
         raise CheckpointError(
             f"{source}: config.json is not a keras_vit VisionTransformer config (it lacks patch_size, "
             "hidden_size, num_layers, num_heads or mlp_dim)."
@@ -34,47 +45,129 @@ def _unwrap(config, source):
     return config
 
 
-def _model_from_config(config):
-    from keras_vit.models.vit import VisionTransformer
-
-    kwargs = {k: v for k, v in config.items() if k not in ("name", "trainable", "dtype")}
-    if kwargs.get("resnet") is not None:
-        units, width = kwargs["resnet"]
-        kwargs["resnet"] = (tuple(units), width)
-    return VisionTransformer(**kwargs)
-
-
-def _tree_and_config(model):
-    from keras_vit.models.weight_tree import get_weight_tree
-
-    tree = get_weight_tree(model)
-    full = model.get_config()
-    config = {k: full[k] for k in ARCHITECTURE_FIELDS if k in full}
-    config["image_size"] = tuple(config["image_size"])
+def checkpoint_config(model_config):
+    """The checkpoint config (architecture + numerics, as the other readers infer it) of a
+    VisionTransformer `get_config()`: `classes` None when the file has no head, and
+    `representation_size` None when it has no `pre_logits` layer."""
+    config = {k: model_config[k] for k in ARCHITECTURE_FIELDS if k in model_config}
+    size = config["image_size"]
+    config["image_size"] = (size, size) if isinstance(size, int) else tuple(size)
     if config.get("resnet") is not None:
         config["resnet"] = (tuple(config["resnet"][0]), config["resnet"][1])
-    config["position_embedding_resize"] = full.get("position_embedding_resize", "original")
-    if "head/kernel" not in tree:
+    include_top = model_config.get("include_top", True)
+    if not include_top:
         config["classes"] = None
-    if "pre_logits/kernel" not in tree:
+    if not (include_top or model_config.get("pooling") is not None):
         config["representation_size"] = None
-    return tree, config
+    return config
 
 
-def _load_weights_file(model, weights, source):
-    try:
-        model.load_weights(weights)
-    except Exception as err:  # h5py and Keras raise a variety of types for bad files
-        if os.path.getsize(weights) == 0 or "truncated" in str(err).lower() or isinstance(err, OSError):
+def keras_weight_paths(model):
+    """{canonical key: path of its dataset in a Keras weights file saved from `model`}.
+
+    Keras names the datasets of `save_weights` by walking the model's layers (class names with
+    counters, then attribute names), not by layer names. The same walk, with Keras' own saving
+    code recording instead of writing, gives the path of every variable. Layers present in both
+    the saved model and `model` get the same paths: the only layers that can differ between
+    them (pooling, pre_logits, head) come last.
+    """
+    from keras.src.saving import saving_lib  # Keras' own saving walk (no public API exposes the paths)
+
+    from keras_vit.models.weight_tree import weight_variables
+
+    recorder = saving_lib.NpzIOStore("", mode="w")  # write mode keeps everything in memory
+    saving_lib._save_state(model, recorder, None, "", set())
+    paths = {}
+    for inner, values in recorder.contents.items():
+        prefix = "vars" if inner == "__root__" else f"{inner}/vars"
+        for index, value in values.items():
+            paths[id(value)] = f"{prefix}/{index}"
+    return {key: paths[id(var)] for key, var in weight_variables(model).items() if id(var) in paths}
+
+
+class KerasWeights:
+    """The weights of a Keras-native file, read lazily by canonical key once bound to a model.
+
+    A Keras weights file names its datasets after the structure of the model that saved it, so
+    the canonical names are known only next to a model of that structure: `bind(model)` gives
+    {canonical key: LazyArray} for the model being loaded (the one model a load builds).
+    """
+
+    def __init__(self, open_h5, source):
+        self._open = open_h5
+        self.source = source
+
+    def _file(self):
+        import h5py
+
+        try:
+            return h5py.File(self._open(), "r")
+        except (OSError, ValueError) as err:
+            raise corrupt_file_error(self.source, err) from None
+
+    def bind(self, model):
+        """{canonical key: LazyArray} of the file's weights that `model` holds.
+
+        Raises:
+            CheckpointError when the file lacks a weight its config.json implies, or holds one in
+            another shape (only the position embedding and the head may differ from `model`'s).
+        """
+        from keras_vit.models.weight_tree import weight_variables
+
+        handle = self._file()
+        variables = weight_variables(model)
+        tree, problems = {}, []
+        for key, path in keras_weight_paths(model).items():
+            optional = key.startswith(_MAY_DIFFER)
+            dataset = handle.get(path)
+            if dataset is None or not hasattr(dataset, "shape"):
+                if not key.startswith(("head/", "pre_logits/")):
+                    problems.append(f"no weight for {key}")
+                continue
+            if not optional and tuple(dataset.shape) != tuple(variables[key].shape):
+                problems.append(f"{key} has shape {tuple(dataset.shape)}, the config implies {tuple(variables[key].shape)}")
+                continue
+            tree[key] = LazyArray(lambda h=handle, p=path: _read_dataset(h, p, self.source), dataset.shape)
+        if problems:
             raise CheckpointError(
-                f"Cannot read {weights!r}: the file is truncated or corrupt ({type(err).__name__}: {err}). "
-                "Delete it and download or convert it again."
-            ) from None
-        raise CheckpointError(f"{source}: the weights in {weights!r} do not fit its config.json ({err}).") from None
+                f"{self.source}: the weights in it do not fit its config.json ({'; '.join(problems[:4])}"
+                f"{', ...' if len(problems) > 4 else ''}). Save the model again with save_preset() or model.save()."
+            )
+        return tree
+
+    def materialize(self, config):
+        """{canonical key: array} of the file, through a model of `config` (read_checkpoint only)."""
+        from keras_vit.layers.init_scope import skip_random_init
+        from keras_vit.models.vit import VisionTransformer
+
+        with skip_random_init():
+            model = VisionTransformer(**_model_kwargs(config))
+        return materialize(self.bind(model))
+
+
+#: Weights whose shape a load may change: the position embedding (resized) and the head (replaced).
+_MAY_DIFFER = ("Transformer/posembed_input/", "head/")
+
+
+def _read_dataset(handle, path, source):
+    try:
+        return np.asarray(handle[path][()], dtype=np.float32)
+    except (OSError, ValueError, KeyError) as err:
+        raise corrupt_file_error(source, err) from None
+
+
+def _model_kwargs(config):
+    """VisionTransformer kwargs that rebuild the file's model from its checkpoint config."""
+    kwargs = dict(config)
+    kwargs["include_top"] = config.get("classes") is not None
+    kwargs["classes"] = config.get("classes") or 1000
+    kwargs["pooling"] = None if kwargs["include_top"] else (config["classifier"] if config.get("representation_size") else None)
+    return kwargs
 
 
 def read_weights_h5(path, config_path=None):
-    """Read a .weights.h5 (Keras' save_weights) with the VisionTransformer config.json beside it."""
+    """A .weights.h5 (Keras' save_weights) with the VisionTransformer config.json beside it ->
+    (KerasWeights, checkpoint config)."""
     path = os.fspath(path)
     config_path = config_path or os.path.join(os.path.dirname(path), CONFIG_FILE)
     if not os.path.exists(config_path):
@@ -82,14 +175,14 @@ def read_weights_h5(path, config_path=None):
             f"{path}: a .weights.h5 file holds no architecture; put the model's config.json "
             "(VisionTransformer.get_config()) next to it, or save the model with save_preset()."
         )
-    config = _unwrap(read_json(config_path), config_path)
-    model = _model_from_config(config)
-    _load_weights_file(model, path, config_path)
-    return _tree_and_config(model)
+    if os.path.getsize(path) == 0:
+        raise corrupt_file_error(path, EOFError("empty file"))
+    config = checkpoint_config(_unwrap(read_json(config_path), config_path))
+    return KerasWeights(lambda: path, path), config
 
 
 def read_keras_preset(folder):
-    """Read a Keras preset folder written by `save_preset` -> (canonical tree, config)."""
+    """A Keras preset folder written by `save_preset` -> (KerasWeights, checkpoint config)."""
     folder = os.fspath(folder)
     weights = os.path.join(folder, WEIGHTS_FILE)
     if not os.path.exists(weights):
@@ -98,20 +191,80 @@ def read_keras_preset(folder):
 
 
 def read_keras_file(path):
-    """Read a .keras file holding a keras_vit VisionTransformer -> (canonical tree, config)."""
-    from keras_vit.models.vit import VisionTransformer
+    """A .keras file holding a keras_vit VisionTransformer -> (KerasWeights, checkpoint config).
 
+    The weights are read in place from the archive (Keras stores its members uncompressed)."""
     path = os.fspath(path)
     try:
-        model = keras.saving.load_model(path, compile=False)
-    except Exception as err:
-        raise CheckpointError(
-            f"Cannot read {path!r} ({type(err).__name__}: {err}). The file is truncated or corrupt, or was "
-            "not saved from a keras_vit model; save it again with model.save()."
-        ) from None
-    if not isinstance(model, VisionTransformer):
-        raise CheckpointError(f"{path}: holds a {type(model).__name__}, not a keras_vit VisionTransformer.")
-    return _tree_and_config(model)
+        with zipfile.ZipFile(path) as archive:
+            names = archive.namelist()
+            if CONFIG_FILE not in names or WEIGHTS_FILE not in names:
+                raise CheckpointError(f"{path}: not a .keras file (it lacks {CONFIG_FILE} or {WEIGHTS_FILE}).")
+            raw = json.loads(archive.read(CONFIG_FILE).decode("utf-8"))
+    except (zipfile.BadZipFile, OSError, ValueError, UnicodeDecodeError, RecursionError) as err:
+        if isinstance(err, (CheckpointError, FileNotFoundError)):
+            raise
+        raise corrupt_file_error(path, err) from None
+    config = checkpoint_config(_unwrap(raw, path))
+
+    def open_member():
+        return zipfile.ZipFile(path).open(WEIGHTS_FILE)
+
+    return KerasWeights(open_member, path), config
+
+
+def _is_hdf5(path):
+    with open(path, "rb") as f:
+        return f.read(8) == b"\x89HDF\r\n\x1a\n"
+
+
+def _is_keras_zip(path):
+    try:
+        with zipfile.ZipFile(path) as archive:
+            names = set(archive.namelist())
+    except (zipfile.BadZipFile, OSError):
+        return False
+    return {CONFIG_FILE, WEIGHTS_FILE} <= names
+
+
+def _detect_preset(path):
+    return (
+        os.path.isdir(path)
+        and os.path.isfile(os.path.join(path, WEIGHTS_FILE))
+        and os.path.isfile(os.path.join(path, CONFIG_FILE))
+    )
+
+
+def _detect_keras(path):
+    return os.path.isfile(path) and (path.endswith(".keras") or (not path.endswith(".npz") and _is_keras_zip(path)))
+
+
+def _detect_weights(path):
+    return os.path.isfile(path) and (path.endswith(".h5") or _is_hdf5(path))
+
+
+FORMATS = (
+    CheckpointFormat(
+        name="keras_preset",
+        description="a Keras preset folder (config.json + model.weights.h5)",
+        detect=_detect_preset,
+        read=read_keras_preset,
+        hub_files=(WEIGHTS_FILE,),
+    ),
+    CheckpointFormat(
+        name="keras",
+        description="a .keras file",
+        detect=_detect_keras,
+        read=read_keras_file,
+        hub_files=("*.keras",),
+    ),
+    CheckpointFormat(
+        name="keras_weights",
+        description="a .weights.h5 with config.json beside it",
+        detect=_detect_weights,
+        read=read_weights_h5,
+    ),
+)
 
 
 # === Writer ===

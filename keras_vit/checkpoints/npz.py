@@ -12,6 +12,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from keras_vit.checkpoints.common import CheckpointError, corrupt_file_error, infer_config
+from keras_vit.checkpoints.registry import CheckpointFormat
 from keras_vit.models.config import NUMERICS
 
 _TARGET_PREFIX = "opt/target/"
@@ -46,8 +47,26 @@ def canonical_from_npz_arrays(arrays, source="checkpoint"):
     return tree
 
 
+def _single_npz(folder):
+    found = [f for f in os.listdir(folder) if f.endswith(".npz")]
+    return os.path.join(folder, found[0]) if len(found) == 1 else None
+
+
+def _is_zip(path):
+    with open(path, "rb") as f:
+        return f.read(4) in (b"PK\x03\x04", b"PK\x05\x06")
+
+
+def detect(path):
+    """An .npz file (or a zip that is not a .keras file), or a folder holding exactly one .npz."""
+    if os.path.isdir(path):
+        return _single_npz(path) is not None
+    return path.endswith(".npz") or (not path.endswith(".keras") and _is_zip(path))
+
+
 def read_npz(path):
-    """Read an original .npz into (canonical tree, VisionTransformer kwargs with original numerics).
+    """Read an original .npz (or a folder holding one) into (canonical tree, VisionTransformer
+    kwargs with the original numerics).
 
     Example:
         >>> tree, config = read_npz("ViT-B_16.npz")   # doctest: +SKIP
@@ -55,6 +74,8 @@ def read_npz(path):
         (12, (224, 224))
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        path = _single_npz(path) or path
     try:
         with np.load(path, allow_pickle=False) as data:
             tree = canonical_from_npz_arrays(data, source=path)
@@ -102,3 +123,14 @@ def write_npz(tree, path, *, prefix="", group_norm_shape="flat"):
         np.savez(f, **arrays)
     os.replace(tmp, path)
     return path
+
+
+FORMAT = CheckpointFormat(
+    name="npz",
+    description="an original google-research/vision_transformer .npz",
+    detect=detect,
+    read=read_npz,
+    write=write_npz,
+    numerics="original",
+    hub_files=("*.npz",),
+)

@@ -2,9 +2,9 @@
 
 timm stacks attention as one qkv matrix (3 * hidden, hidden) and stores PyTorch layouts
 (Linear (out, in), Conv2d (out, in, kh, kw)). The number of heads is not in the weights: it comes
-from config.json (`model_args.num_heads` when the model was built with overrides, otherwise timm's
-definition of the named `architecture`, encoded in `TIMM_HEADS`), or for a bare .safetensors from
-the architecture table row whose shapes match.
+from config.json (`model_args.num_heads` when the model was built with overrides), else from the
+architecture table's row of the named `architecture` (or, for a bare .safetensors, the row whose
+shapes match).
 """
 
 import os
@@ -20,40 +20,38 @@ from keras_vit.checkpoints.common import (
     heads_from_table,
     infer_config,
     open_safetensors,
+    looks_like_safetensors,
     read_json,
+    read_json_or_empty,
+    safetensors_flavour,
     safetensors_in_folder,
 )
-from keras_vit.models.config import NUMERICS
+from keras_vit.checkpoints.registry import CheckpointFormat
+from keras_vit.models.config import NUMERICS, all_architectures
 
-# === timm's definitions (the facts its model registry states, for the original ViT family) ===
+# === timm's architecture names ===
 
-_SIZE_HEADS = {"tiny": 3, "small": 6, "base": 12, "large": 16, "huge": 16}
 _PLAIN = re.compile(r"^vit_(tiny|small|base|large|huge)_patch(8|14|16|32)_(224|384|448|518)$")
-
-#: timm architecture -> attention heads, for the names that do not follow vit_{size}_patch{p}_{res}.
-TIMM_HEADS = {
-    "vit_base_patch16_gap_224": 16,
-    "vit_tiny_r_s16_p8_224": 3,
-    "vit_tiny_r_s16_p8_384": 3,
-    "vit_small_r26_s32_224": 6,
-    "vit_small_r26_s32_384": 6,
-    "vit_base_r26_s32_224": 12,
-    "vit_base_r50_s16_224": 12,
-    "vit_base_r50_s16_384": 12,
-    "vit_large_r50_s32_224": 16,
-    "vit_large_r50_s32_384": 16,
-}
+_RESOLUTION = re.compile(r"_(224|384|448|518)$")
 
 
 def timm_heads(architecture):
-    """Heads of a timm architecture name of the original family, or None when unknown."""
+    """Heads of a timm architecture name, from the architecture table (None when no row has it).
+
+    timm names a model once per resolution (`vit_base_patch16_384`); the table keeps the 224 name.
+    """
     if architecture is None:
         return None
-    architecture = architecture.split(".", 1)[0]  # drop a pretrained tag
-    if architecture in TIMM_HEADS:
-        return TIMM_HEADS[architecture]
-    m = _PLAIN.match(architecture)
-    return _SIZE_HEADS[m.group(1)] if m else None
+    name = _RESOLUTION.sub("_224", architecture.split(".", 1)[0])  # drop a pretrained tag
+    for arch in all_architectures().values():
+        if arch.timm_name == name:
+            return arch.num_heads
+    return None
+
+
+def is_vit_family(architecture):
+    """Whether a timm architecture name is one of the original ViT family this reader converts."""
+    return timm_heads(architecture) is not None or bool(_PLAIN.match(architecture.split(".", 1)[0]))
 
 
 # === Key mapping ===
@@ -213,7 +211,7 @@ def read_timm(path, lazy=False):
         config = {}  # a config.json of another library, not timm's
     args = config.get("model_args") or {}
     num_heads = args.get("num_heads") or timm_heads(config.get("architecture"))
-    if config.get("architecture") and num_heads is None:
+    if config.get("architecture") and not is_vit_family(config["architecture"]):
         raise CheckpointError(
             f"{path}: timm architecture {config['architecture']!r} is not one of the original ViT family "
             "this package converts (vit_{tiny,small,base,large,huge}_patch*, vit_base_patch16_gap_224, "
@@ -230,3 +228,27 @@ def read_timm(path, lazy=False):
             "original ViT pools the class token when it has one and averages the patches when it has none."
         )
     return (tree if lazy else materialize(tree)), out
+
+
+# === Format ===
+
+
+def detect(path):
+    """A folder whose config.json names a timm architecture, or a .safetensors that is not
+    transformers' (a bare timm file)."""
+    if os.path.isdir(path):
+        config_path = os.path.join(path, "config.json")
+        return os.path.isfile(config_path) and "architecture" in read_json_or_empty(config_path)
+    if path.endswith((".safetensors", ".safetensors.index.json")) or looks_like_safetensors(path):
+        return safetensors_flavour(path) == "timm"
+    return False
+
+
+FORMAT = CheckpointFormat(
+    name="timm",
+    description="a timm Hub folder (model.safetensors + config.json with 'architecture') or a timm .safetensors",
+    detect=detect,
+    read=lambda path: read_timm(path, lazy=True),
+    numerics="timm",
+    hub_files=("*.safetensors", "*.safetensors.index.json"),
+)

@@ -17,9 +17,13 @@ from keras_vit.checkpoints.common import (
     infer_config,
     materialize,
     open_safetensors,
+    looks_like_safetensors,
     read_json,
+    read_json_or_empty,
+    safetensors_flavour,
     safetensors_in_folder,
 )
+from keras_vit.checkpoints.registry import CheckpointFormat
 from keras_vit.models.config import NUMERICS
 
 #: transformers `hidden_act` -> gelu_approximate (tanh form) of VisionTransformer.
@@ -134,3 +138,27 @@ def transformers_state_to_tree(files, num_heads, *, source="checkpoint"):
             f"{source}: unexpected weights {describe_keys(unused)}; this is not a plain transformers ViT."
         )
     return tree
+
+
+# === Format ===
+
+
+def detect(path):
+    """A folder whose config.json is transformers' (`model_type` / `architectures`), or a
+    .safetensors holding transformers' tensor names."""
+    if os.path.isdir(path):
+        config = read_json_or_empty(os.path.join(path, "config.json"))
+        return "architecture" not in config and bool(config.get("model_type") or "architectures" in config)
+    if path.endswith((".safetensors", ".safetensors.index.json")) or looks_like_safetensors(path):
+        return safetensors_flavour(path) == "transformers"
+    return False
+
+
+FORMAT = CheckpointFormat(
+    name="transformers",
+    description="a transformers ViT folder (config.json + model.safetensors)",
+    detect=detect,
+    read=lambda path: read_transformers(path, lazy=True),
+    numerics="transformers",
+    hub_files=("*.safetensors", "*.safetensors.index.json"),
+)

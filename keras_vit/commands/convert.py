@@ -24,8 +24,8 @@ def _step(message, start):
 
 
 def run(args):
-    from keras_vit import hub
-    from keras_vit.checkpoints import loader, save_preset, write_npz
+    from keras_vit import loading
+    from keras_vit.checkpoints import save_preset, write_npz
     from keras_vit.models.weight_tree import get_weight_tree
 
     start = time.monotonic()
@@ -34,9 +34,9 @@ def run(args):
         print(f"keras-vit convert: {dst!r} exists; pass --force to overwrite it.")
         return 1
     _step(f"resolving {args.source}", start)
-    path = loader.resolve(args.source, image_size=args.image_size)
-    _step(f"reading {path}", start)
-    model = hub.model_from_checkpoint(path, image_size=args.image_size)
+    resolved = loading.resolve(args.source, image_size=args.image_size)
+    _step(f"reading {resolved.path} ({resolved.format.description})", start)
+    model = loading.load(resolved.path, image_size=args.image_size, include_top=None)
     c = model.get_config()
     _step(
         f"built {c['hidden_size']}-wide, {c['num_layers']}-layer model at {c['image_size'][0]}x{c['image_size'][1]}, "

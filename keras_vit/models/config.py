@@ -109,7 +109,9 @@ ARCHITECTURES = {
             "R26ViTS32", "R26+ViT-S/32", patch_size=1, resnet=((2, 2, 2, 2), 1),
             timm_name="vit_small_r26_s32_224", **_S,
         ),
-        Architecture("R26ViTB32", "R26+ViT-B/32", patch_size=1, resnet=((2, 2, 2, 2), 1), **_B),
+        Architecture(
+            "R26ViTB32", "R26+ViT-B/32", patch_size=1, resnet=((2, 2, 2, 2), 1), timm_name="vit_base_r26_s32_224", **_B
+        ),
         Architecture(
             "R50ViTB16", "R50+ViT-B/16", patch_size=1, resnet=((3, 4, 9), 1), timm_name="vit_base_r50_s16_224", **_B
         ),
@@ -131,9 +133,14 @@ EXTRA_ARCHITECTURES = {
 }
 
 
+def all_architectures():
+    """{name: Architecture} of the constructors' rows and the extra ones."""
+    return {**ARCHITECTURES, **EXTRA_ARCHITECTURES}
+
+
 def get_architecture(name):
     """The Architecture row called `name` (constructor name, e.g. "ViTB16")."""
-    table = {**ARCHITECTURES, **EXTRA_ARCHITECTURES}
+    table = all_architectures()
     if name not in table:
         import difflib
 

@@ -1,10 +1,12 @@
 """Fine-tuning and pre-training set-ups: a pretrained model re-made for a new task, the losses."""
 
+import os
+
 import keras
 from keras import ops
 
 from keras_vit.models.vit import VisionTransformer
-from keras_vit.models.weight_tree import get_weight_tree, set_weight_tree
+from keras_vit.models.weight_tree import get_weight_tree
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
 
@@ -28,15 +30,16 @@ def for_finetuning(
 ):
     """A new VisionTransformer for fine-tuning `model` at another resolution and class count.
 
-    The new model has `model`'s architecture and numerics (its `get_config()`), the new image
-    size and a fresh zero-initialised `head` of `classes` outputs. Every other weight is copied
-    through the canonical weight tree, the position embedding resized from `model.grid_size`
-    with the model's resize rule. As in the paper, the `pre_logits` representation layer is
-    dropped for fine-tuning (keep it with `keep_representation=True`), and dropout is 0.
+    The new model has `model`'s architecture and numerics, the new image size and a fresh
+    zero-initialised `head` of `classes` outputs. Every other weight is streamed through the
+    canonical weight tree, the position embedding resized with the checkpoint's rule. As in the
+    paper, the `pre_logits` representation layer is dropped for fine-tuning (keep it with
+    `keep_representation=True`), and dropout is 0. The head policy is keras_vit.loading's.
 
     Args:
         model: a keras_vit VisionTransformer (any include_top / pooling), e.g. a pre-trained one
-            or a masked-patch-prediction encoder.
+            or a masked-patch-prediction encoder; or any weights source `keras_vit.load_checkpoint`
+            accepts (a preset name, "hf://owner/repo", a path), loaded straight at the new size.
         image_size: int or (height, width); default: the model's.
         classes: outputs of the new head.
         classifier_activation: default: the model's ("softmax" unless changed); None for logits.
@@ -49,31 +52,37 @@ def for_finetuning(
         >>> ft.grid_size, ft.output_shape
         ((6, 6), (None, 3))
     """
-    if not isinstance(model, VisionTransformer):
-        raise TypeError(
-            f"for_finetuning needs a keras_vit VisionTransformer, got {type(model).__name__}. Load "
-            "checkpoints with keras_vit.load_checkpoint() or a constructor such as keras_vit.ViTB16()."
-        )
-    config = model.get_config()
-    config.pop("trainable", None)
-    config.update(
-        image_size=config["image_size"] if image_size is None else image_size,
+    from keras_vit import loading
+    from keras_vit.checkpoints.keras_format import checkpoint_config
+
+    common = dict(
+        image_size=image_size,
         classes=int(classes),
         include_top=True,
-        pooling=None,
+        keep_representation=keep_representation,
+        fresh_head=True,
         dropout_rate=float(dropout_rate),
         attention_dropout_rate=float(attention_dropout_rate),
-        name=name or f"{model.name}_finetune",
     )
-    if classifier_activation is not _KEEP:
-        config["classifier_activation"] = classifier_activation
-    if not keep_representation:
-        config["representation_size"] = None
-    new = VisionTransformer(**config)
-    skip = ["head/"] + ([] if keep_representation else ["pre_logits/"])
-    allow_missing = ["head/"] + (["pre_logits/"] if keep_representation else [])
-    set_weight_tree(new, get_weight_tree(model), source_grid=model.grid_size, skip=skip, allow_missing=allow_missing)
-    return new
+    if isinstance(model, (str, os.PathLike)):
+        activation = "softmax" if classifier_activation is _KEEP else classifier_activation
+        return loading.load(model, classifier_activation=activation, name=name, **common)
+    if not isinstance(model, VisionTransformer):
+        raise TypeError(
+            f"for_finetuning needs a keras_vit VisionTransformer or a weights source, got {type(model).__name__}. "
+            "Load checkpoints with keras_vit.load_checkpoint() or a constructor such as keras_vit.ViTB16()."
+        )
+    full = model.get_config()
+    config = checkpoint_config(full)
+    activation = full["classifier_activation"] if classifier_activation is _KEEP else classifier_activation
+    return loading.build_from_checkpoint(
+        get_weight_tree(model),
+        config,
+        classifier_activation=activation,
+        name=name or f"{model.name}_finetune",
+        dtype=full.get("dtype"),
+        **common,
+    )
 
 
 @register

@@ -1,0 +1,141 @@
+"""The registry of checkpoint formats: each format is one module that declares a `FORMAT`
+(or a tuple `FORMATS`) of `CheckpointFormat` records, and one line of `_MODULES` below.
+
+A record states everything the rest of the package needs to know about its format: how to
+recognise a local file or folder, how to read it into the canonical weight tree (lazily), how
+to write it back (where a writer exists), the numerics of the framework that produced it, and
+which files of a Hub repository hold it. Detection tries the formats in `_MODULES` order, so a
+format with a narrower test (e.g. timm's BiT ResNets) is listed before a broader one (timm's
+ViTs).
+
+    fmt = detect_format("vit_base_patch16_224/")          # -> the "timm" record
+    tree, config = fmt.read("vit_base_patch16_224/")       # lazy canonical tree + model config
+"""
+
+import dataclasses
+import importlib
+import os
+from typing import Callable, Optional
+
+from keras_vit.checkpoints.common import CheckpointError, materialize
+from keras_vit.models.config import NUMERICS
+
+#: Format modules under keras_vit.checkpoints, in detection order. A new format: one module
+#: declaring FORMAT = CheckpointFormat(...), plus one line here.
+_MODULES = (
+    "keras_format",
+    "timm",
+    "transformers",
+    "npz",
+)
+
+_PICKLES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointFormat:
+    """One checkpoint format.
+
+    Attributes:
+        name: short name ("npz", "timm", ...), as `detect_format` reports it.
+        description: what the user would call it, for error messages.
+        detect: path -> bool, cheap (file names, magic bytes, a config.json), never raising for
+            a file of another format.
+        read: path -> (canonical tree, model config). Tree values may be lazy (read from the
+            file when assigned), or the tree may be bound to the model being built (`bind`).
+        write: (tree, path) -> path, where the format has a writer.
+        numerics: the row of keras_vit.models.config.NUMERICS its framework computes with
+            (None where the file states its own, as Keras-native files do).
+        hub_files: glob patterns of the files a Hub repository in this format needs.
+    """
+
+    name: str
+    description: str
+    detect: Callable[[str], bool]
+    read: Callable[[str], tuple]
+    write: Optional[Callable] = None
+    numerics: Optional[str] = None
+    hub_files: tuple = ()
+
+    @property
+    def resize_rule(self):
+        """The position-embedding resize rule of the format's framework (None: stated per file)."""
+        return NUMERICS[self.numerics]["position_embedding_resize"] if self.numerics else None
+
+
+_REGISTRY = {}
+
+
+def formats():
+    """{name: CheckpointFormat} of every registered format, in detection order."""
+    if not _REGISTRY:
+        for module_name in _MODULES:
+            module = importlib.import_module(f"keras_vit.checkpoints.{module_name}")
+            declared = getattr(module, "FORMATS", None) or (module.FORMAT,)
+            for fmt in declared:
+                _REGISTRY[fmt.name] = fmt
+    return dict(_REGISTRY)
+
+
+def get_format(name):
+    """The CheckpointFormat called `name`."""
+    table = formats()
+    if name not in table:
+        raise ValueError(f"Unknown checkpoint format {name!r}; known: {', '.join(table)}.")
+    return table[name]
+
+
+def hub_file_patterns():
+    """The files worth downloading from a checkpoint repository: the union of every format's."""
+    patterns = ["*.json", "*.md"]
+    for fmt in formats().values():
+        patterns += [p for p in fmt.hub_files if p not in patterns]
+    return patterns
+
+
+def supported_description():
+    return ", ".join(fmt.description for fmt in formats().values())
+
+
+def detect_format(path):
+    """The CheckpointFormat of the local file or folder `path`.
+
+    Raises:
+        FileNotFoundError when nothing exists at `path`; CheckpointError for pickles (never
+        loaded: unpickling can run arbitrary code) and for anything no format recognises.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"No checkpoint at {path!r}.")
+    if os.path.isfile(path) and path.endswith(_PICKLES):
+        raise CheckpointError(
+            f"{path!r} is a pickled PyTorch file; this package never unpickles (it can run arbitrary code). "
+            "Convert it to safetensors (save_pretrained(..., safe_serialization=True), or timm's "
+            "save_for_hf(..., safe_serialization=True))."
+        )
+    for fmt in formats().values():
+        if fmt.detect(path):
+            return fmt
+    what = "folder" if os.path.isdir(path) else "file"
+    raise CheckpointError(
+        f"Unknown checkpoint format of the {what} {path!r}: it holds no checkpoint this package reads. "
+        f"Expected one of: {supported_description()}."
+    )
+
+
+def read_checkpoint(path):
+    """Read a local checkpoint into (canonical weight tree, VisionTransformer kwargs).
+
+    The kwargs hold the architecture inferred from the checkpoint itself (shapes and its own
+    config file) and the numerics of its source framework; the tree's values are float32 numpy
+    arrays (use `keras_vit.load_checkpoint` to load into a model without this full copy).
+
+    Example:
+        >>> tree, config = keras_vit.read_checkpoint("vit_tiny_patch16_224/")   # doctest: +SKIP
+        >>> config["num_heads"], config["gelu_approximate"]
+        (3, False)
+    """
+    tree, config = detect_format(path).read(os.fspath(path))
+    if hasattr(tree, "bind"):
+        tree = tree.materialize(config)
+    return materialize(tree), config

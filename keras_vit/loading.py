@@ -1,0 +1,355 @@
+"""Naming and loading: what a `weights=` value means, and the one way a model is loaded.
+
+Every entry point (the constructors' `weights=`, `load_checkpoint`, every CLI command,
+`training.for_finetuning`, weights/publish.py) goes through `resolve` and `load` here:
+
+    resolved = resolve("ViTB16.augreg2_in21k_ft_in1k")   # -> local files, their format, the preset
+    model = load("hf://timm/vit_base_patch16_224.augreg2_in21k_ft_in1k", image_size=384)
+
+Layering, bottom up: keras_vit.hub (downloads, verification) <- keras_vit.checkpoints (one
+module per format, in a registry) <- this module <- constructors, CLI, training.
+
+A load builds the model once, without random initialisation, and streams the weights from the
+file (lazily, one tensor at a time) into its variables; nothing is converted or cached besides
+huggingface_hub's own copy of the downloaded files.
+"""
+
+import dataclasses
+import os
+import warnings
+from typing import Optional
+
+from keras_vit import hub, presets
+from keras_vit.checkpoints.common import source_grid
+from keras_vit.checkpoints.registry import CheckpointFormat, detect_format, hub_file_patterns
+
+#: File endings that make a string a path rather than a name.
+_PATH_ENDINGS = (".npz", ".keras", ".h5", ".safetensors", ".json")
+#: The model arguments a load decides itself (the rest of a checkpoint's config is its own).
+_HEAD_ARGS = ("include_top", "classes", "pooling", "classifier_activation")
+
+
+# === Resolution ===
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedWeights:
+    """Where a weights source lives locally and what is known about it.
+
+    Attributes:
+        source: the value the user passed.
+        path: the local checkpoint file or folder.
+        format: its `CheckpointFormat`.
+        preset: the preset-table row it came from, if any.
+        repo, revision, commit: the Hub repository it was downloaded from, if any.
+    """
+
+    source: str
+    path: str
+    format: CheckpointFormat
+    preset: Optional[presets.Preset] = None
+    repo: Optional[str] = None
+    revision: Optional[str] = None
+    commit: Optional[str] = None
+
+
+def _run_folder_model(path):
+    # A training run folder (keras-vit finetune --out DIR) holds its model as model.keras.
+    candidate = os.path.join(path, "model.keras")
+    return candidate if os.path.isdir(path) and os.path.isfile(candidate) else path
+
+
+def _looks_like_path(source):
+    return (
+        os.sep in source
+        or (os.altsep and os.altsep in source)
+        or source.startswith((".", "~"))
+        or source.endswith(_PATH_ENDINGS)
+    )
+
+
+def _unknown_name_error(source, architecture):
+    if architecture is not None:
+        # find_preset names the valid tags and the closest matches.
+        presets.find_preset(architecture, source)
+    close = presets.suggest(source)
+    hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
+    return ValueError(
+        f"{source!r} is neither an existing path, nor 'hf://owner/repo', nor a preset name.{hint} "
+        "Preset names are '<Constructor>.<tag>' (e.g. 'ViTB16.augreg2_in21k_ft_in1k', 'ViTB16.imagenet') or "
+        "timm names ('vit_base_patch16_224.augreg2_in21k_ft_in1k'); see keras_vit.list_presets()."
+    )
+
+
+def _fetch_preset(preset, source, what):
+    folder, commit = hub.fetch(
+        preset.repo,
+        preset.revision,
+        sha256=preset.sha256,
+        weights_file=preset.weights_file,
+        what=what,
+        allow_patterns=hub_file_patterns(),
+    )
+    return ResolvedWeights(source, folder, detect_format(folder), preset, preset.repo, preset.revision, commit)
+
+
+def resolve(source, *, architecture=None, image_size=None):
+    """Resolve any way of naming weights to local files: the one place that decides what a
+    `weights=` value means.
+
+    Args:
+        source: a local file or folder (.npz, .safetensors, .keras, .weights.h5, a timm /
+            transformers / Keras preset folder, a training run folder), "hf://owner/repo[@revision]",
+            a `presets.Preset` row, a preset name ("ViTB16.augreg_in21k", a timm name "vit_base_patch16_224.augreg_in21k"),
+            or, with `architecture`, one of its tags or the aliases "imagenet" / "imagenet21k".
+        architecture: a constructor name ("ViTB16") that tags and aliases refer to.
+        image_size: the resolution the model will run at: picks the 224 or 384 repository.
+
+    Returns:
+        A `ResolvedWeights` (downloads and verifies Hub files first; see keras_vit.hub.fetch).
+
+    Raises:
+        FileNotFoundError for a path that does not exist; ValueError for an unknown name (with
+        the closest valid ones); keras_vit.hub.HubError subclasses for Hub failures (offline
+        without a cache, missing repository, corrupt download); CheckpointError for a file of
+        no known format.
+
+    Example:
+        >>> resolve("ViTTi16.augreg_in21k", image_size=224).preset.repo   # doctest: +SKIP
+        'timm/vit_tiny_patch16_224.augreg_in21k'
+    """
+    if isinstance(source, presets.Preset):
+        return _fetch_preset(source, source.name, source.name)
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"weights must be None, a path or a string; got {type(source).__name__}.")
+    source = os.fspath(source)
+    if os.path.exists(source):
+        path = _run_folder_model(source)
+        return ResolvedWeights(source, path, detect_format(path))
+    if source.startswith("hf://"):
+        repo, revision = hub.parse_hf_handle(source)
+        folder, commit = hub.fetch(repo, revision, what=source, allow_patterns=hub_file_patterns())
+        return ResolvedWeights(source, folder, detect_format(folder), None, repo, revision, commit)
+    if _looks_like_path(source):
+        raise FileNotFoundError(
+            f"No checkpoint at {source!r}. Pass an existing checkpoint file or folder, 'hf://owner/repo', a preset "
+            "name (keras_vit.list_presets()), or weights=None for a randomly initialised model."
+        )
+    if architecture is not None and "." not in source:
+        preset = presets.find_preset(architecture, source, image_size)
+        if source == "imagenet" and preset.classes != 1000:
+            warnings.warn(
+                f"No ImageNet-1k fine-tuned weights are published for {architecture}; weights='imagenet' loads "
+                f"{preset.tag!r} (pre-trained on ImageNet-21k) instead.",
+                stacklevel=4,
+            )
+        return _fetch_preset(preset, source, f"weights={source!r} of {architecture}")
+    preset = presets.preset_by_name(source, image_size)
+    if preset is None:
+        raise _unknown_name_error(source, architecture)
+    return _fetch_preset(preset, source, source)
+
+
+# === The head policy ===
+
+
+@dataclasses.dataclass(frozen=True)
+class HeadPlan:
+    """What a load does with the checkpoint's head: the model arguments it decides, and which
+    weights of the checkpoint are skipped or may be missing."""
+
+    model_args: dict
+    skip: tuple
+    allow_missing: tuple
+
+
+def plan_head(config, *, include_top=True, classes=None, pooling=None, keep_representation=True, fresh_head=False,
+              source=None, warn=True):
+    """The one head policy of every load.
+
+    - include_top=None: the model as the checkpoint is: its head when it has one, otherwise
+      its features pooled as its classifier pools them (through `pre_logits` if it has one).
+    - include_top=False: no head (`pooling` as usual; `pre_logits` kept when pooling is set).
+    - include_top=True, `classes` None or equal to the checkpoint's: the trained head is kept.
+    - include_top=True, other `classes` (or a checkpoint without a head): a fresh
+      zero-initialised head (the paper's fine-tuning recipe). Discarding a trained head warns
+      (unless `warn=False`): pass the checkpoint's classes to keep it.
+    - fresh_head=True: a fresh head whatever the classes (training.for_finetuning).
+    - keep_representation=False drops `pre_logits` (the paper drops it for fine-tuning).
+    """
+    ckpt_classes = config.get("classes")
+    what = f" {source!r}" if source else ""
+    if include_top is None:
+        include_top = ckpt_classes is not None
+        if not include_top and pooling is None:
+            pooling = config.get("classifier", "token")
+    skip, allow_missing = [], []
+    if include_top:
+        if classes is None:
+            if ckpt_classes is None:
+                raise ValueError(
+                    f"The checkpoint{what} has no classification head. Pass classes=N to attach a fresh one "
+                    "(zero-initialised, to be fine-tuned), or include_top=False for features."
+                )
+            classes = ckpt_classes
+        if fresh_head or classes != ckpt_classes:
+            if ckpt_classes and warn and classes != ckpt_classes:
+                warnings.warn(
+                    f"The checkpoint{what} has a trained {ckpt_classes}-class head; classes={classes} attaches a "
+                    f"fresh zero-initialised {classes}-class head instead (to be fine-tuned). Pass "
+                    f"classes={ckpt_classes} to keep the trained head.",
+                    stacklevel=5,
+                )
+            skip.append("head/")
+            allow_missing.append("head/")
+    else:
+        skip.append("head/")
+    args = dict(include_top=bool(include_top), classes=int(classes or ckpt_classes or 1000), pooling=pooling)
+    if not keep_representation:
+        args["representation_size"] = None
+        skip.append("pre_logits/")
+    return HeadPlan(args, tuple(skip), tuple(allow_missing))
+
+
+# === Loading ===
+
+
+def _describe(config):
+    text = (f"hidden {config['hidden_size']}, {config['num_layers']} layers, {config['num_heads']} heads, "
+            f"patch {config['patch_size']}")
+    return text + (f", ResNet {tuple(config['resnet'][0])}" if config.get("resnet") else "")
+
+
+def check_architecture(architecture, config, source):
+    """Raise a ValueError when the checkpoint `config` is not the architecture-table row `architecture`."""
+    expected = dict(architecture.kwargs())
+    expected.setdefault("resnet", None)
+    got = {}
+    for key in expected:
+        value = config.get(key)
+        if key == "resnet" and value is not None:
+            value = (tuple(value[0]), value[1])
+        got[key] = value
+    if got != expected:
+        raise ValueError(
+            f"weights={source!r} hold a different architecture ({_describe(got)}) than {architecture.name} "
+            f"({_describe(expected)}). Use the matching constructor, or keras_vit.load_checkpoint(), which builds "
+            "whatever architecture the checkpoint holds."
+        )
+
+
+def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, classes=None, pooling=None,
+                          classifier_activation=None, keep_representation=True, fresh_head=False, source=None,
+                          warn=True, **overrides):
+    """Build the model a checkpoint's (tree, config) describes, once and without random
+    initialisation, and stream the weights into it.
+
+    Args:
+        tree, config: what a format's reader returns (lazy trees are read one tensor at a time).
+        image_size: int or (height, width); position embeddings are resized from the
+            checkpoint's grid with the source's rule.
+        include_top, classes, pooling, keep_representation: the head policy (`plan_head`).
+        classifier_activation: activation of the head; None returns logits.
+        **overrides: other VisionTransformer arguments (dropout_rate, dtype, name, ...).
+
+    Raises:
+        WeightTreeError when the tree does not fit (nothing is assigned then).
+    """
+    from keras_vit.layers.init_scope import skip_random_init
+    from keras_vit.models.vit import VisionTransformer
+    from keras_vit.models.weight_tree import set_weight_tree, weight_variables
+
+    plan = plan_head(config, include_top=include_top, classes=classes, pooling=pooling,
+                     keep_representation=keep_representation, fresh_head=fresh_head, source=source, warn=warn)
+    kwargs = dict(config)
+    kwargs.update(plan.model_args, classifier_activation=classifier_activation)
+    if image_size is not None:
+        kwargs["image_size"] = image_size
+    kwargs.update(overrides)
+    with skip_random_init():  # every weight is assigned below (or is the zero fresh head)
+        model = VisionTransformer(**kwargs)
+    if hasattr(tree, "bind"):
+        tree = tree.bind(model)
+    present = {k.split("/", 1)[0] for k in weight_variables(model)}
+    skip = plan.skip + tuple(f"{p}/" for p in ("head", "pre_logits") if p not in present)
+    set_weight_tree(
+        model,
+        tree,
+        source_grid=source_grid(config),
+        resize_rule=config.get("position_embedding_resize"),
+        skip=skip,
+        allow_missing=plan.allow_missing,
+    )
+    return model
+
+
+def load(source, *, architecture=None, image_size=None, include_top=True, classes=None, pooling=None,
+         classifier_activation=None, keep_representation=True, fresh_head=False, warn=True, **overrides):
+    """Load weights named in any accepted way into a model: `resolve`, read, build once, assign.
+
+    Args:
+        source: anything `resolve` accepts.
+        architecture: an architecture-table row (or its name) the checkpoint must hold; tags and
+            aliases refer to it.
+        image_size, include_top, classes, pooling, classifier_activation, keep_representation:
+            see `build_from_checkpoint` and `plan_head`.
+        **overrides: other VisionTransformer arguments.
+
+    Example:
+        >>> model = load("ViT-B_16.npz", image_size=384)   # doctest: +SKIP
+    """
+    from keras_vit.models.config import get_architecture
+
+    if isinstance(architecture, str):
+        architecture = get_architecture(architecture)
+    arch_name = architecture.name if architecture is not None else None
+    resolved = resolve(source, architecture=arch_name, image_size=image_size)
+    tree, config = resolved.format.read(resolved.path)
+    source = resolved.source
+    if architecture is not None:
+        check_architecture(architecture, config, source)
+    return build_from_checkpoint(
+        tree,
+        config,
+        image_size=image_size,
+        include_top=include_top,
+        classes=classes,
+        pooling=pooling,
+        classifier_activation=classifier_activation,
+        keep_representation=keep_representation,
+        fresh_head=fresh_head,
+        source=source,
+        warn=warn,
+        **overrides,
+    )
+
+
+def load_checkpoint(source, *, image_size=None, include_top=True, classes=None, pooling=None,
+                    classifier_activation=None, **overrides):
+    """Load any supported checkpoint as a keras_vit model; the architecture and the source
+    framework's numerics are read from the checkpoint itself.
+
+    Args:
+        source: an original .npz, a timm folder or .safetensors, a transformers folder, a Keras
+            preset folder, a .keras or .weights.h5 file, a training run folder;
+            "hf://owner/repo[@revision]"; or a preset name ("ViTB16.augreg_in21k",
+            "vit_base_patch16_224.augreg2_in21k_ft_in1k").
+        image_size: int or (height, width) to run at; position embeddings are resized with the
+            source's own rule. Default: the checkpoint's resolution.
+        include_top: True (a head), False (features), or None (as the checkpoint is: its head if
+            it has one, else pooled features).
+        classes: None keeps the checkpoint's head; another number attaches a fresh
+            zero-initialised head (with a warning when that discards a trained one).
+        pooling: with include_top=False: None, "token", "gap" or "max" (see VisionTransformer).
+        classifier_activation: activation of the head; None (default) returns logits.
+        **overrides: other VisionTransformer arguments (dropout_rate, dtype, name, ...).
+
+    Example:
+        >>> model = keras_vit.load_checkpoint("ViT-B_16.npz", image_size=384)   # doctest: +SKIP
+    """
+    return load(source, image_size=image_size, include_top=include_top, classes=classes, pooling=pooling,
+                classifier_activation=classifier_activation, **overrides)
+
+
+__all__ = ["HeadPlan", "ResolvedWeights", "build_from_checkpoint", "check_architecture", "load", "load_checkpoint",
+           "plan_head", "resolve"]
