@@ -31,7 +31,7 @@ _SETUP = """
 import json, os, sys, warnings
 import numpy as np
 import keras_vit
-from keras_vit import hub, presets, checkpoints
+from keras_vit import hub, presets, checkpoints, loading
 presets.register_preset("ViTTi16", "test_tag", 32, {ti32!r}, classes=10)
 presets.register_preset("ViTTi16", "test_tag", 64, {ti64!r}, classes=10)
 x32 = np.load({x32!r}); x64 = np.load({x64!r})
@@ -118,8 +118,9 @@ def online(hub, tmp_path_factory):
     body = """
 m = keras_vit.ViTTi16(weights="test_tag", input_shape=(32, 32, 3), classes=10, classifier_activation=None)
 result["ti32"] = m.predict(x32, verbose=0).tolist()
-path64 = presets.resolve_source("ViTTi16.test_tag", image_size=(64, 64))
-result["ti64_source"] = json.load(open(os.path.join(path64, "metadata.json")))["source_repo"]
+resolved64 = loading.resolve("ViTTi16.test_tag", image_size=(64, 64))
+result["ti64_source"] = resolved64.repo
+result["ti64_format"] = resolved64.format.name
 m = keras_vit.load_checkpoint("hf://timm-test/tiny_vit.test", classifier_activation=None)
 result["tiny"] = m.predict(x32, verbose=0).tolist()
 with warnings.catch_warnings(record=True) as caught:
@@ -127,7 +128,7 @@ with warnings.catch_warnings(record=True) as caught:
     m = keras_vit.ViTTi16(weights="test_tag", input_shape=(32, 32, 3), classes=3)
 result["fresh_head_warning"] = " ".join(str(w.message) for w in caught if "head" in str(w.message))
 result["fresh_head_abs"] = float(np.abs(m.get_layer("head").kernel.numpy()).max())
-result["converted"] = sorted(os.listdir(os.path.join(hub.cache_dir(), "presets")))
+result["verified"] = sorted(os.listdir(os.path.join(hub.cache_dir(), "verified")))
 """
     before = len(hub["server"].requests)
     result, out = _run(hub, tmp, body)
@@ -139,8 +140,9 @@ def test_tag_through_the_preset_table_matches_timm(hub, online):
 
 
 def test_the_repository_at_the_requested_resolution_is_chosen(hub, online):
-    # 64x64 input -> the 64 repository (its conversion is what resolve_source returns).
+    # 64x64 input -> the 64 repository, read in place in timm's format.
     assert online["result"]["ti64_source"] == TI16_REPO_64
+    assert online["result"]["ti64_format"] == "timm"
     fetched = {p.split("/resolve/")[0].strip("/") for m, p in online["requests"] if "/resolve/" in p}
     assert {TI16_REPO, TI16_REPO_64} <= fetched
 
@@ -155,27 +157,29 @@ def test_other_classes_attach_a_fresh_zero_head_with_a_warning(online):
     assert "classes=10" in online["result"]["fresh_head_warning"]
 
 
-def test_downloads_show_progress_and_conversions_are_cached(online):
-    assert sorted(online["result"]["converted"]) == sorted(
+def test_downloads_show_progress_and_are_verified_once(online):
+    # One verification record per repository; nothing converted or copied besides the Hub cache.
+    assert sorted(online["result"]["verified"]) == sorted(
         r.replace("/", "--") for r in (TI16_REPO, TI16_REPO_64, TINY_REPO)
     )
+    assert not os.path.exists(online["tmp"] / "keras_vit_cache" / "presets")
     # huggingface_hub's own progress bars went to stderr.
     assert "Fetching" in online["stderr"] or "Download" in online["stderr"]
     # Nothing half-written anywhere.
-    leftovers = [p for p in _cache_files(online["tmp"]) if ".incomplete" in p or ".converting-" in p]
+    leftovers = [p for p in _cache_files(online["tmp"]) if ".incomplete" in p or p.endswith(".tmp")]
     assert leftovers == []
 
 
-def test_second_load_offline_uses_the_cache_and_converts_nothing(hub, online):
+def test_second_load_offline_uses_the_cache_and_hashes_nothing(hub, online):
     body = """
 calls = []
-real_convert = hub.convert_to_preset
-hub.convert_to_preset = lambda *a, **k: calls.append(a) or real_convert(*a, **k)
+real_hash = hub.file_sha256
+hub.file_sha256 = lambda *a, **k: calls.append(a) or real_hash(*a, **k)
 m = keras_vit.ViTTi16(weights="test_tag", input_shape=(32, 32, 3), classes=10, classifier_activation=None)
 result["ti32"] = m.predict(x32, verbose=0).tolist()
 m = keras_vit.load_checkpoint("hf://timm-test/tiny_vit.test", classifier_activation=None)
 result["tiny"] = m.predict(x32, verbose=0).tolist()
-result["conversions"] = len(calls)
+result["hashed"] = len(calls)
 try:
     keras_vit.load_checkpoint("hf://timm-test/corrupt")
 except hub.OfflineError as err:
@@ -184,7 +188,7 @@ except hub.OfflineError as err:
     before = len(hub["server"].requests)
     result, _ = _run(hub, online["tmp"], body, HF_HUB_OFFLINE=1)
     assert hub["server"].requests[before:] == []
-    assert result["conversions"] == 0
+    assert result["hashed"] == 0  # unchanged since verified: no file is hashed again
     assert _rel_err(result["ti32"], hub["ref"]["ti32"]) < 2e-5
     assert _rel_err(result["tiny"], hub["ref"]["tiny"]) < 2e-5
     message = result["offline_error"]
@@ -268,11 +272,12 @@ def test_unreadable_weights_and_wrong_architecture(errors):
 
 
 def test_failures_leave_no_partial_file_in_any_cache(errors):
-    # Only the successful conversion (tiny_vit, used by the wrong-architecture case) is cached.
+    # Only repositories that downloaded intact have a verification record.
     cached = errors["result"]["keras_vit_cache"]
-    assert {p.split(os.sep)[1] for p in cached if p.startswith("presets" + os.sep)} == {"timm-test--tiny_vit.test"}
-    assert not any("bad_sha" in p or "truncated" in p or "corrupt" in p or "garbage" in p for p in cached)
-    assert not any(".converting-" in p for p in cached)
+    verified = {p.split(os.sep)[1] for p in cached if p.startswith("verified" + os.sep) and os.sep in p[9:]}
+    assert {"timm-test--tiny_vit.test", "kv-test--tiny_preset"} <= verified
+    assert not any(name in v for v in verified for name in ("bad_sha", "truncated", "corrupt"))
+    assert not any(p.endswith(".tmp") for p in cached)
     hf_files = _cache_files(errors["tmp"] / "hf_home")
     assert not any(p.endswith(".incomplete") for p in hf_files)
     # The bad blobs were dropped from the Hub cache, so a retry downloads them again.
@@ -296,7 +301,6 @@ def test_publish_dry_run_converts_manifest_rows_without_uploading(errors):
     assert folders == ["vitti16_32.tiny"]
 
 
-def test_keras_preset_repository_is_used_without_conversion(hub, errors):
+def test_keras_preset_repository_is_read_in_place(hub, errors):
     assert _rel_err(errors["result"]["keras_repo"], hub["ref"]["keras"]) < 1e-6
-    assert not any("kv-test" in p for p in errors["result"]["keras_vit_cache"] if p.startswith("presets"))
     assert any(p.startswith(os.path.join("verified", "kv-test--tiny_preset")) for p in errors["result"]["keras_vit_cache"])

@@ -61,6 +61,7 @@ def for_finetuning(
         include_top=True,
         keep_representation=keep_representation,
         fresh_head=True,
+        warn=False,  # a new head is the point of fine-tuning
         dropout_rate=float(dropout_rate),
         attention_dropout_rate=float(attention_dropout_rate),
     )

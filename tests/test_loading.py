@@ -1,0 +1,187 @@
+"""The one loading path (keras_vit.loading): every way of naming weights resolves in `resolve`,
+one head policy, one model build per load with no random initialisation, and Keras-native files
+read lazily into that one model.
+
+References are independent of the loading code: the original .npz layout written from a model's
+own weights (checked against timm's .npz loader in test_checkpoints.py), and the model's own
+predictions before saving.
+"""
+
+import os
+import warnings
+
+import keras
+import numpy as np
+import pytest
+from conftest import TINY, TINY_HYBRID, randomize
+
+import keras_vit
+from keras_vit import loading
+from keras_vit.models.vit import VisionTransformer
+
+
+@pytest.fixture
+def build_counter(monkeypatch):
+    """Counts VisionTransformer builds and random-initialiser calls made while a test runs."""
+    counts = {"builds": 0, "random": 0}
+    real_init = VisionTransformer.__init__
+
+    def counting_init(self, *args, **kwargs):
+        counts["builds"] += 1
+        return real_init(self, *args, **kwargs)
+
+    monkeypatch.setattr(VisionTransformer, "__init__", counting_init)
+    for name in ("RandomNormal", "TruncatedNormal", "GlorotUniform", "RandomUniform", "LecunNormal"):
+        cls = getattr(keras.initializers, name)
+        real_call = cls.__call__
+
+        def counting_call(self, *args, _real=real_call, **kwargs):
+            counts["random"] += 1
+            return _real(self, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "__call__", counting_call)
+    return counts
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """One tiny model (with pre_logits) in every local format, plus its predictions."""
+    root = tmp_path_factory.mktemp("formats")
+    model = randomize(VisionTransformer(**TINY, representation_size=12, classifier_activation=None), seed=3)
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    keras_vit.write_npz(model, root / "model.npz")
+    keras_vit.save_preset(model, root / "preset")
+    model.save(root / "model.keras")
+    os.makedirs(root / "run")
+    model.save(root / "run" / "model.keras")
+    os.makedirs(root / "h5")
+    model.save_weights(root / "h5" / "model.weights.h5")
+    (root / "h5" / "config.json").write_text((root / "preset" / "config.json").read_text())
+    return dict(root=root, x=x, logits=model.predict(x, verbose=0), tree=keras_vit.get_weight_tree(model))
+
+
+FORMS = [
+    ("model.npz", "npz"),
+    ("preset", "keras_preset"),
+    ("model.keras", "keras"),
+    ("run", "keras"),
+    ("h5/model.weights.h5", "keras_weights"),
+]
+
+
+@pytest.mark.parametrize("name,fmt", FORMS)
+def test_every_local_form_resolves_and_loads_in_one_build(saved, build_counter, name, fmt):
+    path = saved["root"] / name
+    resolved = loading.resolve(path)
+    assert resolved.format.name == fmt and os.path.exists(resolved.path)
+    assert loading.resolve(str(path)).format.name == fmt
+    build_counter.update(builds=0, random=0)
+    model = keras_vit.load_checkpoint(path)
+    assert build_counter == {"builds": 1, "random": 0}
+    np.testing.assert_allclose(model.predict(saved["x"], verbose=0), saved["logits"], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", ["preset", "model.keras"])
+def test_keras_files_load_at_another_size_and_head_like_the_npz(saved, build_counter, name):
+    # The .npz route (reader checked against timm elsewhere) is the reference for resize + head.
+    kwargs = dict(image_size=48, classes=5, include_top=True, classifier_activation=None)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        reference = keras_vit.load_checkpoint(saved["root"] / "model.npz", **kwargs)
+        build_counter.update(builds=0, random=0)
+        model = keras_vit.load_checkpoint(saved["root"] / name, **kwargs)
+    assert build_counter["builds"] == 1 and build_counter["random"] == 0
+    ours, ref = keras_vit.get_weight_tree(model), keras_vit.get_weight_tree(reference)
+    assert sorted(ours) == sorted(ref)
+    for key in ref:
+        np.testing.assert_allclose(ours[key], ref[key], rtol=1e-6, atol=1e-7, err_msg=key)
+    assert not np.any(ours["head/kernel"])  # the fresh head is zero
+
+
+def test_head_policy_matrix(saved):
+    path = saved["root"] / "model.npz"
+    tree = saved["tree"]
+    # as the checkpoint is: its head
+    m = keras_vit.load_checkpoint(path, include_top=None)
+    assert m.output_shape == (None, TINY["classes"])
+    # kept head (classes None or equal)
+    for classes in (None, TINY["classes"]):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            m = keras_vit.load_checkpoint(path, classes=classes)
+        np.testing.assert_array_equal(m.get_layer("head").kernel.numpy(), tree["head/kernel"])
+    # a fresh head, with a warning naming how to keep the trained one
+    with pytest.warns(UserWarning, match=f"trained {TINY['classes']}-class head.*classes={TINY['classes']}"):
+        m = keras_vit.load_checkpoint(path, classes=3)
+    assert m.output_shape == (None, 3) and not np.any(m.get_layer("head").kernel.numpy())
+    np.testing.assert_array_equal(m.get_layer("pre_logits").kernel.numpy(), tree["pre_logits/kernel"])
+    # features: no head; pre_logits only when pooling
+    m = keras_vit.load_checkpoint(path, include_top=False)
+    assert m.output_shape == (None, 17, TINY["hidden_size"])
+    m = keras_vit.load_checkpoint(path, include_top=False, pooling="token")
+    assert m.output_shape == (None, 12)
+    # fine-tuning: fresh head, pre_logits dropped, from a model or straight from the file
+    for base in (keras_vit.load_checkpoint(path), path):
+        ft = keras_vit.training.for_finetuning(base, image_size=48, classes=4)
+        assert ft.output_shape == (None, 4) and ft.grid_size == (6, 6)
+        assert "pre_logits" not in [layer.name for layer in ft.layers]
+        np.testing.assert_array_equal(
+            ft.get_layer("encoder_norm").gamma.numpy(), tree["Transformer/encoder_norm/scale"]
+        )
+
+
+def test_a_checkpoint_without_head_needs_classes_or_no_top(tmp_path):
+    model = VisionTransformer(**TINY, include_top=False)
+    keras_vit.write_npz(model, tmp_path / "features.npz")
+    with pytest.raises(ValueError, match="no classification head.*classes=N.*include_top=False"):
+        keras_vit.load_checkpoint(tmp_path / "features.npz")
+    assert keras_vit.load_checkpoint(tmp_path / "features.npz", include_top=None).output_shape == (None, 24)
+    assert keras_vit.load_checkpoint(tmp_path / "features.npz", classes=2).output_shape == (None, 2)
+
+
+def test_bad_names_are_clear_errors(tmp_path):
+    with pytest.raises(FileNotFoundError, match="No checkpoint at.*missing.npz.*weights=None"):
+        loading.resolve(str(tmp_path / "missing.npz"))
+    with pytest.raises(FileNotFoundError, match="No checkpoint"):
+        loading.resolve("./not/here")
+    with pytest.raises(ValueError, match="Unknown weights 'augreg2_in21k_ft_in1' for ViTB16. Did you mean 'augreg2_in21k_ft_in1k'"):
+        loading.resolve("ViTB16.augreg2_in21k_ft_in1")
+    with pytest.raises(ValueError, match="Did you mean 'vit_base_patch16_224.augreg2_in21k_ft_in1k'"):
+        loading.resolve("vit_base_patch16_224.augreg2_in21k_ft_in1")
+    with pytest.raises(ValueError, match="Unknown weights 'augreg_in22k' for ViTB16.*augreg_in21k"):
+        keras_vit.ViTB16(weights="augreg_in22k")
+    with pytest.raises(ValueError, match="not a Hub handle"):
+        loading.resolve("hf://not a repo")
+    with pytest.raises(TypeError, match="weights must be None, a path or a string"):
+        loading.resolve(3)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(keras_vit.CheckpointError, match="Unknown checkpoint format of the folder"):
+        loading.resolve(empty)
+
+
+def test_constructor_refuses_another_architecture(saved):
+    with pytest.raises(ValueError, match="different architecture.*ViTTi16.*load_checkpoint"):
+        keras_vit.ViTTi16(weights=saved["root"] / "model.npz")
+
+
+def test_hybrid_keras_preset_round_trip(tmp_path, build_counter):
+    model = randomize(VisionTransformer(**TINY_HYBRID, classifier_activation=None), seed=4)
+    keras_vit.save_preset(model, tmp_path / "hybrid")
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 64, 64, 3)).astype("float32")
+    build_counter.update(builds=0, random=0)
+    loaded = keras_vit.load_checkpoint(tmp_path / "hybrid")
+    assert build_counter == {"builds": 1, "random": 0}
+    np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-5, atol=1e-5)
+
+
+def test_the_registry_declares_every_format():
+    from keras_vit.checkpoints import registry
+
+    table = registry.formats()
+    assert list(table) == ["keras_preset", "keras", "keras_weights", "timm", "transformers", "npz"]
+    assert table["timm"].resize_rule == "bicubic_antialias" and table["npz"].resize_rule == "original"
+    assert table["npz"].write is keras_vit.write_npz
+    patterns = registry.hub_file_patterns()
+    assert {"*.safetensors", "*.npz", "model.weights.h5", "*.keras", "*.json"} <= set(patterns)
+    assert not any(p.endswith((".bin", ".msgpack", ".pt")) for p in patterns)
