@@ -22,6 +22,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 import urllib.parse
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -34,17 +35,15 @@ def _sha256(data):
     return hashlib.sha256(data).hexdigest()
 
 
-def _git_sha1(data):
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
 class HubServer:
     """A threaded Hub endpoint for the repositories under `root`. Use as a context manager."""
 
     def __init__(self, root):
         self.root = os.fspath(root)
         self.faults = {}  # (repo_id, path) -> "truncate" | "corrupt"
+        self.delays = {}  # (repo_id, path) -> seconds between 1 MiB chunks (a slow download)
         self.requests = []  # (method, path)
+        self._hashes = {}
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
@@ -68,19 +67,29 @@ class HubServer:
         return os.path.join(self.root, *repo_id.split("/"))
 
     def files(self, repo_id):
+        """{path in the repository: (absolute path, size, sha256, git blob sha1)}; hashes are
+        computed once per file version (large benchmark repositories are served too)."""
         base = self.repo_dir(repo_id)
         out = {}
         for folder, _, names in os.walk(base):
             for name in names:
                 path = os.path.join(folder, name)
-                with open(path, "rb") as f:
-                    out[os.path.relpath(path, base).replace(os.sep, "/")] = f.read()
+                st = os.stat(path)
+                key = (path, st.st_size, st.st_mtime_ns)
+                if key not in self._hashes:
+                    sha256, sha1 = hashlib.sha256(), hashlib.sha1(b"blob %d\0" % st.st_size)
+                    with open(path, "rb") as f:
+                        while block := f.read(1 << 22):
+                            sha256.update(block)
+                            sha1.update(block)
+                    self._hashes[key] = (sha256.hexdigest(), sha1.hexdigest())
+                out[os.path.relpath(path, base).replace(os.sep, "/")] = (path, st.st_size) + self._hashes[key]
         return out
 
     def commit(self, repo_id):
         digest = hashlib.sha1()
-        for path, data in sorted(self.files(repo_id).items()):
-            digest.update(path.encode() + b"\0" + _sha256(data).encode())
+        for path, (_, _, sha256, _) in sorted(self.files(repo_id).items()):
+            digest.update(path.encode() + b"\0" + sha256.encode())
         return digest.hexdigest()
 
     def _handler(self):
@@ -101,6 +110,21 @@ class HubServer:
                 self.end_headers()
                 if not head and body:
                     self.wfile.write(body)
+
+            def _send_file(self, path, size, headers, delay):
+                # Streamed in chunks; `delay` seconds between chunks make a slow download.
+                self.send_response(200)
+                for key, value in dict(headers, **{"Content-Length": str(size)}).items():
+                    self.send_header(key, value)
+                self.end_headers()
+                with open(path, "rb") as f:
+                    while block := f.read(1 << 20):
+                        try:
+                            self.wfile.write(block)
+                        except (BrokenPipeError, ConnectionResetError):
+                            return
+                        if delay:
+                            time.sleep(delay)
 
             def _error(self, code, message, head=False):
                 body = json.dumps({"error": message}).encode()
@@ -139,10 +163,10 @@ class HubServer:
                         return self._json({"id": repo_id, "sha": commit, "private": False,
                                            "siblings": [{"rfilename": p} for p in sorted(files)]})
                     entries = []
-                    for p, data in sorted(files.items()):
-                        entry = {"type": "file", "path": p, "size": len(data), "oid": _git_sha1(data)}
+                    for p, (_, size, sha256, sha1) in sorted(files.items()):
+                        entry = {"type": "file", "path": p, "size": size, "oid": sha1}
                         if p.endswith(_LFS_SUFFIXES):
-                            entry["lfs"] = {"oid": _sha256(data), "size": len(data), "pointerSize": 134}
+                            entry["lfs"] = {"oid": sha256, "size": size, "pointerSize": 134}
                         entries.append(entry)
                     return self._json(entries)
                 if len(parts) >= 5 and parts[2] == "resolve":
@@ -150,21 +174,28 @@ class HubServer:
                     commit, error = self._repo_and_rev(repo_id, revision)
                     if error:
                         return self._error(error, f"{error}: {repo_id}@{revision}", head)
-                    data = server.files(repo_id).get(file_path)
-                    if data is None:
+                    entry = server.files(repo_id).get(file_path)
+                    if entry is None:
                         return self._send(404, b"", {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": commit}, head)
+                    path, size, sha256, sha1 = entry
                     lfs = file_path.endswith(_LFS_SUFFIXES)
-                    etag = _sha256(data) if lfs else _git_sha1(data)
+                    etag = sha256 if lfs else sha1
                     headers = {"X-Repo-Commit": commit, "ETag": f'"{etag}"',
                                "Content-Type": "application/octet-stream"}
                     if lfs:
-                        headers.update({"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(len(data))})
+                        headers.update({"X-Linked-Etag": f'"{etag}"', "X-Linked-Size": str(size)})
                     fault = server.faults.get((repo_id, file_path))
-                    if not head and fault == "truncate":
-                        data = data[: len(data) // 2]
-                    elif not head and fault == "corrupt":
-                        data = bytes(b ^ 0xFF for b in data[:64]) + data[64:]
-                    return self._send(200, data, headers, head)
+                    if head:
+                        return self._send(200, b"", dict(headers, **{"Content-Length": str(size)}), head=True)
+                    if fault in ("truncate", "corrupt"):
+                        with open(path, "rb") as f:
+                            data = f.read()
+                        if fault == "truncate":
+                            data = data[: len(data) // 2]
+                        else:
+                            data = bytes(b ^ 0xFF for b in data[:64]) + data[64:]
+                        return self._send(200, data, headers)
+                    return self._send_file(path, size, headers, server.delays.get((repo_id, file_path), 0.0))
                 return self._send(404, b"", {"X-Error-Code": "RepoNotFound"}, head)
 
         return Handler

@@ -1,0 +1,174 @@
+"""Faults around the download cache: processes killed mid-load, concurrent loads, and cached files
+damaged after they were verified. A real Hub endpoint on 127.0.0.1 (tests/test_hub_server.py)
+serves a timm repository; every load runs in a fresh process, as users run them.
+
+What is checked (docs/reliability.md has the table):
+- SIGKILL at several points of a load (during the download, during verification and reading):
+  the next load succeeds with the reference logits and nothing half-written is used.
+- 2 and 4 processes loading the same named preset at once: all succeed with identical logits,
+  each file is downloaded once and hashed once.
+- A bit flip or a truncation of a cached file after it was verified: detected; online it is
+  downloaded again (right logits), offline the error names the file and the fix.
+
+The cache logic is backend-independent: these run on the JAX backend only (make test-jax).
+"""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+from conftest import BACKEND
+from test_hub_server import HubServer, hub_env
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(BACKEND != "jax", reason="backend-independent cache logic: run once, on JAX"),
+]
+
+REPO = "timm-test/vit_tiny_patch16_224.faults"
+
+_MAKE_REPO = """
+import os, sys, numpy as np, torch, timm
+from timm.models import save_for_hf
+root, repo = sys.argv[1], sys.argv[2]
+x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+np.save(os.path.join(root, "x.npy"), x)
+torch.manual_seed(0)
+model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, num_classes=10).eval()
+with torch.no_grad():
+    for p in model.parameters():
+        p.add_(torch.randn_like(p) * 0.05)
+    np.save(os.path.join(root, "ref.npy"), model(torch.from_numpy(x).permute(0, 3, 1, 2)).numpy())
+save_for_hf(model, os.path.join(root, "repos", repo), model_args=dict(img_size=32, num_classes=10),
+            safe_serialization=True)
+"""
+
+_LOAD = """
+import json, sys, numpy as np, keras_vit
+from keras_vit import hub, presets
+presets.register_preset("ViTTi16", "faults", 32, {repo!r}, classes=10)
+calls = []
+real_verify = hub.verify_snapshot
+hub.verify_snapshot = lambda *a, **k: calls.append(a) or real_verify(*a, **k)
+print("LOADING", flush=True)
+try:
+    model = keras_vit.ViTTi16(weights="faults", input_shape=(32, 32, 3), classes=10, classifier_activation=None)
+except Exception as err:
+    print("ERROR" + json.dumps([type(err).__name__, str(err)]), flush=True)
+    sys.exit(3)
+logits = model.predict(np.load({x!r}), verbose=0)
+print("RESULT" + json.dumps(dict(logits=logits.tolist(), verified=len(calls))), flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fault_hub")
+    subprocess.run([sys.executable, "-c", _MAKE_REPO, str(root), REPO], check=True, capture_output=True, timeout=600)
+    with HubServer(root / "repos") as server:
+        yield dict(server=server, root=root, ref=np.load(root / "ref.npy"),
+                   code=_LOAD.format(repo=REPO, x=str(root / "x.npy")))
+
+
+def _start(repo, tmp, **env):
+    full = dict(os.environ, KERAS_BACKEND=BACKEND, **hub_env(repo["server"], tmp, **env))
+    return subprocess.Popen([sys.executable, "-c", repo["code"]], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=full)
+
+
+def _finish(proc, timeout=300):
+    out, err = proc.communicate(timeout=timeout)
+    result = [ln for ln in out.splitlines() if ln.startswith(("RESULT", "ERROR"))]
+    if not result:
+        raise AssertionError(f"no result (exit {proc.returncode}):\n{out}\n{err[-3000:]}")
+    kind, payload = result[-1][:6], json.loads(result[-1][6:] if result[-1].startswith("RESULT") else result[-1][5:])
+    return ("ok", payload) if kind == "RESULT" else ("error", payload)
+
+
+def _load(repo, tmp, **env):
+    return _finish(_start(repo, tmp, **env))
+
+
+def _rel_err(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.abs(a - b).max() / np.abs(b).max())
+
+
+def _blob(tmp):
+    hub_cache = tmp / "hf_home" / "hub"
+    for folder, _, names in os.walk(hub_cache):
+        for name in names:
+            if name == "model.safetensors" and "snapshots" in folder:
+                return os.path.realpath(os.path.join(folder, name))
+    raise AssertionError("no cached model.safetensors")
+
+
+def _weights_gets(server, since):
+    return sum(1 for m, p in server.requests[since:] if m == "GET" and p.endswith("/model.safetensors"))
+
+
+@pytest.mark.parametrize("kill_after", [1.0, 4.0, 9.0])
+def test_a_load_killed_at_any_point_leaves_nothing_the_next_load_uses(repo, tmp_path, kill_after):
+    # A slow download (about 0.1 s per MiB of 22 MiB): 1 s kills it mid-download, 4 s near its
+    # end or during verification, 9 s while the model is built and the weights read.
+    repo["server"].delays[(REPO, "model.safetensors")] = 0.1
+    try:
+        proc = _start(repo, tmp_path)
+        time.sleep(kill_after)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(timeout=60)
+    finally:
+        repo["server"].delays.clear()
+    status, result = _load(repo, tmp_path)
+    assert status == "ok", result
+    assert _rel_err(result["logits"], repo["ref"]) < 2e-5
+    leftovers = [os.path.join(r, n) for r, _, ns in os.walk(tmp_path) for n in ns if n.endswith((".incomplete", ".tmp"))]
+    assert leftovers == []
+
+
+@pytest.mark.parametrize("processes", [2, 4])
+def test_concurrent_loads_download_and_hash_once(repo, tmp_path, processes):
+    before = len(repo["server"].requests)
+    procs = [_start(repo, tmp_path) for _ in range(processes)]
+    results = [_finish(p) for p in procs]
+    assert all(status == "ok" for status, _ in results), results
+    logits = [np.asarray(r["logits"]) for _, r in results]
+    assert all(np.array_equal(logits[0], other) for other in logits[1:])
+    assert _rel_err(logits[0], repo["ref"]) < 2e-5
+    assert _weights_gets(repo["server"], before) == 1
+    # One process hashes the downloaded files; the others find them verified.
+    assert sorted(r["verified"] for _, r in results) == [0] * (processes - 1) + [1]
+
+
+def test_damage_after_verification_is_detected(repo, tmp_path):
+    status, result = _load(repo, tmp_path)
+    assert status == "ok"
+    blob = _blob(tmp_path)
+
+    # A bit flip: online, the file is downloaded again and the logits are right.
+    with open(blob, "r+b") as f:
+        f.seek(os.path.getsize(blob) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0x10]))
+    before = len(repo["server"].requests)
+    status, result = _load(repo, tmp_path)
+    assert status == "ok" and _rel_err(result["logits"], repo["ref"]) < 2e-5
+    assert _weights_gets(repo["server"], before) == 1
+
+    # A truncation, offline: the error names the file and the fix; no logits come back.
+    blob = _blob(tmp_path)
+    with open(blob, "r+b") as f:
+        f.truncate(os.path.getsize(blob) - 1000)
+    status, (name, message) = _load(repo, tmp_path, HF_HUB_OFFLINE=1)
+    assert status == "error" and name == "IntegrityError"
+    assert "model.safetensors" in message and "go online once" in message
+
+    # Online again: fetched anew, right logits.
+    status, result = _load(repo, tmp_path)
+    assert status == "ok" and _rel_err(result["logits"], repo["ref"]) < 2e-5
