@@ -255,6 +255,8 @@ def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, cl
     Raises:
         WeightTreeError when the tree does not fit (nothing is assigned then).
     """
+    import keras
+
     from keras_vit.layers.init_scope import skip_random_init
     from keras_vit.models.vit import VisionTransformer
     from keras_vit.models.weight_tree import set_weight_tree, weight_variables
@@ -266,20 +268,23 @@ def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, cl
     if image_size is not None:
         kwargs["image_size"] = image_size
     kwargs.update(overrides)
-    with skip_random_init():  # every weight is assigned below (or is the zero fresh head)
+    # Variables are created uninitialised (keras.StatelessScope); set_weight_tree makes each
+    # checkpoint tensor its variable's initial value, read from the file when the scope ends and
+    # initialises them one at a time. A fresh head starts at zero; nothing random is drawn.
+    with skip_random_init(), keras.StatelessScope():
         model = VisionTransformer(**kwargs)
-    if hasattr(tree, "bind"):
-        tree = tree.bind(model)
-    present = {k.split("/", 1)[0] for k in weight_variables(model)}
-    skip = plan.skip + tuple(f"{p}/" for p in ("head", "pre_logits") if p not in present)
-    set_weight_tree(
-        model,
-        tree,
-        source_grid=source_grid(config),
-        resize_rule=config.get("position_embedding_resize"),
-        skip=skip,
-        allow_missing=plan.allow_missing,
-    )
+        if hasattr(tree, "bind"):
+            tree = tree.bind(model)
+        present = {k.split("/", 1)[0] for k in weight_variables(model)}
+        skip = plan.skip + tuple(f"{p}/" for p in ("head", "pre_logits") if p not in present)
+        set_weight_tree(
+            model,
+            tree,
+            source_grid=source_grid(config),
+            resize_rule=config.get("position_embedding_resize"),
+            skip=skip,
+            allow_missing=plan.allow_missing,
+        )
     return model
 
 

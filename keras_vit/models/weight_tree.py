@@ -117,7 +117,25 @@ def set_weight_tree(model, tree, *, source_grid=None, resize_rule=None, skip=(),
         )
     for key, value in values.items():
         var = variables[key]
-        var.assign(np.array(value, dtype=var.dtype))  # a copy: the model never aliases the tree
+        if getattr(var, "_value", 0) is None and getattr(var, "_initializer", None) is not None:
+            # Created in a keras.StatelessScope and not initialised yet (keras_vit.loading builds
+            # so): the value becomes its initialiser, and the variable is created from it once,
+            # when the scope ends; no zeros are written first and nothing is copied twice.
+            var._initializer = _ValueInitializer(value)
+        else:
+            var.assign(np.array(value, dtype=var.dtype))  # a copy: the model never aliases the tree
+
+
+class _ValueInitializer:
+    """An initialiser returning a checkpoint value (read only now, when it is lazy)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __call__(self, shape, dtype=None):
+        array = np.asarray(self.value, dtype=np.float32)
+        self.value = None  # the variable holds its own copy from here on
+        return array
 
 
 def _resized_position_embedding(model, value, source_grid, resize_rule, problems):

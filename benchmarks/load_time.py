@@ -1,0 +1,148 @@
+"""Time to first logits and peak memory of a named load, keras_vit beside timm, as a new user
+meets them: a fresh process, weights named by tag, downloaded from a Hub endpoint.
+
+    .venv/bin/python benchmarks/load_time.py                       # ViT-L/16, every backend
+    .venv/bin/python benchmarks/load_time.py --models L16 H14 --backends jax --repeats 2
+
+Set-up (once, cached in --workdir): random timm models saved with timm's own save_for_hf in
+the Hub layout (model.safetensors + config.json) as timm/vit_large_patch16_224.augreg_in21k_ft_in1k
+(1.2 GB) and timm/vit_huge_patch14_224.orig_in21k (2.5 GB), served by the loopback Hub of the
+tests (tests/test_hub_server.py) on 127.0.0.1.
+
+Each measurement is one fresh process, timed from its start (interpreter, imports, download or
+cache look-up, model build, weights, one predict of a 224x224 image) to its first logits:
+- "first": empty Hugging Face cache (download included);
+- "cached": the second run on the same cache.
+timm runs `timm.create_model(name, pretrained=True)` and one forward; keras_vit runs
+`keras_vit.ViTL16(weights="augreg_in21k_ft_in1k")` (ViTH14(weights="orig_in21k")) and one
+`predict`, per Keras backend. Peak RSS is the process's ru_maxrss. Ratios are keras_vit / timm
+measured in the same run (this machine's speed drifts between runs).
+"""
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "tests"))
+
+MODELS = {
+    "L16": dict(timm="vit_large_patch16_224.augreg_in21k_ft_in1k", arch="ViTL16", tag="augreg_in21k_ft_in1k"),
+    "H14": dict(timm="vit_huge_patch14_224.orig_in21k", arch="ViTH14", tag="orig_in21k"),
+}
+
+_MAKE = """
+import sys, torch, timm
+from timm.models import save_for_hf
+name, folder = sys.argv[1], sys.argv[2]
+model = timm.create_model(name.split(".")[0], pretrained=False, num_classes=timm.models.get_pretrained_cfg(name).num_classes)
+save_for_hf(model, folder, safe_serialization=True)
+"""
+
+_TIMM = """
+import resource, sys, time
+import numpy as np, torch, timm
+model = timm.create_model(sys.argv[1], pretrained=True).eval()
+with torch.no_grad():
+    out = model(torch.from_numpy(np.zeros((1, 3, 224, 224), "float32")))
+print("PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, tuple(out.shape), flush=True)
+"""
+
+_KERAS_VIT = """
+import resource, sys, time
+import numpy as np
+import keras_vit
+model = getattr(keras_vit, sys.argv[1])(weights=sys.argv[2], classifier_activation=None)
+out = model.predict(np.zeros((1, 224, 224, 3), "float32"), verbose=0)
+print("PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, out.shape, flush=True)
+"""
+
+
+def make_repos(workdir, models):
+    repos = os.path.join(workdir, "repos")
+    for key in models:
+        name = MODELS[key]["timm"]
+        folder = os.path.join(repos, "timm", name)
+        if not os.path.exists(os.path.join(folder, "model.safetensors")):
+            print(f"making a random {name} in timm's Hub layout ...", flush=True)
+            subprocess.run([sys.executable, "-c", _MAKE, name, folder], check=True)
+    return repos
+
+
+def run_once(code, args, env):
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
+    wall = time.perf_counter() - start
+    if out.returncode:
+        raise RuntimeError(f"{args} failed:\n{out.stderr[-3000:]}")
+    peak_kb = int([ln for ln in out.stdout.splitlines() if ln.startswith("PEAK")][-1].split()[1])
+    return wall, peak_kb / 1e6
+
+
+def measure(server, who, code, args, repeats, backend=None):
+    """(first, cached) = ((wall s, peak GB), (best wall s, peak GB)) from fresh caches."""
+    from test_hub_server import hub_env
+
+    tmp = tempfile.mkdtemp(prefix="load_time_")
+    try:
+        env = dict(os.environ, **hub_env(server, __import__("pathlib").Path(tmp)), TF_CPP_MIN_LOG_LEVEL="3")
+        if backend:
+            env["KERAS_BACKEND"] = backend
+        first = run_once(code, args, env)
+        cached = min((run_once(code, args, env) for _ in range(repeats)), key=lambda r: r[0])
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print(f"  {who:<22} first {first[0]:6.1f} s {first[1]:5.2f} GB   cached {cached[0]:6.1f} s {cached[1]:5.2f} GB",
+          flush=True)
+    return first, cached
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", nargs="+", default=["L16"], choices=sorted(MODELS))
+    parser.add_argument("--backends", nargs="+", default=["jax", "tensorflow", "torch"])
+    parser.add_argument("--repeats", type=int, default=1, help="cached runs per row (the best is kept)")
+    parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "keras_vit_load_time"))
+    parser.add_argument("--json", default=None, help="write the results here")
+    args = parser.parse_args(argv)
+
+    from test_hub_server import HubServer
+
+    repos = make_repos(args.workdir, args.models)
+    rows = []
+    with HubServer(repos) as server:
+        for key in args.models:
+            spec = MODELS[key]
+            size_gb = os.path.getsize(os.path.join(repos, "timm", spec["timm"], "model.safetensors")) / 1e9
+            print(f"{spec['timm']} ({size_gb:.2f} GB of weights)", flush=True)
+            timm_first, timm_cached = measure(server, "timm", _TIMM, [spec["timm"]], args.repeats)
+            for backend in args.backends:
+                first, cached = measure(server, f"keras_vit {backend}", _KERAS_VIT, [spec["arch"], spec["tag"]],
+                                        args.repeats, backend)
+                rows.append(dict(
+                    model=key, backend=backend, weights_gb=size_gb,
+                    timm_first_s=timm_first[0], timm_cached_s=timm_cached[0], timm_peak_gb=timm_cached[1],
+                    first_s=first[0], cached_s=cached[0], peak_gb=max(first[1], cached[1]),
+                    first_ratio=first[0] / timm_first[0], cached_ratio=cached[0] / timm_cached[0],
+                    peak_over_file=max(first[1], cached[1]) / size_gb,
+                ))
+    print("\n| model | backend | first: keras_vit / timm | cached: keras_vit / timm | peak RSS (x file) | timm peak |")
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['model']} | {r['backend']} | {r['first_s']:.1f} / {r['timm_first_s']:.1f} s "
+              f"(**{r['first_ratio']:.2f}x**) | {r['cached_s']:.1f} / {r['timm_cached_s']:.1f} s "
+              f"(**{r['cached_ratio']:.2f}x**) | {r['peak_gb']:.2f} GB ({r['peak_over_file']:.2f}x) | "
+              f"{r['timm_peak_gb']:.2f} GB |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(rows, f, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
