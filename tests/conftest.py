@@ -21,6 +21,28 @@ TINY_HYBRID = dict(
 )
 
 
+#: The backend that runs the tests marked `backend_independent` (make test runs every backend).
+INDEPENDENT_BACKEND = "jax"
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "backend_independent: logic that no Keras backend changes (Hub protocol, preset table, CLI "
+        f"errors, docs); run once, on the {INDEPENDENT_BACKEND} backend",
+    )
+
+
+def pytest_collection_modifyitems(config, items):
+    if BACKEND == INDEPENDENT_BACKEND:
+        return
+    kept = [item for item in items if item.get_closest_marker("backend_independent") is None]
+    deselected = [item for item in items if item.get_closest_marker("backend_independent") is not None]
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
+
+
 @pytest.fixture(autouse=True)
 def _reset_keras_state():
     """Each test starts from float32 and a clean session (tests change the dtype policy)."""

@@ -10,7 +10,7 @@ What is checked (docs/reliability.md has the table):
 - A bit flip or a truncation of a cached file after it was verified: detected; online it is
   downloaded again (right logits), offline the error names the file and the fix.
 
-The cache logic is backend-independent: these run on the JAX backend only (make test-jax).
+The cache logic does not depend on the backend: these run once (marker backend_independent).
 """
 
 import json
@@ -25,10 +25,7 @@ import pytest
 from conftest import BACKEND
 from test_hub_server import HubServer, hub_env
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(BACKEND != "jax", reason="backend-independent cache logic: run once, on JAX"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.backend_independent]
 
 REPO = "timm-test/vit_tiny_patch16_224.faults"
 

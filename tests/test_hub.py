@@ -20,8 +20,9 @@ import keras_vit
 from conftest import TINY, randomize
 from test_hub_server import HubServer, hub_env, run_hub_python
 
-# Several full ViT-Ti/16 builds in fresh processes.
-pytestmark = pytest.mark.slow
+# Several full ViT-Ti/16 builds in fresh processes; the Hub protocol and the cache do not depend on
+# the backend.
+pytestmark = [pytest.mark.slow, pytest.mark.backend_independent]
 
 TI16_REPO = "timm-test/vit_tiny_patch16_32.test"
 TI16_REPO_64 = "timm-test/vit_tiny_patch16_64.test"

@@ -28,6 +28,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
+pytestmark = pytest.mark.backend_independent
+
 _LFS_SUFFIXES = (".safetensors", ".h5", ".npz", ".keras", ".bin")
 
 

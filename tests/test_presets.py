@@ -8,6 +8,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.backend_independent
+
 import keras_vit
 from keras_vit import presets
 from keras_vit.models.config import ARCHITECTURES
