@@ -129,8 +129,11 @@ def test_every_constructor_is_tabled():
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(STRIDE))
 def test_constructor_shapes_and_parameter_counts(name):
+    # Shapes and counts need no values: variables are left uninitialised (keras.StatelessScope),
+    # which keeps the full-size builds cheap.
     ctor = getattr(keras_vit, name)
-    model = ctor(weights=None)
+    with keras.StatelessScope(initialize_variables=False):
+        model = ctor(weights=None)
     assert model.output_shape == (None, 1000)
     if name in PARAMS_224:
         assert model.count_params() == PARAMS_224[name]
@@ -138,8 +141,10 @@ def test_constructor_shapes_and_parameter_counts(name):
     # Non-square input, no top: the token sequence of the grid the stride gives.
     s = STRIDE[name]
     h, w = 6 * s if s > 14 else 12 * s, 4 * s if s > 14 else 8 * s
-    feats = ctor(weights=None, include_top=False, input_shape=(h, w, 3))
+    with keras.StatelessScope(initialize_variables=False):
+        feats = ctor(weights=None, include_top=False, input_shape=(h, w, 3))
     assert feats.output_shape == (None, 1 + (h // s) * (w // s), _hidden(name))
+    keras.utils.clear_session()
 
 
 def test_gap_architecture_parameter_count():
