@@ -115,6 +115,18 @@ def check_model_args(args, *, needs_weights=False, default_arch=None):
             "Say which model: --arch NAME with --weights none (random initialisation) or a preset tag, "
             "--weights PATH (a checkpoint or run folder), or --preset NAME."
         )
+    if arch and not _is_json_arch(arch):
+        from keras_vit.models.config import ARCHITECTURES  # the table only: no Keras
+
+        if arch.strip() not in ARCHITECTURES:
+            import difflib
+
+            close = difflib.get_close_matches(arch.strip(), list(ARCHITECTURES), n=3)
+            hint = f" Did you mean {' or '.join(close)}?" if close else ""
+            raise ValueError(
+                f"Unknown --arch {arch!r}.{hint} Choose a constructor ({', '.join(ARCHITECTURES)}) or pass "
+                "VisionTransformer arguments as JSON."
+            )
     if weights is not None and arch and _is_json_arch(arch):
         raise ValueError(
             "--arch as JSON describes a randomly initialised model: use it with --weights none, or name a "
@@ -130,7 +142,7 @@ def load_model(args, *, image_size=None, include_top=True, classes=None, pooling
     (`--weights none`): a randomly initialised --arch with `fresh_classes` outputs.
     `image_size` (int) resizes the position embeddings; None keeps the checkpoint's.
     """
-    import keras_vit
+    from keras_vit.checkpoints import load_checkpoint  # keras_vit.load_checkpoint, without data/training
 
     check_model_args(args)
     weights = weights_argument(args)
@@ -143,7 +155,7 @@ def load_model(args, *, image_size=None, include_top=True, classes=None, pooling
         kwargs = {} if classes is None else {"classes": classes}
         return constructor(arch)(weights=weights, input_shape=shape, include_top=include_top, pooling=pooling,
                                  **kwargs)
-    return keras_vit.load_checkpoint(weights, image_size=image_size, include_top=include_top, classes=classes,
+    return load_checkpoint(weights, image_size=image_size, include_top=include_top, classes=classes,
                                      pooling=pooling)
 
 
