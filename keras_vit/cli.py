@@ -91,7 +91,7 @@ def quiet_environment():
     set). Nothing is imported here: TensorFlow is quietened when a command first imports it."""
     if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
         return  # the user chose TensorFlow's log level: show what it lets through
-    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"  # errors still show
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"  # also read by XLA (JAX): "failed call to cuInit" on CPU hosts
     if "tensorflow" not in sys.modules and not any(isinstance(f, _QuietImport) for f in sys.meta_path):
         sys.meta_path.insert(0, _QuietImport("tensorflow", _TENSORFLOW_NOISE))
 
