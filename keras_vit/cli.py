@@ -99,7 +99,7 @@ def quiet_environment():
 def user_error_types():
     """The exception classes that mean "bad input", from the modules loaded so far (a command
     that failed before loading a module cannot have raised its errors)."""
-    types = [FileNotFoundError, NotADirectoryError, IsADirectoryError, ValueError]
+    types = [FileNotFoundError, NotADirectoryError, IsADirectoryError, ValueError, ImportError]
     for module, names in (
         ("keras_vit.hub", ("HubError",)),
         ("keras_vit.checkpoints.common", ("CheckpointError",)),
