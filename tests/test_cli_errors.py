@@ -121,6 +121,7 @@ def test_help_and_presets_load_no_backend():
 # === Errors found while loading (Keras loads, on JAX) ===
 
 
+@pytest.mark.skipif(BACKEND != "jax", reason="backend-independent; run once, in the JAX pass")
 def test_unreadable_sources(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "notes.txt").write_text("not a checkpoint\n")
