@@ -6,41 +6,50 @@
 
 __version__ = "0.1.0"
 
-# === Models ===
-from keras_vit import layers  # noqa: F401  (registers every layer for keras.saving)
-from keras_vit.applications import (  # noqa: F401
-    R26ViTB32,
-    R26ViTS32,
-    R50ViTB16,
-    R50ViTB32,
-    R50ViTL16,
-    R50ViTL32,
-    RViTTi16,
-    ViTB8,
-    ViTB16,
-    ViTB32,
-    ViTH14,
-    ViTL16,
-    ViTL32,
-    ViTS16,
-    ViTS32,
-    ViTTi16,
-)
-from keras_vit.models import VisionTransformer, get_weight_tree, set_weight_tree  # noqa: F401
+import os as _os
+import sys as _sys
 
-# === Checkpoints and presets ===
-from keras_vit.checkpoints import CheckpointError, read_checkpoint, save_preset, write_npz  # noqa: F401,E402
-from keras_vit.loading import build_from_checkpoint as build_model  # noqa: F401,E402
-from keras_vit.loading import load_checkpoint  # noqa: F401,E402
-from keras_vit.imagenet import decode_predictions, preprocess_input  # noqa: F401,E402
-from keras_vit.presets import list_presets  # noqa: F401,E402
 
-# === Data and training ===
-from keras_vit import data  # noqa: F401,E402  (tf.data pipelines; TensorFlow loads on first use)
-from keras_vit import training  # noqa: F401,E402  (schedules, optimizers, callbacks, few-shot, pilot)
+def _import_public_api():
+    """Import the public API into this module; importing `layers` registers every layer with
+    keras.saving."""
+    # === Models ===
+    from keras_vit import layers  # noqa: F401
+    from keras_vit.applications import CONSTRUCTORS
+    from keras_vit.models import VisionTransformer, get_weight_tree, set_weight_tree  # noqa: F401
 
-# === Analysis ===
-from keras_vit import analysis  # noqa: F401,E402  (light: numpy and keras only)
+    # === Checkpoints, presets and loading ===
+    from keras_vit.checkpoints import CheckpointError, read_checkpoint, save_preset, write_npz  # noqa: F401
+    from keras_vit.imagenet import decode_predictions, preprocess_input  # noqa: F401
+    from keras_vit.loading import build_from_checkpoint as build_model  # noqa: F401
+    from keras_vit.loading import load_checkpoint  # noqa: F401
+    from keras_vit.presets import list_presets  # noqa: F401
 
-# === Distribution ===
-from keras_vit.distribution import get_layout_map  # noqa: F401,E402
+    # === Data, training, analysis, distribution, performance ===
+    from keras_vit import analysis, data, performance, training  # noqa: F401
+    from keras_vit.distribution import get_layout_map  # noqa: F401
+
+    public = {k: v for k, v in locals().items() if k != "CONSTRUCTORS"}
+    globals().update(public, **CONSTRUCTORS)
+
+
+def _started_as_command():
+    """True in the `keras-vit` console script: it imports only what each subcommand needs, so
+    `keras-vit --help` and `keras-vit presets` start without loading a Keras backend."""
+    argv0 = _os.path.basename(_sys.argv[0]) if _sys.argv else ""
+    return argv0.removesuffix(".exe") == "keras-vit"
+
+
+if _started_as_command():
+
+    def __getattr__(name):  # the public API, imported on first use (PEP 562)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        _import_public_api()
+        try:
+            return globals()[name]
+        except KeyError:
+            raise AttributeError(f"module 'keras_vit' has no attribute {name!r}") from None
+
+else:
+    _import_public_api()

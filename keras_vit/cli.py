@@ -1,13 +1,38 @@
 """The `keras-vit` command. Each subcommand lives in keras_vit/commands/<name>.py and provides
-`add_parser(subparsers)` (which sets `func` on its parser)."""
+`add_parser(subparsers)` (which sets `func` on its parser).
+
+The command is quiet and quick: TensorFlow's C++ start-up logs are silenced before any backend
+loads (unless the user set TF_CPP_MIN_LOG_LEVEL), the command modules import Keras, TensorFlow
+and the rest only inside the subcommand that runs, and a user error (a missing file, an unknown
+preset, weights that cannot be downloaded offline, ...) ends in one line
+
+    keras-vit <command>: error: <what was wrong and how to fix it>
+
+and exit status 2, without a traceback.
+"""
 
 import argparse
+import contextlib
 import importlib
+import importlib.abc
+import importlib.util
 import os
+import re
+import shutil
 import sys
+import tempfile
 
 #: Subcommand modules under keras_vit.commands, in the order `keras-vit --help` lists them.
 COMMANDS = ["explain", "finetune", "evaluate", "fewshot", "presets", "convert"]
+
+
+#: TensorFlow start-up lines that TF_CPP_MIN_LOG_LEVEL does not reach (absl logs them before it
+#: is initialised); dropped while TensorFlow is imported, everything else is passed through.
+_TENSORFLOW_NOISE = re.compile(
+    r"absl::InitializeLog|cudart_stub\.cc|cuda_(dnn|fft|blas|executor)\.cc|cpu_feature_guard\.cc|"
+    r"rebuild TensorFlow with the appropriate compiler flags|oneDNN custom operations are on|"
+    r"Unable to register cu(DNN|FFT|BLAS) factory|computation placer already registered|TF-TRT Warning"
+)
 
 
 def build_parser():
@@ -18,14 +43,129 @@ def build_parser():
     return parser
 
 
+@contextlib.contextmanager
+def _stderr_filtered(pattern):
+    """Drop the lines of file descriptor 2 (C++ logs included) that match `pattern`."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as capture:
+        os.dup2(capture.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            capture.seek(0)
+            kept = [ln for ln in capture.read().decode(errors="replace").splitlines(True) if not pattern.search(ln)]
+            sys.stderr.write("".join(kept))
+            sys.stderr.flush()
+
+
+class _QuietImport(importlib.abc.MetaPathFinder):
+    """Import `name` (when something first imports it) with its stderr lines matching
+    `pattern` dropped; then step aside."""
+
+    def __init__(self, name, pattern):
+        self.name, self.pattern = name, pattern
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != self.name:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module, pattern = spec.loader.exec_module, self.pattern
+
+        def quiet_exec_module(module):
+            with _stderr_filtered(pattern):
+                exec_module(module)
+
+        spec.loader.exec_module = quiet_exec_module
+        return spec
+
+
+def quiet_environment():
+    """Silence the backends' start-up logs, unless the user asked for them (TF_CPP_MIN_LOG_LEVEL
+    set). Nothing is imported here: TensorFlow is quietened when a command first imports it."""
+    if "TF_CPP_MIN_LOG_LEVEL" in os.environ:
+        return  # the user chose TensorFlow's log level: show what it lets through
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "3"  # also read by XLA (JAX): "failed call to cuInit" on CPU hosts
+    if "tensorflow" not in sys.modules and not any(isinstance(f, _QuietImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _QuietImport("tensorflow", _TENSORFLOW_NOISE))
+
+
+def user_error_types():
+    """The exception classes that mean "bad input", from the modules loaded so far (a command
+    that failed before loading a module cannot have raised its errors)."""
+    types = [FileNotFoundError, NotADirectoryError, IsADirectoryError, ValueError, ImportError]
+    for module, names in (
+        ("keras_vit.hub", ("HubError",)),
+        ("keras_vit.checkpoints.common", ("CheckpointError",)),
+        ("keras_vit.data.tfds_sources", ("DatasetNotPreparedError",)),
+        ("keras_vit.data", ("DatasetNotPreparedError",)),
+    ):
+        loaded = sys.modules.get(module)
+        for name in names:
+            if loaded is not None and isinstance(getattr(loaded, name, None), type):
+                types.append(getattr(loaded, name))
+    return tuple(types)
+
+
+def error_message(error):
+    """The text after `keras-vit <command>: error: ` for a user error."""
+    text = str(error).strip() or type(error).__name__
+    if isinstance(error, (FileNotFoundError, NotADirectoryError, IsADirectoryError)) and error.filename:
+        text = text if str(error.filename) in text else f"{text}: {error.filename}"
+    hub = sys.modules.get("keras_vit.hub")
+    offline = hub is not None and isinstance(error, getattr(hub, "OfflineError", ()))
+    # The library speaks of the Python argument; on the command line it is a flag.
+    text = re.sub(r"\bweights=None\b", "--weights none", text)
+    if offline and "--weights none" not in text:
+        text += " Or pass --weights none (with --arch) to start from a randomly initialised model."
+    return " ".join(text.split()) if offline else text
+
+
+def _out_folder(args):
+    out = getattr(args, "out", None)
+    return os.path.abspath(out) if isinstance(out, str) and out else None
+
+
+def _remove_if_left_empty(folder, existed):
+    """A failed run leaves no empty run folder behind (nor empty folders it created inside)."""
+    if folder is None or existed or not os.path.isdir(folder):
+        return
+    for root, dirs, files in os.walk(folder, topdown=False):
+        if files:
+            return
+    shutil.rmtree(folder, ignore_errors=True)
+
+
 def main(argv=None):
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
-    return args.func(args) or 0
+    quiet_environment()
+    out = _out_folder(args)
+    out_existed = out is not None and os.path.exists(out)
+    try:
+        status = args.func(args) or 0
+    except KeyboardInterrupt:
+        _remove_if_left_empty(out, out_existed)
+        print(f"keras-vit {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as error:
+        _remove_if_left_empty(out, out_existed)
+        if not isinstance(error, user_error_types()):
+            raise  # a bug: the traceback is what a report needs
+        print(f"keras-vit {args.command}: error: {error_message(error)}", file=sys.stderr)
+        return 2
+    if status:
+        _remove_if_left_empty(out, out_existed)
+    return status
 
 
 if __name__ == "__main__":

@@ -100,7 +100,7 @@ def resolve(source, *, architecture=None, image_size=None):
     Args:
         source: a local file or folder (.npz, .safetensors, .keras, .weights.h5, a timm /
             transformers / Keras preset folder, a training run folder), "hf://owner/repo[@revision]",
-            a `presets.Preset` row, a preset name ("ViTB16.augreg_in21k", a timm name "vit_base_patch16_224.augreg_in21k"),
+            a `presets.Preset` row, an already `ResolvedWeights`, a preset name ("ViTB16.augreg_in21k", a timm name "vit_base_patch16_224.augreg_in21k"),
             or, with `architecture`, one of its tags or the aliases "imagenet" / "imagenet21k".
         architecture: a constructor name ("ViTB16") that tags and aliases refer to.
         image_size: the resolution the model will run at: picks the 224 or 384 repository.
@@ -118,6 +118,8 @@ def resolve(source, *, architecture=None, image_size=None):
         >>> resolve("ViTTi16.augreg_in21k", image_size=224).preset.repo   # doctest: +SKIP
         'timm/vit_tiny_patch16_224.augreg_in21k'
     """
+    if isinstance(source, ResolvedWeights):
+        return source
     if isinstance(source, presets.Preset):
         return _fetch_preset(source, source.name, source.name)
     if not isinstance(source, (str, os.PathLike)):

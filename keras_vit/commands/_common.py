@@ -3,7 +3,6 @@ arguments, building a model from them, and access to keras_vit.training."""
 
 import json
 import os
-import sys
 
 #: The embedded datasets and the prefix of tfds ones, for --help texts.
 DATA_HELP = (
@@ -20,20 +19,28 @@ def training_api():
     return training
 
 
-def add_model_args(parser, required=False):
+def add_model_args(parser, *, source=True, default_arch=None):
+    """The model arguments every command shares: --arch, --weights, --preset (with `source`)
+    and --image-size. Read them back with `load_model(args, ...)`."""
     group = parser.add_argument_group("model")
-    group.add_argument(
-        "--weights", default=None,
-        help="weights to start from: a preset tag (with --arch, e.g. augreg_in21k), a path (.keras file, run "
-        "folder, .npz, timm/transformers folder), 'hf://owner/repo', or 'none' (random init, needs --arch)",
-    )
-    group.add_argument("--preset", default=None, help="a named preset (see keras_vit.list_presets())")
-    group.add_argument(
-        "--arch", default=None,
-        help="architecture: a constructor name (ViTB16, ViTTi16, R50ViTB16, ...) or VisionTransformer "
-        "arguments as JSON (inline or a .json file), e.g. '{\"patch_size\": 4, \"hidden_size\": 64, "
-        "\"num_layers\": 4, \"num_heads\": 4, \"mlp_dim\": 128}'",
-    )
+    if source:
+        group.add_argument(
+            "--weights", default=None,
+            help="weights to start from: a preset tag or alias with --arch (e.g. augreg_in21k, imagenet), a path "
+            "(.keras file, run folder, .npz, timm / transformers folder, Keras preset folder), 'hf://owner/repo', "
+            "a preset name (ViTB16.augreg_in21k), or 'none' for a randomly initialised --arch",
+        )
+        group.add_argument("--preset", default=None,
+                           help="a preset name, e.g. ViTB16.augreg2_in21k_ft_in1k (keras-vit presets lists them)")
+        group.add_argument(
+            "--arch", default=default_arch,
+            help="architecture: a constructor name (ViTB16, ViTTi16, R50ViTB16, ...) or VisionTransformer "
+            "arguments as JSON (inline or a .json file), e.g. '{\"patch_size\": 4, \"hidden_size\": 64, "
+            "\"num_layers\": 4, \"num_heads\": 4, \"mlp_dim\": 128}'"
+            + (f" (default: {default_arch})" if default_arch else ""),
+        )
+    group.add_argument("--image-size", type=int, default=None,
+                       help="input resolution (default: the checkpoint's, or 224); the patch size must divide it")
     return group
 
 
@@ -41,8 +48,6 @@ def add_data_args(parser, split="train"):
     group = parser.add_argument_group("data")
     group.add_argument("--data", required=True, help=DATA_HELP)
     group.add_argument("--data-dir", default=None, help="tensorflow-datasets data directory")
-    group.add_argument("--image-size", type=int, default=None,
-                       help="input resolution (default: the model's); the patch size must divide it")
     group.add_argument("--batch-size", type=int, default=64)
     group.add_argument("--classes", type=int, default=None,
                        help="expected number of classes (checked against the data)")
@@ -58,80 +63,131 @@ def _load_json_arch(text):
     return json.loads(text)
 
 
-def _model_file(path):
-    if os.path.isdir(path) and os.path.isfile(os.path.join(path, "model.keras")):
-        return os.path.join(path, "model.keras")  # a run folder
-    return path
+def _is_json_arch(arch):
+    text = arch.strip()
+    return text.startswith("{") or text.endswith(".json")
 
 
-def load_base_model(args):
-    """The starting model named by --weights / --preset / --arch, or None when the model must be
-    built fresh (random init) at the target size."""
-    import keras
+def constructor(name):
+    """The keras_vit constructor called `name` (ViTB16, R50ViTB16, ...)."""
+    import difflib
 
-    import keras_vit
+    from keras_vit.applications import CONSTRUCTORS
 
-    weights = args.weights
-    if weights is not None and weights.lower() == "none":
-        weights = None
-    if args.preset:
-        return keras_vit.load_checkpoint(args.preset)
-    if weights is None:
-        if not args.arch:
-            raise ValueError("Say which model: --arch (with --weights none or a tag), --weights PATH, or --preset.")
+    if name not in CONSTRUCTORS:
+        close = difflib.get_close_matches(name, list(CONSTRUCTORS), n=3)
+        hint = f" Did you mean {' or '.join(close)}?" if close else ""
+        raise ValueError(
+            f"Unknown --arch {name!r}.{hint} Choose a constructor ({', '.join(CONSTRUCTORS)}) or pass "
+            "VisionTransformer arguments as JSON."
+        )
+    return CONSTRUCTORS[name]
+
+
+def weights_argument(args):
+    """--preset or --weights, None for 'none' (or neither)."""
+    weights = getattr(args, "preset", None) or getattr(args, "weights", None)
+    if weights is not None and weights.strip().lower() == "none":
         return None
-    path = _model_file(weights)
-    if path.endswith(".keras") and os.path.isfile(path):
-        return keras.saving.load_model(path, compile=False)
-    if args.arch and not (os.path.exists(path) or "://" in path):
-        if args.arch.lstrip().startswith("{") or args.arch.endswith(".json"):
-            raise ValueError("--weights with a tag needs a constructor name for --arch (e.g. ViTB16), not JSON.")
-        from keras_vit.applications import build_application
+    return weights
 
-        return build_application(args.arch, weights=weights)
-    if not hasattr(keras_vit, "load_checkpoint"):
-        raise ValueError(f"Cannot load {weights!r}: checkpoint loading is not available in this version.")
-    return keras_vit.load_checkpoint(path)
+
+def check_model_args(args, *, needs_weights=False, default_arch=None):
+    """Refuse impossible --weights / --preset / --arch combinations before anything loads."""
+    if getattr(args, "preset", None) and getattr(args, "weights", None):
+        raise ValueError("Pass either --preset or --weights, not both (--weights takes preset names too).")
+    weights, arch = weights_argument(args), getattr(args, "arch", None) or default_arch
+    if weights is None and needs_weights:
+        raise ValueError(
+            f"{args.command} needs trained weights: --weights PATH (a .keras file, run folder or checkpoint), "
+            "--weights hf://owner/repo, or --preset NAME."
+        )
+    if weights is None and not arch:
+        raise ValueError(
+            "Say which model: --arch NAME with --weights none (random initialisation) or a preset tag, "
+            "--weights PATH (a checkpoint or run folder), or --preset NAME."
+        )
+    if arch and not _is_json_arch(arch):
+        from keras_vit.models.config import ARCHITECTURES  # the table only: no Keras
+
+        if arch.strip() not in ARCHITECTURES:
+            import difflib
+
+            close = difflib.get_close_matches(arch.strip(), list(ARCHITECTURES), n=3)
+            hint = f" Did you mean {' or '.join(close)}?" if close else ""
+            raise ValueError(
+                f"Unknown --arch {arch!r}.{hint} Choose a constructor ({', '.join(ARCHITECTURES)}) or pass "
+                "VisionTransformer arguments as JSON."
+            )
+    if weights is not None and arch and _is_json_arch(arch):
+        raise ValueError(
+            "--arch as JSON describes a randomly initialised model: use it with --weights none, or name a "
+            "constructor (e.g. --arch ViTB16) to load weights."
+        )
+
+
+def load_model(args, *, image_size=None, include_top=True, classes=None, pooling=None, fresh_classes=1000):
+    """The model named by --weights / --preset / --arch, through the public loading API.
+
+    With weights: `keras_vit.<Arch>(weights=...)` when --arch names a constructor (a tag or
+    alias is then that architecture's), else `keras_vit.load_checkpoint(...)`. Without
+    (`--weights none`): a randomly initialised --arch with `fresh_classes` outputs.
+    `image_size` (int) resizes the position embeddings; None keeps the checkpoint's.
+    """
+    from keras_vit.loading import load_checkpoint  # keras_vit.load_checkpoint, without data/training
+
+    check_model_args(args)
+    weights = weights_argument(args)
+    arch = getattr(args, "arch", None)
+    if weights is None:
+        return build_fresh_model(arch, image_size or 224, fresh_classes)
+    if arch:
+        shape = None if image_size is None else (image_size, image_size, 3)
+        kwargs = {} if classes is None else {"classes": classes}
+        return constructor(arch)(weights=weights, input_shape=shape, include_top=include_top, pooling=pooling,
+                                 **kwargs)
+    return load_checkpoint(weights, image_size=image_size, include_top=include_top, classes=classes,
+                                     pooling=pooling)
+
+
+def load_as_is(args, *, image_size=None):
+    """The model as its checkpoint holds it: with its head when it has one, else its features
+    (pooled as its classifier pools them); --arch, when given, must be the checkpoint's."""
+    from keras_vit import loading
+
+    check_model_args(args)
+    weights = weights_argument(args)
+    if weights is None:
+        raise ValueError("There is no checkpoint to load with --weights none; name one with --weights or --preset.")
+    return loading.load(weights, architecture=getattr(args, "arch", None) or None, image_size=image_size,
+                        include_top=None)
 
 
 def build_fresh_model(arch, image_size, classes):
     """A randomly initialised model of `arch` (constructor name or JSON) at `image_size`."""
-    from keras_vit.applications import build_application
     from keras_vit.models import VisionTransformer
 
-    text = arch.strip()
-    if text.startswith("{") or text.endswith(".json"):
-        config = dict(_load_json_arch(text))
+    if _is_json_arch(arch):
+        try:
+            config = dict(_load_json_arch(arch.strip()))
+        except (OSError, ValueError) as error:
+            raise ValueError(f"--arch {arch!r} is neither a constructor name nor valid JSON: {error}") from None
         config.update(image_size=image_size, classes=classes)
         return VisionTransformer(**config)
-    return build_application(text, weights=None, input_shape=(image_size, image_size, 3), classes=classes)
+    return constructor(arch.strip())(weights=None, input_shape=(image_size, image_size, 3), classes=classes)
 
 
 def model_for_task(args, image_size, classes):
     """The model to fine-tune: --weights/--preset re-made by for_finetuning (position embeddings
     resized to `image_size`, a zero head of `classes`), or a fresh --arch model."""
-    base = load_base_model(args)
-    if base is None:
-        return build_fresh_model(args.arch, image_size or 224, classes), None
+    if weights_argument(args) is None:
+        return load_model(args, image_size=image_size, fresh_classes=classes), None
+    base = load_model(args, include_top=False)  # for_finetuning attaches the new head
     image_size = image_size or tuple(base.image_size)
     return training_api().for_finetuning(base, image_size=image_size, classes=classes), base
 
 
 def load_trained_model(args):
-    """The model to evaluate as it is (its own head): --weights / --preset / fresh --arch."""
-    base = load_base_model(args)
-    if base is None:
-        raise ValueError("evaluate needs trained weights: --weights PATH (a .keras file or run folder) or --preset.")
-    return base
-
-
-def run_command(func, args):
-    """Run `func(args)`, turning the errors users cause (bad data, sizes, missing datasets) into a
-    one-line message and exit status 2."""
-    from keras_vit.data import DatasetNotPreparedError
-
-    try:
-        return func(args)
-    except (ValueError, FileNotFoundError, DatasetNotPreparedError, ImportError) as error:
-        print(f"keras-vit {args.command}: error: {error}", file=sys.stderr)
-        return 2
+    """The model to evaluate as it is (its own head): --weights / --preset."""
+    check_model_args(args, needs_weights=True)
+    return load_model(args)

@@ -3,6 +3,8 @@
 import os
 import time
 
+from keras_vit.commands import _common
+
 
 def add_parser(subparsers):
     parser = subparsers.add_parser(
@@ -14,7 +16,7 @@ def add_parser(subparsers):
     )
     parser.add_argument("source", metavar="SRC")
     parser.add_argument("destination", metavar="DST")
-    parser.add_argument("--image-size", type=int, default=None, help="resize the position embeddings to this size")
+    _common.add_model_args(parser, source=False)
     parser.add_argument("--force", action="store_true", help="overwrite DST if it exists")
     parser.set_defaults(func=run)
 
@@ -23,20 +25,28 @@ def _step(message, start):
     print(f"[{time.monotonic() - start:6.1f}s] {message}", flush=True)
 
 
-def run(args):
-    from keras_vit import loading
-    from keras_vit.checkpoints import save_preset, write_npz
-    from keras_vit.models.weight_tree import get_weight_tree
+def check_destination(dst, force):
+    """Refuse, before any loading, a DST that exists (without --force) or whose folder does not."""
+    if os.path.exists(dst) and not force:
+        raise ValueError(f"{dst!r} exists; pass --force to overwrite it, or choose another DST.")
+    parent = os.path.dirname(os.path.abspath(dst))
+    if not os.path.isdir(parent):
+        raise ValueError(
+            f"The folder {os.path.dirname(dst) or parent!r} of DST {dst!r} does not exist; create it first "
+            f"(mkdir -p {os.path.dirname(dst) or parent}) or choose another DST."
+        )
 
+
+def run(args):
     start = time.monotonic()
     dst = args.destination
-    if os.path.exists(dst) and not args.force:
-        print(f"keras-vit convert: {dst!r} exists; pass --force to overwrite it.")
-        return 1
+    check_destination(dst, args.force)
+    from keras_vit import loading
+
     _step(f"resolving {args.source}", start)
     resolved = loading.resolve(args.source, image_size=args.image_size)
     _step(f"reading {resolved.path} ({resolved.format.description})", start)
-    model = loading.load(resolved.path, image_size=args.image_size, include_top=None)
+    model = loading.load(resolved, image_size=args.image_size, include_top=None)
     c = model.get_config()
     _step(
         f"built {c['hidden_size']}-wide, {c['num_layers']}-layer model at {c['image_size'][0]}x{c['image_size'][1]}, "
@@ -47,9 +57,13 @@ def run(args):
         model.save(dst)
         kind = ".keras file"
     elif dst.endswith(".npz"):
+        from keras_vit import get_weight_tree, write_npz
+
         write_npz(get_weight_tree(model), dst)
         kind = "original-layout .npz"
     else:
+        from keras_vit import save_preset
+
         save_preset(model, dst, metadata={"source": args.source})
         kind = "Keras preset folder"
     _step(f"wrote {kind} {dst}", start)

@@ -19,7 +19,7 @@ def add_parser(subparsers):
     _common.add_data_args(parser)
     parser.add_argument("--split", default="test")
     parser.add_argument("--out", required=True, help="run folder for metrics and plots")
-    parser.set_defaults(func=lambda args: _common.run_command(evaluate, args))
+    parser.set_defaults(func=evaluate)
     return parser
 
 
@@ -59,6 +59,7 @@ def predict_with_progress(model, ds, num_examples=None, verbose=1):
 
 
 def evaluate(args):
+    _common.check_model_args(args, needs_weights=True)  # before anything loads
     import keras_vit.data as kd
     from keras_vit.runs import RunFolder
 

@@ -9,8 +9,9 @@ grace_hopper.jpg, and scikit-learn's china.jpg / flower.jpg where scikit-learn i
 
 import json
 import os
-import sys
 import warnings
+
+from keras_vit.commands import _common
 
 #: name -> (module, file) of sample images shipped with dependencies; no network needed.
 SAMPLE_IMAGES = {
@@ -37,20 +38,22 @@ def _resolve_images(names):
     if not names:
         paths = [p for p in (sample_image_path(n) for n in SAMPLE_IMAGES) if p]
         if not paths:
-            raise SystemExit("explain: no IMAGE given and no shipped sample image found; pass image files.")
+            raise FileNotFoundError("No IMAGE given and no shipped sample image found; pass image files.")
         return paths
     paths = []
     for name in names:
         if name.startswith("sample:"):
             key = name[len("sample:") :]
             if key not in SAMPLE_IMAGES:
-                raise SystemExit(f"explain: unknown sample {key!r}; choose from {', '.join(SAMPLE_IMAGES)}.")
+                raise ValueError(f"Unknown sample {key!r}; choose from {', '.join('sample:' + k for k in SAMPLE_IMAGES)}.")
             path = sample_image_path(key)
             if path is None:
-                raise SystemExit(f"explain: sample {key!r} needs {SAMPLE_IMAGES[key][0]}, which is not installed.")
+                raise FileNotFoundError(
+                    f"Sample {key!r} ships with {SAMPLE_IMAGES[key][0]}, which is not installed; pass image files."
+                )
             paths.append(path)
         elif not os.path.isfile(name):
-            raise SystemExit(f"explain: image file {name!r} does not exist.")
+            raise FileNotFoundError(f"Image file {name!r} does not exist; pass image files or sample:NAME.")
         else:
             paths.append(name)
     return paths
@@ -68,14 +71,7 @@ def add_parser(subparsers):
         metavar="IMAGE",
         help="image files, or sample:grace_hopper / sample:china / sample:flower (default: all shipped samples)",
     )
-    p.add_argument(
-        "--weights",
-        default=None,
-        help="a checkpoint path, .keras file, hf://owner/repo, preset name, or with --arch a preset tag; "
-        "omit for a randomly initialised model (pictures then show no learned structure)",
-    )
-    p.add_argument("--arch", default=None, help="constructor name (e.g. ViTB16, R50ViTB16); default ViTB16")
-    p.add_argument("--image-size", type=int, default=None, help="input resolution (default: the checkpoint's, or 224)")
+    _common.add_model_args(p)
     p.add_argument("--out", default="explain", help="output directory (created)")
     p.add_argument("--head-fusion", default="mean", choices=("mean", "max", "min"), help="rollout head fusion")
     p.add_argument("--discard-ratio", type=float, default=0.0, help="rollout: drop this fraction of weakest attention")
@@ -84,42 +80,21 @@ def add_parser(subparsers):
     return p
 
 
-def load_model(weights, arch=None, image_size=None):
-    """The model `explain` inspects; see the --weights help."""
-    import keras_vit
+def load_model(weights=None, arch=None, image_size=None, preset=None):
+    """The model `explain` inspects (see `keras-vit explain --help`): `weights` / `preset` as
+    --weights / --preset; with no weights ("none" or None), a randomly initialised `arch`
+    (default ViTB16), with a warning."""
+    import argparse
 
-    if weights is None:
-        arch = arch or "ViTB16"
+    args = argparse.Namespace(weights=weights, preset=preset, arch=arch, image_size=image_size)
+    if _common.weights_argument(args) is None:
+        args.arch = arch or "ViTB16"
         warnings.warn(
-            f"explain: no --weights given; inspecting a randomly initialised {arch}. Its attention and "
+            f"explain: no trained weights given; inspecting a randomly initialised {args.arch}. Its attention and "
             "embeddings carry no learned structure.",
             stacklevel=2,
         )
-        return _constructor(arch)(weights=None, input_shape=(image_size or 224, image_size or 224, 3))
-    is_location = os.path.exists(weights) or weights.startswith("hf://")
-    if arch is not None and not is_location:
-        # A preset tag of the chosen architecture, e.g. --arch ViTB16 --weights augreg_in21k_ft_in1k.
-        shape = None if image_size is None else (image_size, image_size, 3)
-        return _constructor(arch)(weights=weights, input_shape=shape)
-    load_checkpoint = getattr(keras_vit, "load_checkpoint", None)
-    if load_checkpoint is not None:
-        return load_checkpoint(weights, image_size=image_size)
-    if weights.endswith(".keras") and os.path.exists(weights):
-        import keras
-
-        return keras.saving.load_model(weights)
-    raise SystemExit(
-        f"explain: cannot load {weights!r}: keras_vit.load_checkpoint is not available in this version; "
-        "pass a .keras file, or --arch with a preset tag."
-    )
-
-
-def _constructor(arch):
-    import keras_vit.applications as applications
-
-    if arch not in applications.CONSTRUCTORS:
-        raise SystemExit(f"explain: unknown --arch {arch!r}; choose from {', '.join(applications.CONSTRUCTORS)}.")
-    return applications.CONSTRUCTORS[arch]
+    return _common.load_as_is(args, image_size=image_size)
 
 
 def _read_image(path, size, channels=3):
@@ -239,11 +214,8 @@ def explain(model, image_paths, out_dir, head_fusion="mean", discard_ratio=0.0, 
 
 
 def run(args):
-    model = load_model(args.weights, args.arch, args.image_size)
-    paths = _resolve_images(args.images)
-    try:
-        explain(model, paths, args.out, args.head_fusion, args.discard_ratio, args.components)
-    except ValueError as err:
-        print(f"explain: {err}", file=sys.stderr)
-        return 1
+    _common.check_model_args(args, default_arch="ViTB16")
+    paths = _resolve_images(args.images)  # before loading anything: a typo fails fast
+    model = load_model(args.weights, args.arch, args.image_size, args.preset)
+    explain(model, paths, args.out, args.head_fusion, args.discard_ratio, args.components)
     return 0

@@ -27,7 +27,7 @@ def add_parser(subparsers):
     parser.add_argument("--max-test-images", type=int, default=10_000)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="run folder for metrics and plots")
-    parser.set_defaults(func=lambda args: _common.run_command(fewshot, args))
+    parser.set_defaults(func=fewshot)
     return parser
 
 
@@ -72,6 +72,7 @@ def plot_fewshot(results, path, title):
 
 
 def fewshot(args):
+    _common.check_model_args(args)  # before anything loads
     import keras_vit.data as kd
     from keras_vit.runs import RunFolder
 
@@ -79,12 +80,8 @@ def fewshot(args):
     shots = sorted({int(s) for s in str(args.shots).split(",") if s.strip()})
     if not shots or shots[0] < 1:
         raise ValueError(f"--shots must be positive integers, e.g. 1,5,10,25; got {args.shots!r}.")
-    base = _common.load_base_model(args)
-    if base is None:
-        base = _common.build_fresh_model(args.arch, args.image_size or 224, 1)
-    image_size = (args.image_size, args.image_size) if args.image_size else tuple(base.image_size)
-    model = base if tuple(base.image_size) == image_size else api.for_finetuning(base, image_size=image_size,
-                                                                                classes=1)
+    model = _common.load_model(args, image_size=args.image_size, include_top=False, fresh_classes=1)
+    image_size = tuple(model.image_size)
     common = dict(image_size=image_size, batch_size=args.batch_size, classes=args.classes, data_dir=args.data_dir,
                   on_bad_file=args.on_bad_file)
     train_ds, info = kd.load_dataset(args.data, args.train_split, **common)

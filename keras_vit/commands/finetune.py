@@ -43,7 +43,7 @@ def add_parser(subparsers):
     group.add_argument("--seed", type=int, default=0)
     group.add_argument("--out", required=True, help="run folder (metrics, curves, model.keras)")
     group.add_argument("--verbose", type=int, default=1, help="Keras verbosity: 1 progress bars, 2 lines, 0 quiet")
-    parser.set_defaults(func=lambda args: _common.run_command(finetune, args))
+    parser.set_defaults(func=finetune)
     return parser
 
 
@@ -57,6 +57,7 @@ def steps_plan(steps, eval_every):
 
 
 def finetune(args):
+    _common.check_model_args(args)  # before anything loads
     import keras
 
     import keras_vit.data as kd
@@ -64,7 +65,6 @@ def finetune(args):
 
     keras.utils.set_random_seed(args.seed)
     api = _common.training_api()
-    run = RunFolder(args.out)
     # The data decides the class count (and checks --classes); the model is built for it.
     _, info = kd.load_source(args.data, args.train_split, data_dir=args.data_dir, on_bad_file=args.on_bad_file)
     if args.classes is not None and info.num_classes is not None and args.classes != info.num_classes:
@@ -89,6 +89,7 @@ def finetune(args):
     warmup = min(500, total // 5) if args.warmup is None else args.warmup
     if warmup >= total:
         raise ValueError(f"--warmup {warmup} must be smaller than --steps {total}.")
+    run = RunFolder(args.out)  # created once the model and data are ready: a failed start leaves none
     run.save_config(dict(vars(args), func=None, image_size=list(image_size), classes=classes, warmup=warmup,
                          train_examples=train_info.num_examples, eval_examples=eval_info.num_examples))
     backup, done = None, 0

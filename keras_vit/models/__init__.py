@@ -1,5 +1,26 @@
 """The architecture table, the VisionTransformer builder and the canonical weight tree."""
 
 from keras_vit.models.config import ARCHITECTURES, EXTRA_ARCHITECTURES, NUMERICS, Architecture, get_architecture
-from keras_vit.models.vit import VisionTransformer
-from keras_vit.models.weight_tree import WeightTreeError, get_weight_tree, set_weight_tree, weight_variables
+
+#: Names imported on first use, so that reading the architecture table does not load Keras.
+_LAZY = {
+    "VisionTransformer": "keras_vit.models.vit",
+    "WeightTreeError": "keras_vit.models.weight_tree",
+    "get_weight_tree": "keras_vit.models.weight_tree",
+    "set_weight_tree": "keras_vit.models.weight_tree",
+    "weight_variables": "keras_vit.models.weight_tree",
+}
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAZY))

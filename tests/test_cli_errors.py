@@ -1,0 +1,191 @@
+"""`keras-vit <command>` on bad input: one line `keras-vit <command>: error: ...`, a non-zero exit
+status, no traceback, no run folder left behind; and a start that loads no backend for `--help`
+and `presets`.
+
+Each case runs the installed console script in a fresh process, as a user would. Most fail
+before Keras loads; the offline cases load it (the weights are looked up through the public API)
+and run on the JAX backend whatever the suite's backend, with HF_HUB_OFFLINE=1 and empty caches.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import BACKEND
+
+import keras_vit
+from keras_vit.cli import main
+
+SCRIPT = shutil.which("keras-vit", path=os.path.dirname(sys.executable))
+pytestmark = pytest.mark.skipif(SCRIPT is None, reason="the keras-vit console script is not installed")
+
+TINY_ARCH = json.dumps(dict(patch_size=8, hidden_size=16, num_layers=2, num_heads=2, mlp_dim=16))
+
+
+def _start(argv, env):
+    full_env = dict(os.environ, **(env or {}))
+    full_env.pop("TF_CPP_MIN_LOG_LEVEL", None)  # the command sets it itself
+    return subprocess.Popen([sys.executable, SCRIPT, *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=full_env)
+
+
+def keras_vit_commands(*commands, env=None, timeout=600):
+    """Run several `keras-vit` commands (argument lists) side by side; their (exit status, stdout,
+    stderr) in order."""
+    processes = [_start(argv, env) for argv in commands]
+    results = []
+    for process in processes:
+        stdout, stderr = process.communicate(timeout=timeout)
+        results.append((process.returncode, stdout, stderr))
+    return results
+
+
+def keras_vit_command(*argv, env=None):
+    """Run the `keras-vit` script; returns (exit status, stdout, stderr)."""
+    return keras_vit_commands(argv, env=env)[0]
+
+
+def assert_user_error(result, command, *fragments):
+    status, stdout, stderr = result
+    assert status == 2, (status, stdout, stderr)
+    assert "Traceback" not in stdout + stderr, stderr
+    line = stderr.strip().splitlines()[-1]
+    assert line.startswith(f"keras-vit {command}: error: "), stderr
+    for fragment in fragments:
+        assert fragment in line, (fragment, line)
+    return line
+
+
+# === Errors found before anything loads ===
+
+
+def test_convert_errors(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("not a checkpoint\n")
+    (tmp_path / "exists.keras").write_text("")
+    assert_user_error(keras_vit_command("convert", str(tmp_path / "notes.txt"), str(tmp_path / "no" / "dir" / "m.keras")),
+                      "convert", "does not exist", "mkdir -p")
+    assert_user_error(keras_vit_command("convert", str(tmp_path / "notes.txt"), str(tmp_path / "exists.keras")),
+                      "convert", "exists; pass --force")
+
+
+def test_model_argument_errors(tmp_path):
+    out = tmp_path / "run"
+    data = ["--data", "digits", "--out", str(out)]
+    assert_user_error(keras_vit_command("finetune", *data), "finetune", "Say which model", "--weights none")
+    assert_user_error(keras_vit_command("finetune", "--arch", "ViTB61", "--weights", "none", *data),
+                      "finetune", "Unknown --arch 'ViTB61'", "Did you mean ViTB16")
+    assert_user_error(keras_vit_command("fewshot", "--arch", TINY_ARCH, "--weights", "augreg_in21k", *data),
+                      "fewshot", "--arch as JSON", "--weights none")
+    assert_user_error(keras_vit_command("evaluate", "--arch", "ViTTi16", "--weights", "none", *data),
+                      "evaluate", "needs trained weights")
+    assert_user_error(keras_vit_command("explain", "--weights", "a.keras", "--preset", "ViTTi16.augreg_in21k",
+                                        "--out", str(out)), "explain", "either --preset or --weights")
+    assert_user_error(keras_vit_command("explain", str(tmp_path / "missing.jpg"), "--out", str(out)),
+                      "explain", "missing.jpg", "does not exist")
+    assert_user_error(keras_vit_command("explain", "sample:nosuch", "--out", str(out)), "explain",
+                      "Unknown sample 'nosuch'", "sample:grace_hopper")
+    assert not out.exists()
+
+
+def test_presets_unknown_architecture():
+    assert_user_error(keras_vit_command("presets", "NoSuch"), "presets", "Unknown architecture 'NoSuch'", "ViTB16")
+    assert_user_error(keras_vit_command("presets", "ViTS23"), "presets", "Did you mean ViTS32")
+
+
+def test_argparse_errors_use_the_same_form():
+    status, _, stderr = keras_vit_command("finetune", "--data", "digits")
+    assert status == 2 and "keras-vit finetune: error: the following arguments are required: --out" in stderr
+
+
+def test_help_and_presets_load_no_backend():
+    """`--help` and `presets` import neither Keras nor a backend (they start in well under a second)."""
+    code = (
+        "import sys; sys.argv[0] = 'keras-vit'\n"
+        "from keras_vit.cli import main\n"
+        "main(['presets', 'ViTB16'])\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "heavy = [m for m in ('keras', 'tensorflow', 'jax', 'torch') if m in sys.modules]\n"
+        "print('HEAVY', heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "augreg2_in21k_ft_in1k" in out.stdout and "COMMAND" in out.stdout
+    assert out.stdout.strip().splitlines()[-1] == "HEAVY []"
+    assert out.stderr == ""
+
+
+# === Errors found while loading (Keras loads, on JAX) ===
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="backend-independent; run once, in the JAX pass")
+def test_unreadable_sources(tmp_path):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("not a checkpoint\n")
+    dst = str(tmp_path / "out.keras")
+    missing, empty, notes = keras_vit_commands(
+        ["convert", str(tmp_path / "missing.npz"), dst],
+        ["convert", str(tmp_path / "empty"), dst],
+        ["convert", str(tmp_path / "notes.txt"), dst],
+        env={"KERAS_BACKEND": "jax"},
+    )
+    assert_user_error(missing, "convert", "No checkpoint at", "missing.npz")
+    assert_user_error(empty, "convert", "holds no checkpoint")
+    assert_user_error(notes, "convert", "Unknown checkpoint format", "notes.txt")
+    assert not os.path.exists(dst)
+
+
+OFFLINE_CASES = {
+    "finetune": ["--arch", "ViTTi16", "--weights", "augreg_in21k", "--data", "digits", "--steps", "2"],
+    "evaluate": ["--weights", "ViTTi16.augreg_in21k_ft_in1k", "--data", "digits"],
+    "fewshot": ["--arch", "ViTTi16", "--weights", "augreg_in21k", "--data", "digits"],
+    "explain": ["--arch", "ViTTi16", "--weights", "augreg_in21k", "sample:grace_hopper"],
+    "preset": ["--preset", "ViTTi16.augreg_in21k", "--data", "digits", "--steps", "2"],
+}
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="backend-independent; run once, in the JAX pass")
+def test_offline_without_cache(tmp_path):
+    env = {
+        "KERAS_BACKEND": "jax",
+        "HF_HUB_OFFLINE": "1",
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_CACHE": str(tmp_path / "hf" / "hub"),
+        "KERAS_VIT_CACHE": str(tmp_path / "keras_vit"),
+    }
+    commands = {case: ["finetune" if case == "preset" else case, *argv, "--out", str(tmp_path / case)]
+                for case, argv in OFFLINE_CASES.items()}
+    commands["convert"] = ["convert", "ViTTi16.augreg_in21k", str(tmp_path / "a.keras")]
+    commands["convert_hf"] = ["convert", "hf://timm/vit_tiny_patch16_224.augreg_in21k", str(tmp_path / "b.keras")]
+    results = keras_vit_commands(*commands.values(), env=env)
+    for (case, argv), result in zip(commands.items(), results):
+        line = assert_user_error(result, argv[0], "HF_HUB_OFFLINE=1", "--weights none")
+        assert "weights=None" not in line, (case, line)
+    assert not set(os.listdir(tmp_path)) & {*commands, "a.keras", "b.keras"}  # no run folder, no output
+
+
+# === What used to fail and now works ===
+
+
+def test_explain_accepts_weights_none(tmp_path, capsys):
+    out = tmp_path / "explain"
+    with pytest.warns(UserWarning, match="randomly initialised"):
+        status = main(["explain", "sample:grace_hopper", "--weights", "none", "--arch", TINY_ARCH,
+                       "--image-size", "32", "--components", "4", "--out", str(out)])
+    assert status == 0
+    assert json.loads((out / "summary.json").read_text())["grid_size"] == [4, 4]
+
+
+def test_failed_run_leaves_no_run_folder(tmp_path, capsys):
+    out = tmp_path / "run"
+    status = main(["finetune", "--arch", TINY_ARCH, "--weights", "none", "--image-size", "20", "--data", "digits",
+                   "--steps", "2", "--out", str(out)])
+    assert status == 2 and "not divisible by the patch size 8" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_performance_is_reachable_after_import():
+    assert keras_vit.performance.recommended_jit_compile() in (True, False, "auto")

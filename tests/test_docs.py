@@ -1,0 +1,193 @@
+"""Every code block of README.md, CONTRIBUTING.md and docs/*.md runs as written.
+
+- ```python blocks: the blocks of one file run in order in one fresh process (a shared
+  namespace, like a notebook), on the suite's backend, in a temporary working directory.
+- ```bash / ```sh blocks: each `keras-vit ...` command runs through the console script, in
+  order, in one temporary working directory per file (other shell lines, such as `make` or
+  `pip install`, are not run).
+- A block preceded by `<!-- needs: REASON -->` is skipped for that reason; when the comment
+  holds a code block of its own, that stand-in runs instead (the same steps, offline and small).
+
+New files under docs/ are picked up automatically.
+"""
+
+import dataclasses
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+from conftest import BACKEND
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PYTHON_LANGUAGES = {"python", "py", "python3"}
+SHELL_LANGUAGES = {"bash", "sh", "shell", "console"}
+
+_FENCE = re.compile(r"^ {0,3}(`{3,})\s*([\w+-]*)")
+_MARKER = "<!-- needs:"
+
+
+@dataclasses.dataclass
+class Block:
+    path: str  # relative to the repository root
+    line: int  # of the opening fence, 1-based
+    language: str
+    code: str
+    needs: str = None  # the marker's reason
+    stand_in: "Block" = None
+
+
+def doc_files():
+    files = ["README.md", "CONTRIBUTING.md"]
+    docs = os.path.join(ROOT, "docs")
+    if os.path.isdir(docs):
+        files += [f"docs/{name}" for name in sorted(os.listdir(docs)) if name.endswith(".md")]
+    return [f for f in files if os.path.isfile(os.path.join(ROOT, f))]
+
+
+def _read_fence(lines, start, path):
+    """(Block, index after the closing fence) for the fence opening at lines[start]."""
+    match = _FENCE.match(lines[start])
+    ticks, language = match.group(1), match.group(2).lower()
+    end = start + 1
+    while end < len(lines) and not re.match(rf"^ {{0,3}}{ticks}`*\s*$", lines[end]):
+        end += 1
+    if end == len(lines):
+        raise AssertionError(f"{path}:{start + 1}: code block never closed")
+    return Block(path, start + 1, language, "\n".join(lines[start + 1 : end]) + "\n"), end + 1
+
+
+def parse_blocks(path):
+    """The fenced code blocks of one Markdown file, with their `needs:` markers."""
+    with open(os.path.join(ROOT, path), encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    blocks, marker, i = [], None, 0
+    while i < len(lines):
+        line = lines[i]
+        if line.lstrip().startswith(_MARKER):
+            text = line.strip()[len(_MARKER):]
+            stand_in, i = None, i + 1
+            if not text.endswith("-->"):  # a multi-line comment, maybe holding the stand-in
+                while i < len(lines) and lines[i].strip() != "-->":
+                    if _FENCE.match(lines[i]):
+                        stand_in, i = _read_fence(lines, i, path)
+                        continue
+                    i += 1
+                if i == len(lines):
+                    raise AssertionError(f"{path}: a '{_MARKER}' comment is never closed")
+                i += 1
+            reason = text.removesuffix("-->").strip().rstrip(":;").strip()
+            marker = (reason, stand_in)
+            assert reason, f"{path}:{i}: a '{_MARKER}' marker must say what the block needs"
+            continue
+        if _FENCE.match(line):
+            block, i = _read_fence(lines, i, path)
+            if marker is not None:
+                block.needs, block.stand_in = marker
+                marker = None
+            blocks.append(block)
+            continue
+        if line.strip() and marker is not None:
+            raise AssertionError(f"{path}:{i + 1}: a '{_MARKER}' marker must come right before its code block")
+        i += 1
+    assert marker is None, f"{path}: a '{_MARKER}' marker at the end of the file has no code block"
+    return blocks
+
+
+def runnable(blocks, languages):
+    """(blocks to run: each block or its stand-in, [(block, reason) skipped])."""
+    run, skipped = [], []
+    for block in blocks:
+        if block.language not in languages:
+            continue
+        if block.needs is None:
+            run.append(block)
+        elif block.stand_in is not None:
+            assert block.stand_in.language in languages, (
+                f"{block.path}:{block.line}: the stand-in of a {block.language} block is {block.stand_in.language}"
+            )
+            run.append(block.stand_in)
+        else:
+            skipped.append((block, block.needs))
+    return run, skipped
+
+
+def shell_commands(block):
+    """The `keras-vit` commands of a shell block (continuation lines joined)."""
+    commands, current = [], ""
+    for line in block.code.splitlines():
+        current += line.rstrip()
+        if current.endswith("\\"):
+            current = current[:-1] + " "
+            continue
+        text = current.strip().removeprefix("$ ")
+        if text.startswith("keras-vit ") or text == "keras-vit":
+            commands.append(text)
+        current = ""
+    return commands
+
+
+_SESSION = r"""
+import json, sys, traceback
+namespace = {"__name__": "__main__"}
+for block in json.loads(sys.stdin.read()):
+    print(f"--- {block['where']}", flush=True)
+    try:
+        exec(compile(block["code"], block["where"], "exec"), namespace)
+    except BaseException:
+        traceback.print_exc()
+        print(f"FAILED: {block['where']}", file=sys.stderr)
+        sys.exit(1)
+"""
+
+
+def _environment(backend):
+    env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=os.pathsep.join(
+        p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    env["PATH"] = os.pathsep.join((os.path.dirname(sys.executable), env.get("PATH", "")))
+    env["HF_HUB_OFFLINE"] = "1"  # a block that downloads must be marked
+    env["MPLBACKEND"] = "Agg"
+    return env
+
+
+FILES = doc_files()
+
+
+def test_the_docs_have_code_blocks():
+    blocks = {path: parse_blocks(path) for path in FILES}
+    assert "README.md" in blocks
+    python, _ = runnable(blocks["README.md"], PYTHON_LANGUAGES)
+    shell, _ = runnable(blocks["README.md"], SHELL_LANGUAGES)
+    assert len(python) >= 3 and sum(len(shell_commands(b)) for b in shell) >= 3
+
+
+@pytest.mark.parametrize("path", FILES)
+def test_python_blocks_run(path, tmp_path):
+    blocks, skipped = runnable(parse_blocks(path), PYTHON_LANGUAGES)
+    if not blocks:
+        pytest.skip(f"{path}: no python block to run ({len(skipped)} marked as needing: "
+                    f"{'; '.join(reason for _, reason in skipped)})")
+    payload = json.dumps([{"where": f"{b.path}:{b.line}", "code": b.code} for b in blocks])
+    out = subprocess.run([sys.executable, "-c", _SESSION], input=payload, capture_output=True, text=True,
+                         cwd=tmp_path, env=_environment(BACKEND), timeout=900)
+    assert out.returncode == 0, f"{out.stdout[-3000:]}\n{out.stderr[-6000:]}"
+
+
+@pytest.mark.skipif(BACKEND != "jax", reason="the commands do not depend on the backend; run once, in the JAX pass")
+@pytest.mark.skipif(shutil.which("keras-vit", path=os.path.dirname(sys.executable)) is None,
+                    reason="the keras-vit console script is not installed")
+@pytest.mark.parametrize("path", FILES)
+def test_shell_commands_run(path, tmp_path):
+    blocks, skipped = runnable(parse_blocks(path), SHELL_LANGUAGES)
+    commands = [(b, c) for b in blocks for c in shell_commands(b)]
+    if not commands:
+        pytest.skip(f"{path}: no keras-vit command to run")
+    env = _environment("jax")
+    for block, command in commands:
+        out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, cwd=tmp_path, env=env,
+                             timeout=900)
+        assert out.returncode == 0, f"{block.path}:{block.line}: {command}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        assert "Traceback" not in out.stderr
