@@ -413,12 +413,18 @@ class EncoderBlock(keras.layers.Layer):
         """Relative embeddings index offsets in the flattened token sequence: no resize exists."""
         if key.endswith("relative_embedding"):
             raise ValueError(
-                f"{self.name}: relative position embeddings cannot be resized (checkpoint {tuple(value.shape)}, "
-                f"model {tuple(self.attention.relative_embedding.shape)}): they are learned per offset in the "
-                "flattened 1-D token sequence, whose offsets mean other patch pairs on another grid. Use the "
-                "checkpoint's image size, or a 'learned', 'learned_2d' or 'sincos2d' position embedding."
+                relative_resize_error(f"checkpoint {tuple(value.shape)}, model {tuple(self.attention.relative_embedding.shape)}")
             )
         raise ValueError(f"shape mismatch for {self.name}/{key}: checkpoint {tuple(value.shape)}")
+
+
+def relative_resize_error(what):
+    """Why relative position embeddings (`what`: the two layouts) cannot follow a new grid."""
+    return (
+        f"relative position embeddings cannot be resized ({what}): they are learned per offset in the "
+        "flattened 1-D token sequence, and on another grid the same offset joins other patch pairs. Use "
+        "the checkpoint's image size, or a 'learned', 'learned_2d' or 'sincos2d' position embedding."
+    )
 
 
 # === Pooling ===

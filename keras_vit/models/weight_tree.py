@@ -91,6 +91,12 @@ def set_weight_tree(model, tree, *, source_grid=None, resize_rule=None, skip=(),
     if unexpected:
         problems.append(f"unexpected weights: {_describe(unexpected)}")
     values = {}
+    grid = getattr(model, "grid_size", None)
+    if getattr(model, "position_embedding", None) == "relative" and source_grid is not None and grid is not None:
+        if tuple(source_grid) != tuple(grid):
+            from keras_vit.layers.transformer import relative_resize_error
+
+            problems.append(relative_resize_error(f"grid {tuple(source_grid)} to {tuple(grid)}"))
     for key, var in variables.items():
         if key not in tree:
             continue
