@@ -43,12 +43,14 @@ def train_one(kind, seed, steps, data):
         loss=training.classification_loss(model, label_smoothing=TRAIN["label_smoothing"]),
         metrics=["accuracy"],
     )
-    order = np.random.default_rng(seed).permutation(len(x_train))
+    # Whole batches only (Keras shuffles the arrays every epoch, seeded above).
+    n = steps_per_epoch * TRAIN["batch_size"]
+    order = np.random.default_rng(seed).permutation(len(x_train))[:n]
     start = time.time()
-    model.fit(
-        x_train[order], y_train[order], batch_size=TRAIN["batch_size"], epochs=epochs,
-        steps_per_epoch=steps_per_epoch, verbose=0,
-    )
+    model.fit(x_train[order], y_train[order], batch_size=TRAIN["batch_size"], epochs=epochs, verbose=0)
+    trained = int(keras.ops.convert_to_numpy(model.optimizer.iterations))
+    if trained != steps:
+        raise RuntimeError(f"trained {trained} steps instead of {steps}")
     accuracy = float(np.mean(model.predict(x_test, batch_size=256, verbose=0).argmax(-1) == y_test))
     return {
         "position_embedding": kind, "seed": seed, "test_accuracy": accuracy, "params": model.count_params(),

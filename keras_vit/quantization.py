@@ -59,7 +59,9 @@ def quantize(model, keras_quantize, mode=None, config=None, filters=None, **kwar
                 attention = [
                     layer
                     for layer in model._flatten_layers()
-                    if isinstance(layer, MultiHeadDotProductAttention) and matches(layer, filters)
+                    if isinstance(layer, MultiHeadDotProductAttention)
+                    and not getattr(layer, "cross_attention_only", False)
+                    and matches(layer, filters)
                 ]
                 for layer in attention:
                     layer.quantize("int8", config=config)

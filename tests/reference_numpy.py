@@ -162,7 +162,10 @@ def vit_forward(
         x = x + y @ t[m + "Dense_1/kernel"] + t[m + "Dense_1/bias"]
     x = layer_norm(x, t["Transformer/encoder_norm/scale"], t["Transformer/encoder_norm/bias"], layer_norm_epsilon)
     if include_top:
-        x = x[:, 0] if classifier == "token" else x.mean(axis=1)
+        if classifier == "map":
+            x = map_head(t, x, layer_norm_epsilon, gelu_approximate)
+        else:
+            x = x[:, 0] if classifier == "token" else x.mean(axis=1)
         if "pre_logits/kernel" in t:
             x = np.tanh(x @ t["pre_logits/kernel"] + t["pre_logits/bias"])
         x = x @ t["head/kernel"] + t["head/bias"]
@@ -198,3 +201,19 @@ def position_embeddings(t, kind, rows, cols, width, prefix):
         head = [t[key + "prefix_embedding"]] if prefix else []
         return np.concatenate(head + [np.stack(grid)])[None]
     raise ValueError(kind)
+
+
+def map_head(t, x, layer_norm_epsilon, gelu_approximate):
+    """big_vision's MAPHead: a learned probe attends over the tokens, then x + MLP(LN(x))."""
+    m = "MAPHead_0/"
+    a = m + "MultiHeadDotProductAttention_0/"
+    probe = np.broadcast_to(t[m + "probe"], (x.shape[0], 1, x.shape[-1]))
+    q = np.einsum("btd,dhk->bhtk", probe, t[a + "query/kernel"]) + t[a + "query/bias"][None, :, None, :]
+    k = np.einsum("btd,dhk->bhtk", x, t[a + "key/kernel"]) + t[a + "key/bias"][None, :, None, :]
+    v = np.einsum("btd,dhk->bhtk", x, t[a + "value/kernel"]) + t[a + "value/bias"][None, :, None, :]
+    w = softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1]))
+    y = np.einsum("bhtk,hkd->btd", w @ v, t[a + "out/kernel"]) + t[a + "out/bias"]
+    z = layer_norm(y, t[m + "LayerNorm_0/scale"], t[m + "LayerNorm_0/bias"], layer_norm_epsilon)
+    z = gelu(z @ t[m + "MlpBlock_0/Dense_0/kernel"] + t[m + "MlpBlock_0/Dense_0/bias"], gelu_approximate)
+    y = y + z @ t[m + "MlpBlock_0/Dense_1/kernel"] + t[m + "MlpBlock_0/Dense_1/bias"]
+    return y[:, 0]

@@ -121,3 +121,21 @@ def test_bad_position_embedding_settings():
         _model("learned2d")
     with pytest.raises(ValueError, match="hidden_size 26 does not allow it"):
         _model("sincos2d", hidden_size=26, num_heads=2)
+
+
+def test_map_head_matches_numpy_saves_and_counts(tmp_path):
+    """classifier="map": big_vision's MAPHead_0 (probe, its own attention, LayerNorm, MLP)."""
+    model = randomize(_model("sincos2d", classifier="map"), seed=11)
+    d, mlp = 24, 32
+    head = model.get_layer("MAPHead_0")
+    assert head.count_params() == d + 4 * (d * d + d) + 2 * d + (d * mlp + mlp + mlp * d + d)
+    x = _images((2, 32, 48, 3), seed=4)
+    tree = keras_vit.get_weight_tree(model)
+    assert "MAPHead_0/MultiHeadDotProductAttention_0/query/kernel" in tree and "MAPHead_0/probe" in tree
+    ref = vit_forward(tree, x, patch_size=8, num_layers=2, classifier="map", position_embedding="sincos2d")
+    out = model.predict(x, verbose=0)
+    assert _rel_err(out, ref) < 2e-5
+    model.save(tmp_path / "map.keras")
+    np.testing.assert_allclose(keras.saving.load_model(tmp_path / "map.keras").predict(x, verbose=0), out, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="needs a class token"):
+        _model("learned", classifier="map", include_top=False, pooling="token")

@@ -2,6 +2,7 @@
 the backend-specific lines -- a JAX dot option that decides bfloat16 speed, PyTorch's fused
 matmul-plus-bias -- sit behind `layers.matmul.matmul` and `layers.matmul.matmul_add`)."""
 
+from keras_vit.layers.heads import MAPHead
 from keras_vit.layers.position import (
     PositionEmbedding,
     PositionEmbedding2D,

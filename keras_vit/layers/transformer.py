@@ -219,6 +219,23 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         out = ops.reshape(out, (batch, tokens, hidden))
         return (out, weights) if return_attention_weights else out
 
+    def cross_attend(self, queries, tokens, training=None):
+        """Attention of `queries` (batch, m, hidden) over `tokens` (batch, n, hidden) with this
+        layer's projections (float weights only): the MAP head's probe attending over a sequence."""
+        if self.quantization_mode is not None:
+            raise NotImplementedError(f"{self.name}: cross attention runs on float weights only.")
+        hidden = tokens.shape[-1]
+        width = self.num_heads * self.head_dim
+        q_shape, t_shape = ops.shape(queries), ops.shape(tokens)
+        q = ops.reshape(self._project(ops.reshape(queries, (-1, hidden)), "query"), (q_shape[0], q_shape[1], self.num_heads, self.head_dim))
+        k, v = (
+            ops.reshape(self._project(ops.reshape(tokens, (-1, hidden)), n), (t_shape[0], t_shape[1], self.num_heads, self.head_dim))
+            for n in ("key", "value")
+        )
+        y, _ = self._attend(q, k, v, training, False)
+        out = matmul_add(y, ops.reshape(self.out_kernel, (width, hidden)), self.out_bias)
+        return ops.reshape(out, (q_shape[0], q_shape[1], hidden))
+
     def _attend(self, q, k, v, training, return_attention_weights):
         """Scaled dot-product attention of (batch, tokens, heads, head_dim) q/k/v; returns the
         heads concatenated as (batch * tokens, heads * head_dim) and the weights (or None)."""

@@ -140,8 +140,8 @@ def get_architecture(name):
 
 #: The position embeddings a VisionTransformer can use (paper, Appendix D.4; big_vision).
 POSITION_EMBEDDINGS = ("learned", "none", "learned_2d", "relative", "sincos2d")
-CLASSIFIERS = ("token", "gap")
-POOLINGS = (None, "token", "gap", "avg", "max")
+CLASSIFIERS = ("token", "gap", "map")
+POOLINGS = (None, "token", "gap", "avg", "max", "map")
 #: keras.Model keyword arguments VisionTransformer passes on to Keras (not config fields).
 KERAS_MODEL_ARGS = ("name", "dtype", "trainable")
 
@@ -296,16 +296,23 @@ class ViTConfig:
             set_(key, float(getattr(self, key)))
         for key in ("gelu_approximate", "std_conv_epsilon_inside_sqrt", "include_top"):
             set_(key, bool(getattr(self, key)))
-        self._check_choice("classifier", CLASSIFIERS, "'token' (class token) or 'gap' (global average pooling)")
+        self._check_choice(
+            "classifier", CLASSIFIERS,
+            "'token' (class token), 'gap' (global average pooling) or 'map' (attention pooling)",
+        )
         self._check_choice("position_embedding", POSITION_EMBEDDINGS)
         self._check_choice("position_embedding_resize", RESIZE_RULES)
         if self.pooling not in POOLINGS:
-            raise ValueError(f"pooling must be one of None, 'token', 'gap', 'avg' or 'max'; got {self.pooling!r}.")
-        if self.pooling == "token" and self.classifier == "gap":
             raise ValueError(
-                "pooling='token' needs a class token, but this model has classifier='gap' (no class token). "
-                "Use pooling='gap'."
+                f"pooling must be one of None, 'token', 'gap', 'avg', 'max' or 'map'; got {self.pooling!r}."
             )
+        if self.pooling == "token" and self.classifier != "token":
+            raise ValueError(
+                f"pooling='token' needs a class token, but this model has classifier={self.classifier!r} (no class "
+                "token). Use pooling='gap'."
+            )
+        if self.pooling == "map" and self.classifier != "map":
+            raise ValueError("pooling='map' uses the MAP head of a classifier='map' model; use 'token' or 'gap'.")
         if self.include_top and self.classes is None:
             raise ValueError("include_top=True needs a positive number of classes; got classes=None.")
         if self.hidden_size % self.num_heads:

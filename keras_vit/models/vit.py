@@ -5,6 +5,7 @@ import inspect
 import keras
 
 from keras_vit.backend_workarounds import TorchOnBatchInputs
+from keras_vit.layers.heads import MAPHead
 from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.layers.position import PositionEmbedding, PositionEmbedding2D, SinCos2DPositionEmbedding
 from keras_vit.layers.quantized import Dense
@@ -70,7 +71,10 @@ def _graph(config, dtype):
     x = keras.layers.LayerNormalization(epsilon=c.layer_norm_epsilon, dtype=dtype, name="encoder_norm")(x)
     if c.include_top or c.pooling is not None:
         mode = {None: c.classifier, "avg": "gap"}.get(c.pooling, c.pooling)
-        x = TokenPooling(mode, c.num_prefix_tokens, dtype=dtype, name="pool")(x)
+        if mode == "map":
+            x = MAPHead(c.num_heads, c.mlp_dim, c.layer_norm_epsilon, c.gelu_approximate, dtype=dtype, name="MAPHead_0")(x)
+        else:
+            x = TokenPooling(mode, c.num_prefix_tokens, dtype=dtype, name="pool")(x)
         if c.representation_size is not None:
             x = Dense(
                 c.representation_size,
@@ -102,8 +106,9 @@ class VisionTransformer(TorchOnBatchInputs, keras.Model):
         hidden_size, num_layers, num_heads, mlp_dim: the Transformer's width, depth, heads and
             MLP width.
         classes: size of the classification head.
-        classifier: "token" (a class token is prepended and read out) or "gap" (no class token;
-            the patch tokens are averaged).
+        classifier: "token" (a class token is prepended and read out), "gap" (no class token;
+            the patch tokens are averaged) or "map" (no class token; big_vision's attention
+            pooling head `MAPHead_0`).
         representation_size: width of the optional `pre_logits` Dense + tanh before the head.
         resnet: None, or (stage_units, width_factor) of the hybrid's BiT ResNet, e.g.
             ((3, 4, 9), 1) for R50+ViT-B/16, ((), 1) for the stem-only R+ViT-Ti/16.
@@ -118,8 +123,8 @@ class VisionTransformer(TorchOnBatchInputs, keras.Model):
         position_embedding_resize: the source's rule for resizing position embeddings.
         include_top: whether to end in the classification head.
         pooling: with include_top=False: None returns the token sequence after the final
-            LayerNorm (batch, tokens, hidden); "token", "gap" (alias "avg") or "max" pool it to
-            (batch, hidden) (through `pre_logits` when the model has one).
+            LayerNorm (batch, tokens, hidden); "token", "gap" (alias "avg"), "max" or ("map"
+            models) "map" pool it to (batch, hidden) (through `pre_logits` when the model has one).
         classifier_activation: activation of the head ("softmax", None for logits, ...).
         dropout_rate, attention_dropout_rate: dropout after embeddings / in blocks, and on the
             attention weights.
