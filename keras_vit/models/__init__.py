@@ -11,3 +11,4 @@ from keras_vit.models.config import (
 )
 from keras_vit.models.vit import VisionTransformer
 from keras_vit.models.weight_tree import WeightTreeError, get_weight_tree, set_weight_tree, weight_variables
+from keras_vit.models.features import TokensToGrid, feature_extractor

@@ -1,6 +1,6 @@
-"""The position embeddings of the paper's Appendix D.4 (and big_vision's sin-cos): parameter
-counts from their formulas, forward passes against the NumPy reference, fit, save/reload and
-resize."""
+"""Model variants: the position embeddings of the paper's Appendix D.4 (and big_vision's sin-cos),
+big_vision's MAP head, and feature maps: parameter counts from their formulas, forward passes
+against the NumPy reference, fit, save/reload and resize."""
 
 import keras
 import numpy as np
@@ -139,3 +139,27 @@ def test_map_head_matches_numpy_saves_and_counts(tmp_path):
     np.testing.assert_allclose(keras.saving.load_model(tmp_path / "map.keras").predict(x, verbose=0), out, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="needs a class token"):
         _model("learned", classifier="map", include_top=False, pooling="token")
+
+
+@pytest.mark.parametrize("hybrid", [False, True], ids=["vit", "hybrid"])
+def test_feature_extractor_grids(hybrid):
+    """feature_extractor: chosen blocks as (batch, rows, cols, C) grids, prefix tokens removed; the
+    final LayerNorm's grid equals the NumPy reference's token sequence laid out row-major."""
+    from keras_vit.models import feature_extractor
+
+    kw = dict(resnet=((1,), 0.5), patch_size=1, image_size=(32, 64)) if hybrid else dict(image_size=(32, 48))
+    model = randomize(_model("learned", **kw), seed=12)
+    rows, cols = model.grid_size
+    x = _images((2, *model.image_size, 3), seed=5)
+    features = feature_extractor(model, [0, -1, "encoder_norm"])
+    grids = features.predict(x, verbose=0)
+    assert [g.shape for g in grids] == [(2, rows, cols, 24)] * 3
+    ref_kw = dict(resnet_units=(1,), width_factor=0.5) if hybrid else {}
+    ref = vit_forward(
+        keras_vit.get_weight_tree(model), x, patch_size=model.patch_size, num_layers=2, include_top=False, **ref_kw
+    )
+    np.testing.assert_allclose(grids[2], ref[:, 1:].reshape(2, rows, cols, 24), rtol=2e-4, atol=2e-5)
+    tokens = feature_extractor(model, -1, output="tokens").predict(x, verbose=0)
+    np.testing.assert_allclose(tokens[:, 1:].reshape(2, rows, cols, 24), grids[1], rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match=r"no layer 'encoder_nrom' \(did you mean 'encoder_norm'\?\)"):
+        feature_extractor(model, ["encoder_nrom"])
