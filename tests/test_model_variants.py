@@ -163,3 +163,17 @@ def test_feature_extractor_grids(hybrid):
     np.testing.assert_allclose(tokens[:, 1:].reshape(2, rows, cols, 24), grids[1], rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match=r"no layer 'encoder_nrom' \(did you mean 'encoder_norm'\?\)"):
         feature_extractor(model, ["encoder_nrom"])
+
+
+def test_analysis_on_other_position_embeddings():
+    from keras_vit import analysis
+
+    x = _images((2, 32, 48, 3), seed=6)
+    model = randomize(_model("relative"), seed=13)
+    weights = analysis.attention_weights(model, x)
+    ref = vit_forward(keras_vit.get_weight_tree(model), x, patch_size=8, num_layers=2, position_embedding="relative",
+                      return_attention=True)[1]
+    np.testing.assert_allclose(weights, ref, atol=2e-5)
+    sim = analysis.position_embedding_similarity(randomize(_model("learned_2d"), seed=14))
+    assert sim.shape == (4, 6, 4, 6)
+    np.testing.assert_allclose(sim[1, 2, 1, 2], 1.0, rtol=1e-6)

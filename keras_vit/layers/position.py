@@ -65,6 +65,10 @@ class PositionEmbedding(_GridLayer):
             initializer=_init(keras.initializers.RandomNormal(stddev=0.02)),
         )
 
+    def embedding(self):
+        """The (prefix + rows * cols, hidden) embedding."""
+        return self.pos_embedding[0]
+
     def call(self, tokens):
         return tokens + ops.cast(self.pos_embedding, tokens.dtype)
 
@@ -188,6 +192,10 @@ class SinCos2DPositionEmbedding(_GridLayer):
         self.hidden = int(input_shape[-1])
         table = sincos2d_position_embedding(self.grid_size, self.hidden, self.temperature)
         self._table = np.concatenate([np.zeros((self.num_prefix_tokens, self.hidden), np.float32), table])[None]
+
+    def embedding(self):
+        """The (prefix + rows * cols, hidden) embedding (zeros for the prefix tokens)."""
+        return ops.convert_to_tensor(self._table[0])
 
     def call(self, tokens):
         return tokens + ops.cast(ops.convert_to_tensor(self._table), tokens.dtype)
