@@ -6,7 +6,7 @@ that `weights=` can load while models/ stays below checkpoints/.
 
 import keras
 
-from keras_vit.models.config import ARCHITECTURES, get_architecture
+from keras_vit.models.config import ARCHITECTURES, TABLE_FIELDS, UnknownArgumentError, ViTConfig, get_architecture, suggest
 from keras_vit.models.vit import VisionTransformer
 
 _DOC = """Instantiates the {paper_name} architecture{hybrid}.
@@ -41,8 +41,12 @@ Example:
     >>> model = keras_vit.{name}(weights=None, input_shape=(224, 224, 3))
 """
 
-# Arguments an override may not set: the constructor owns them.
-_FIXED = ("patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim", "resnet", "image_size")
+# Arguments an override may not set: the constructor owns them (its table row and input shape)
+# or takes them as its own arguments. `classifier` stays overridable (e.g. a gap variant).
+_OWNED = (*(f for f in TABLE_FIELDS if f != "classifier"), "image_size", "num_channels")
+_OWN_ARGUMENTS = ("include_top", "pooling", "classes", "classifier_activation", "name")
+#: The VisionTransformer arguments `**overrides` may set.
+OVERRIDES = tuple(f for f in (*ViTConfig.fields(), "dtype", "trainable") if f not in _OWNED + _OWN_ARGUMENTS)
 
 
 def _image_size(input_shape, input_tensor):
@@ -75,17 +79,13 @@ def build_application(
 ):
     """Build the constructor `architecture` (a name of the config table) as keras.applications does."""
     arch = get_architecture(architecture)
-    allowed = set(VisionTransformer.__init__.__kwdefaults__) - set(_FIXED) - {
-        "include_top", "pooling", "classes", "classifier_activation", "name"
-    }
-    unknown = sorted(set(overrides) - allowed)
+    unknown = [k for k in overrides if k not in OVERRIDES]
     if unknown:
-        import difflib
-
-        hints = [difflib.get_close_matches(u, sorted(allowed), n=1) for u in unknown]
-        hint = "; ".join(f"{u!r} (did you mean {h[0]!r}?)" if h else repr(u) for u, h in zip(unknown, hints))
-        raise ValueError(
-            f"Unknown override(s) for {architecture}: {hint}. Valid overrides: {', '.join(sorted(allowed))}."
+        hint = "; ".join(
+            f"{u!r} (the constructor sets it)" if u in _OWNED else f"{u!r}{suggest(u, OVERRIDES)}" for u in unknown
+        )
+        raise UnknownArgumentError(
+            f"Unknown override(s) for {architecture}: {hint}. Valid overrides: {', '.join(sorted(OVERRIDES))}."
         )
     image_size, channels = _image_size(input_shape, input_tensor)
     kwargs = dict(arch.kwargs())

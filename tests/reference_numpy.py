@@ -117,8 +117,12 @@ def vit_forward(
     std_conv_epsilon_inside_sqrt=False,
     include_top=True,
     return_attention=False,
+    position_embedding="learned",
 ):
-    """Logits (or the final token sequence when include_top=False) of the original model."""
+    """Logits (or the final token sequence when include_top=False) of the original model.
+
+    `position_embedding` picks the paper's Appendix D.4 variants: "learned" (the original),
+    "none", "learned_2d", "relative" (1-D relative attention) or "sincos2d" (big_vision's)."""
     t = {k: np.asarray(v, np.float64) for k, v in tree.items()}
     x = np.asarray(images, np.float64)
     if resnet_units is not None:
@@ -128,9 +132,11 @@ def vit_forward(
     x = conv2d(x, t["embedding/kernel"], patch_size, "VALID") + t["embedding/bias"]
     b, gh, gw, d = x.shape
     x = x.reshape(b, gh * gw, d)
-    if classifier == "token":
+    prefix = 1 if classifier == "token" else 0
+    if prefix:
         x = np.concatenate([np.broadcast_to(t["cls"], (b, 1, d)), x], axis=1)
-    x = x + t["Transformer/posembed_input/pos_embedding"]
+    x = x + position_embeddings(t, position_embedding, gh, gw, d, prefix)
+    n = x.shape[1]
     attentions = []
     for i in range(num_layers):
         p = f"Transformer/encoderblock_{i}/"
@@ -139,7 +145,14 @@ def vit_forward(
         q = np.einsum("btd,dhk->bhtk", y, t[a + "query/kernel"]) + t[a + "query/bias"][None, :, None, :]
         k = np.einsum("btd,dhk->bhtk", y, t[a + "key/kernel"]) + t[a + "key/bias"][None, :, None, :]
         v = np.einsum("btd,dhk->bhtk", y, t[a + "value/kernel"]) + t[a + "value/bias"][None, :, None, :]
-        w = softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1]))
+        logits = q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1])
+        if position_embedding == "relative":
+            # Appendix D.4: the offset's embedding is the key of the content query.
+            r = t[a + "relative_embedding"]  # (2n - 1, heads, head_dim)
+            for i in range(n):
+                for j in range(n):
+                    logits[:, :, i, j] += np.einsum("bhk,hk->bh", q[:, :, i], r[i - j + n - 1]) / math.sqrt(q.shape[-1])
+        w = softmax(logits)
         attentions.append(w)
         o = np.einsum("bhtk,hkd->btd", w @ v, t[a + "out/kernel"]) + t[a + "out/bias"]
         x = x + o
@@ -149,8 +162,58 @@ def vit_forward(
         x = x + y @ t[m + "Dense_1/kernel"] + t[m + "Dense_1/bias"]
     x = layer_norm(x, t["Transformer/encoder_norm/scale"], t["Transformer/encoder_norm/bias"], layer_norm_epsilon)
     if include_top:
-        x = x[:, 0] if classifier == "token" else x.mean(axis=1)
+        if classifier == "map":
+            x = map_head(t, x, layer_norm_epsilon, gelu_approximate)
+        else:
+            x = x[:, 0] if classifier == "token" else x.mean(axis=1)
         if "pre_logits/kernel" in t:
             x = np.tanh(x @ t["pre_logits/kernel"] + t["pre_logits/bias"])
         x = x @ t["head/kernel"] + t["head/bias"]
     return (x, np.stack(attentions)) if return_attention else x
+
+
+def sincos2d(rows, cols, width, temperature=10000.0):
+    """big_vision's posemb_sincos_2d, written per patch: (rows * cols, width)."""
+    quarter = width // 4
+    out = np.zeros((rows * cols, width))
+    for r in range(rows):
+        for c in range(cols):
+            for i in range(quarter):
+                omega = temperature ** (-i / (quarter - 1))
+                out[r * cols + c, [i, quarter + i, 2 * quarter + i, 3 * quarter + i]] = (
+                    math.sin(c * omega), math.cos(c * omega), math.sin(r * omega), math.cos(r * omega)
+                )
+    return out
+
+
+def position_embeddings(t, kind, rows, cols, width, prefix):
+    """The (1, prefix + rows * cols, width) embedding added to the tokens (0 when there is none)."""
+    key = "Transformer/posembed_input/"
+    if kind == "learned":
+        return t[key + "pos_embedding"]
+    if kind in ("none", "relative"):
+        return 0.0
+    if kind == "sincos2d":  # the class token gets none (big_vision adds it before concatenating)
+        return np.concatenate([np.zeros((prefix, width)), sincos2d(rows, cols, width)])[None]
+    if kind == "learned_2d":
+        x, y = t[key + "x_embedding"], t[key + "y_embedding"]
+        grid = [np.concatenate([x[c], y[r]]) for r in range(rows) for c in range(cols)]
+        head = [t[key + "prefix_embedding"]] if prefix else []
+        return np.concatenate(head + [np.stack(grid)])[None]
+    raise ValueError(kind)
+
+
+def map_head(t, x, layer_norm_epsilon, gelu_approximate):
+    """big_vision's MAPHead: a learned probe attends over the tokens, then x + MLP(LN(x))."""
+    m = "MAPHead_0/"
+    a = m + "MultiHeadDotProductAttention_0/"
+    probe = np.broadcast_to(t[m + "probe"], (x.shape[0], 1, x.shape[-1]))
+    q = np.einsum("btd,dhk->bhtk", probe, t[a + "query/kernel"]) + t[a + "query/bias"][None, :, None, :]
+    k = np.einsum("btd,dhk->bhtk", x, t[a + "key/kernel"]) + t[a + "key/bias"][None, :, None, :]
+    v = np.einsum("btd,dhk->bhtk", x, t[a + "value/kernel"]) + t[a + "value/bias"][None, :, None, :]
+    w = softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1]))
+    y = np.einsum("bhtk,hkd->btd", w @ v, t[a + "out/kernel"]) + t[a + "out/bias"]
+    z = layer_norm(y, t[m + "LayerNorm_0/scale"], t[m + "LayerNorm_0/bias"], layer_norm_epsilon)
+    z = gelu(z @ t[m + "MlpBlock_0/Dense_0/kernel"] + t[m + "MlpBlock_0/Dense_0/bias"], gelu_approximate)
+    y = y + z @ t[m + "MlpBlock_0/Dense_1/kernel"] + t[m + "MlpBlock_0/Dense_1/bias"]
+    return y[:, 0]

@@ -27,7 +27,7 @@ class Anatomy:
     chain: tuple  # models from `model` down to `owner`, each nested in the previous
     blocks: tuple  # the EncoderBlock layers in order
     patch_embedding: PatchEmbedding
-    position_embedding: PositionEmbedding
+    position_embedding: PositionEmbedding  # None for models without a learned 1-D embedding
     image_size: tuple  # (height, width) of the owner's input images
     grid_size: tuple  # (rows, cols) of the patch grid
     num_prefix_tokens: int  # 1 with a class token, 0 for "gap" models
@@ -74,11 +74,19 @@ def anatomy(model):
     owner = chain[-1]
     blocks = tuple(layer for layer in owner.layers if isinstance(layer, EncoderBlock))
     patch = _only(owner.layers, PatchEmbedding, owner)
-    position = _only(owner.layers, PositionEmbedding, owner)
+    # The grid: from the VisionTransformer itself (any position embedding), else from its
+    # position-embedding layer.
+    grid_layers = [layer for layer in owner.layers if hasattr(layer, "grid_size") and hasattr(layer, "num_prefix_tokens")]
+    position = next((layer for layer in owner.layers if isinstance(layer, PositionEmbedding)), None)
+    if hasattr(owner, "config") and hasattr(owner, "grid_size"):
+        (rows, cols), prefix = owner.grid_size, owner.num_prefix_tokens
+    elif grid_layers:
+        (rows, cols), prefix = grid_layers[0].grid_size, grid_layers[0].num_prefix_tokens
+    else:
+        _only(owner.layers, PositionEmbedding, owner)  # raises: nothing tells the grid
     if len(owner.inputs) != 1:
         raise ValueError(f"Model {owner.name!r} has {len(owner.inputs)} inputs; expected one image input.")
     height, width = owner.inputs[0].shape[1:3]
-    rows, cols = position.grid_size
     if height is None or width is None or height % rows or width % cols:
         raise ValueError(
             f"Cannot relate the {height}x{width} input of {owner.name!r} to its {rows}x{cols} patch grid."
@@ -93,7 +101,7 @@ def anatomy(model):
         position_embedding=position,
         image_size=(height, width),
         grid_size=(rows, cols),
-        num_prefix_tokens=position.num_prefix_tokens,
+        num_prefix_tokens=prefix,
         stride=(height // rows, width // cols),
         hybrid=hybrid,
     )

@@ -1,5 +1,6 @@
 """The learned embeddings of a model: position-embedding similarity and patch-embedding filters."""
 
+import keras
 import numpy as np
 
 from keras_vit.analysis import maths
@@ -20,7 +21,13 @@ def position_embedding_similarity(model):
         >>> plots.plot_position_embedding_similarity(sim, "pe.png")
     """
     info = anatomy(model)
-    pe = np.asarray(info.position_embedding.pos_embedding.numpy(), dtype=np.float32)
+    layer = next((x for x in info.owner.layers if hasattr(x, "embedding") and hasattr(x, "grid_size")), None)
+    if layer is None:
+        raise ValueError(
+            f"Model {model.name!r} adds no position embedding to its tokens (position_embedding="
+            f"{getattr(info.owner, 'position_embedding', None)!r}); nothing to compare."
+        )
+    pe = np.asarray(keras.ops.convert_to_numpy(layer.embedding()), dtype=np.float32)[None]
     return maths.position_embedding_similarity(pe, info.grid_size)
 
 

@@ -14,7 +14,7 @@ import struct
 
 import numpy as np
 
-from keras_vit.models.config import NUMERICS, all_architectures, resnet_stride
+from keras_vit.models.config import ViTConfig, all_architectures, resnet_stride
 
 # === Errors ===
 
@@ -41,23 +41,9 @@ def describe_keys(keys, limit=8):
 
 # === Config inference ===
 
-#: The config fields that hold a source's numerics (see keras_vit.models.config.NUMERICS).
-NUMERICS_FIELDS = tuple(NUMERICS["original"])
-
-#: The VisionTransformer arguments a checkpoint determines (everything else is the caller's).
-ARCHITECTURE_FIELDS = (
-    "image_size",
-    "patch_size",
-    "hidden_size",
-    "num_layers",
-    "num_heads",
-    "mlp_dim",
-    "classes",
-    "classifier",
-    "representation_size",
-    "resnet",
-    "num_channels",
-) + NUMERICS_FIELDS
+#: The config fields a checkpoint determines (architecture and numerics), and the numerics alone.
+ARCHITECTURE_FIELDS = ViTConfig.architecture_fields()
+NUMERICS_FIELDS = ViTConfig.numerics_fields()
 
 _BLOCK = re.compile(r"^Transformer/encoderblock_(\d+)/")
 _UNIT = re.compile(r"^block(\d+)/unit(\d+)/")

@@ -2,7 +2,14 @@
 the backend-specific lines -- a JAX dot option that decides bfloat16 speed, PyTorch's fused
 matmul-plus-bias -- sit behind `layers.matmul.matmul` and `layers.matmul.matmul_add`)."""
 
-from keras_vit.layers.quantized import Dense, int8_matmul, integer_matmul
+from keras_vit.layers.heads import MAPHead
+from keras_vit.layers.position import (
+    PositionEmbedding,
+    PositionEmbedding2D,
+    SinCos2DPositionEmbedding,
+    sincos2d_position_embedding,
+)
+from keras_vit.layers.quantized import Dense, Int8AttentionMixin, int8_matmul, integer_matmul
 from keras_vit.layers.resize import RESIZE_RULES, resize_position_embedding
 from keras_vit.layers.resnet import BottleneckUnit, GroupNorm, MaxPoolSame, ResNetStage, StdConv2D, same_padding
 from keras_vit.layers.transformer import (
@@ -11,7 +18,6 @@ from keras_vit.layers.transformer import (
     MlpBlock,
     MultiHeadDotProductAttention,
     PatchEmbedding,
-    PositionEmbedding,
     SplitFanXavierUniform,
     TokenPooling,
 )

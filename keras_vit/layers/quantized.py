@@ -99,3 +99,79 @@ class Dense(keras.layers.Dense):
         if self.activation is not None:
             x = self.activation(x)
         return x
+
+
+# === int8 attention ===
+
+
+class Int8AttentionMixin:
+    """int8 mode of `layers.transformer.MultiHeadDotProductAttention` (its `quantize`, the int8
+    variables and the int8 call); the float layer itself knows nothing of quantization beyond
+    building these variables when restored under an int8 policy."""
+
+    # --- int8 ---------------------------------------------------------------------------------
+    # Keras' Model.quantize reaches only leaf layers (this one holds a Dropout), so
+    # VisionTransformer.quantize calls `quantize` here itself. The int8 layout: one fused
+    # (hidden, 3 * heads * head_dim) int8 kernel for query/key/value -- the input is quantized once
+    # and multiplied once -- and a (heads * head_dim, hidden) int8 out kernel, each with a float
+    # scale per output channel (Keras' Dense convention: int8 = round(w * scale)), multiplied by
+    # layers.quantized.int8_matmul like the MLP's Dense layers. Biases stay
+    # float and trainable; gradients reach the input through the de-quantized kernels.
+
+    def quantize(self, mode=None, type_check=True, config=None):
+        if type_check and type(self).__name__ != "MultiHeadDotProductAttention":
+            raise self._not_implemented_error(self.quantize)
+        # Keras' quantize wrapper has checked the arguments and resolved `config` for `mode`.
+        mode = getattr(config, "mode", None) or mode
+        if mode != "int8":
+            raise NotImplementedError(
+                f"{type(self).__name__} quantizes to int8 only (received mode={mode!r}); its "
+                f"projections stay in {self.compute_dtype}."
+            )
+        self.quantization_config = config
+        weight_quantizer = keras.quantizers.QuantizationConfig.weight_quantizer_or_default(
+            config, keras.quantizers.AbsMaxQuantizer(axis=0)
+        )
+        hidden = self.query_kernel.shape[0]
+        width = self.num_heads * self.head_dim
+        qkv = ops.concatenate([ops.reshape(getattr(self, f"{n}_kernel"), (hidden, width)) for n in ("query", "key", "value")], axis=1)
+        qkv_value, qkv_scale = weight_quantizer(qkv, axis=0, to_numpy=True)
+        out_value, out_scale = weight_quantizer(ops.reshape(self.out_kernel, (width, hidden)), axis=0, to_numpy=True)
+        for name in ("query_kernel", "key_kernel", "value_kernel", "out_kernel"):
+            delattr(self, name)
+        self._int8_build(hidden, width, config)
+        self.qkv_kernel.assign(qkv_value)
+        self.qkv_kernel_scale.assign(ops.reshape(qkv_scale, (-1,)))
+        self.out_kernel.assign(out_value)
+        self.out_kernel_scale.assign(ops.reshape(out_scale, (-1,)))
+        self._is_quantized = True  # before the policy: setting an int8 policy quantizes otherwise
+        if self.dtype_policy.quantization_mode is None:
+            self.dtype_policy = keras.dtype_policies.get(f"int8_from_{self.dtype_policy.name}")
+
+    def _int8_build(self, hidden, width, config=None):
+        self.inputs_quantizer = keras.quantizers.QuantizationConfig.activation_quantizer_or_default(
+            config, keras.quantizers.AbsMaxQuantizer()
+        )
+        int8 = dict(initializer="zeros", dtype="int8", trainable=False)
+        self.qkv_kernel = self.add_weight(name="qkv_kernel", shape=(hidden, 3 * width), **int8)
+        self.qkv_kernel_scale = self.add_weight(name="qkv_kernel_scale", shape=(3 * width,), initializer="ones", trainable=False)
+        self.out_kernel = self.add_weight(name="out_kernel", shape=(width, hidden), **int8)
+        self.out_kernel_scale = self.add_weight(name="out_kernel_scale", shape=(hidden,), initializer="ones", trainable=False)
+
+    def _int8_matmul(self, x2d, kernel, kernel_scale):
+        return int8_matmul(x2d, kernel, kernel_scale, self.inputs_quantizer, self.compute_dtype)
+
+    def _int8_call(self, x, training=None, return_attention_weights=False):
+        shape = ops.shape(x)
+        batch, tokens, hidden = shape[0], shape[1], x.shape[-1]
+        width = self.num_heads * self.head_dim
+        x2d = ops.reshape(x, (-1, hidden))
+        qkv = self._int8_matmul(x2d, self.qkv_kernel, self.qkv_kernel_scale)
+        biases = ops.concatenate([ops.reshape(getattr(self, f"{n}_bias"), (width,)) for n in ("query", "key", "value")])
+        qkv = qkv + ops.cast(biases, qkv.dtype)
+        heads_shape = (batch, tokens, self.num_heads, self.head_dim)
+        q, k, v = (ops.reshape(qkv[:, i * width : (i + 1) * width], heads_shape) for i in range(3))
+        y, weights = self._attend(q, k, v, training, return_attention_weights)
+        out = self._int8_matmul(y, self.out_kernel, self.out_kernel_scale) + ops.cast(self.out_bias, y.dtype)
+        out = ops.reshape(out, (batch, tokens, hidden))
+        return (out, weights) if return_attention_weights else out

@@ -14,8 +14,8 @@ from keras import ops
 
 from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.layers.matmul import gelu, matmul_add
-from keras_vit.layers.quantized import Dense, int8_matmul
-from keras_vit.layers.resize import resize_position_embedding
+from keras_vit.layers.position import PositionEmbedding  # noqa: F401  (re-exported)
+from keras_vit.layers.quantized import Dense, Int8AttentionMixin
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
 
@@ -113,64 +113,6 @@ class ClassToken(keras.layers.Layer):
         return {"": self.cls}
 
 
-@register
-class PositionEmbedding(keras.layers.Layer):
-    """Adds a learned position embedding (1, prefix + rows * cols, hidden), normal(0.02) init.
-
-    `grid_size` is the (rows, cols) patch grid the embedding is laid out on; `num_prefix_tokens`
-    the tokens in front of it (1 for the class token, 0 for gap models). `resized(...)` gives the
-    embedding for another grid, with the resize rule of the weights' source (`resize_rule`).
-    """
-
-    def __init__(self, grid_size, num_prefix_tokens=1, resize_rule="original", **kwargs):
-        super().__init__(**kwargs)
-        self.grid_size = tuple(int(g) for g in grid_size)
-        self.num_prefix_tokens = int(num_prefix_tokens)
-        self.resize_rule = resize_rule
-
-    @property
-    def num_tokens(self):
-        return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
-
-    def build(self, input_shape):
-        if input_shape[1] is not None and input_shape[1] != self.num_tokens:
-            raise ValueError(
-                f"PositionEmbedding laid out for a {self.grid_size[0]}x{self.grid_size[1]} grid plus "
-                f"{self.num_prefix_tokens} prefix token(s) ({self.num_tokens} tokens) received "
-                f"{input_shape[1]} tokens."
-            )
-        self.pos_embedding = self.add_weight(
-            name="pos_embedding",
-            shape=(1, self.num_tokens, input_shape[-1]),
-            initializer=_init(keras.initializers.RandomNormal(stddev=0.02)),
-        )
-
-    def call(self, tokens):
-        return tokens + ops.cast(self.pos_embedding, tokens.dtype)
-
-    def resized(self, value, source_grid, rule=None):
-        """`value` (from a checkpoint laid out on `source_grid`) resampled to this layer's grid."""
-        return resize_position_embedding(
-            value,
-            self.grid_size,
-            num_prefix_tokens=self.num_prefix_tokens,
-            source_grid=source_grid,
-            rule=rule or self.resize_rule,
-        )
-
-    def weight_tree_variables(self):
-        return {"pos_embedding": self.pos_embedding}
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            grid_size=list(self.grid_size),
-            num_prefix_tokens=self.num_prefix_tokens,
-            resize_rule=self.resize_rule,
-        )
-        return config
-
-
 def _dropout(dropout, y, training):
     """`dropout(y, training=training)`, without the layer call when it is the identity (rate 0
     or not training): eager PyTorch pays ~0.3 ms of Keras Python per layer call."""
@@ -192,19 +134,26 @@ def _output_spec(x, num_heads, dtype, return_attention_weights):
 
 
 @register
-class MultiHeadDotProductAttention(keras.layers.Layer):
+class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
     """Multi-head self-attention with the original's per-head kernels.
 
     query/key/value kernels are (hidden, heads, head_dim) with biases (heads, head_dim); the out
     kernel is (heads, head_dim, hidden). The fast path goes through
     `keras.ops.dot_product_attention` (fused or flash kernels where the backend has them); the
     explicit path is used when attention weights are asked for or attention dropout is active.
+
+    `relative_positions=N` (a sequence of N tokens) adds the paper's 1-D relative attention
+    (Appendix D.4): a learned `relative_embedding` (2N - 1, heads, head_dim), one vector per
+    query-key offset q - k, acts as the key for the content query; its scaled logits
+    q . r[q - k] / sqrt(head_dim) are added to the attention logits before the softmax.
+    int8 quantization lives in `layers.quantized.Int8AttentionMixin`.
     """
 
-    def __init__(self, num_heads, attention_dropout_rate=0.0, **kwargs):
+    def __init__(self, num_heads, attention_dropout_rate=0.0, relative_positions=None, **kwargs):
         super().__init__(**kwargs)
         self.num_heads = int(num_heads)
         self.attention_dropout_rate = float(attention_dropout_rate)
+        self.relative_positions = None if relative_positions is None else int(relative_positions)
         self.dropout = keras.layers.Dropout(self.attention_dropout_rate, dtype=self.dtype_policy, name="dropout")
 
     def build(self, input_shape):
@@ -234,6 +183,18 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
                 name="out_kernel", shape=(self.num_heads, head_dim, hidden), initializer=_init(SplitFanXavierUniform(in_axes=2))
             )
         self.out_bias = self.add_weight(name="out_bias", shape=(hidden,), initializer="zeros")
+        self.relative_embedding = None
+        if self.relative_positions is not None:
+            if input_shape[1] is not None and input_shape[1] != self.relative_positions:
+                raise ValueError(
+                    f"Relative attention laid out for {self.relative_positions} tokens received "
+                    f"{input_shape[1]} tokens."
+                )
+            self.relative_embedding = self.add_weight(
+                name="relative_embedding",
+                shape=(2 * self.relative_positions - 1, self.num_heads, head_dim),
+                initializer=_init(keras.initializers.RandomNormal(stddev=0.02)),
+            )
         if quantized:
             self._int8_build(hidden, self.num_heads * head_dim, getattr(self, "quantization_config", None))
             self._is_quantized = True
@@ -258,6 +219,23 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         out = ops.reshape(out, (batch, tokens, hidden))
         return (out, weights) if return_attention_weights else out
 
+    def cross_attend(self, queries, tokens, training=None):
+        """Attention of `queries` (batch, m, hidden) over `tokens` (batch, n, hidden) with this
+        layer's projections (float weights only): the MAP head's probe attending over a sequence."""
+        if self.quantization_mode is not None:
+            raise NotImplementedError(f"{self.name}: cross attention runs on float weights only.")
+        hidden = tokens.shape[-1]
+        width = self.num_heads * self.head_dim
+        q_shape, t_shape = ops.shape(queries), ops.shape(tokens)
+        q = ops.reshape(self._project(ops.reshape(queries, (-1, hidden)), "query"), (q_shape[0], q_shape[1], self.num_heads, self.head_dim))
+        k, v = (
+            ops.reshape(self._project(ops.reshape(tokens, (-1, hidden)), n), (t_shape[0], t_shape[1], self.num_heads, self.head_dim))
+            for n in ("key", "value")
+        )
+        y, _ = self._attend(q, k, v, training, False)
+        out = matmul_add(y, ops.reshape(self.out_kernel, (width, hidden)), self.out_bias)
+        return ops.reshape(out, (q_shape[0], q_shape[1], hidden))
+
     def _attend(self, q, k, v, training, return_attention_weights):
         """Scaled dot-product attention of (batch, tokens, heads, head_dim) q/k/v; returns the
         heads concatenated as (batch * tokens, heads * head_dim) and the weights (or None)."""
@@ -265,8 +243,11 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         use_dropout = training and self.attention_dropout_rate > 0
         # float16: the explicit path keeps the softmax in float32 (and JAX's fused CPU kernel
         # rejects float16 inputs with float32 accumulation under jit).
-        if return_attention_weights or use_dropout or q.dtype == "float16":
-            logits = ops.einsum("bqhk,bthk->bhqt", q * ops.cast(scale, q.dtype), k)
+        if return_attention_weights or use_dropout or q.dtype == "float16" or self.relative_embedding is not None:
+            q = q * ops.cast(scale, q.dtype)
+            logits = ops.einsum("bqhk,bthk->bhqt", q, k)
+            if self.relative_embedding is not None:
+                logits = logits + self._relative_logits(q)
             weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
             weights = ops.cast(weights, v.dtype)
             dropped = self.dropout(weights, training=training)
@@ -276,72 +257,15 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
             y = ops.dot_product_attention(q, k, v, scale=scale)
         return ops.reshape(y, (-1, self.num_heads * self.head_dim)), weights
 
-    # --- int8 ---------------------------------------------------------------------------------
-    # Keras' Model.quantize reaches only leaf layers (this one holds a Dropout), so
-    # VisionTransformer.quantize calls `quantize` here itself. The int8 layout: one fused
-    # (hidden, 3 * heads * head_dim) int8 kernel for query/key/value -- the input is quantized once
-    # and multiplied once -- and a (heads * head_dim, hidden) int8 out kernel, each with a float
-    # scale per output channel (Keras' Dense convention: int8 = round(w * scale)), multiplied by
-    # layers.quantized.int8_matmul like the MLP's Dense layers. Biases stay
-    # float and trainable; gradients reach the input through the de-quantized kernels.
-
-    def quantize(self, mode=None, type_check=True, config=None):
-        if type_check and type(self) is not MultiHeadDotProductAttention:
-            raise self._not_implemented_error(self.quantize)
-        # Keras' quantize wrapper has checked the arguments and resolved `config` for `mode`.
-        mode = getattr(config, "mode", None) or mode
-        if mode != "int8":
-            raise NotImplementedError(
-                f"MultiHeadDotProductAttention quantizes to int8 only (received mode={mode!r}); its "
-                f"projections stay in {self.compute_dtype}."
-            )
-        self.quantization_config = config
-        weight_quantizer = keras.quantizers.QuantizationConfig.weight_quantizer_or_default(
-            config, keras.quantizers.AbsMaxQuantizer(axis=0)
-        )
-        hidden = self.query_kernel.shape[0]
-        width = self.num_heads * self.head_dim
-        qkv = ops.concatenate([ops.reshape(getattr(self, f"{n}_kernel"), (hidden, width)) for n in ("query", "key", "value")], axis=1)
-        qkv_value, qkv_scale = weight_quantizer(qkv, axis=0, to_numpy=True)
-        out_value, out_scale = weight_quantizer(ops.reshape(self.out_kernel, (width, hidden)), axis=0, to_numpy=True)
-        for name in ("query_kernel", "key_kernel", "value_kernel", "out_kernel"):
-            delattr(self, name)
-        self._int8_build(hidden, width, config)
-        self.qkv_kernel.assign(qkv_value)
-        self.qkv_kernel_scale.assign(ops.reshape(qkv_scale, (-1,)))
-        self.out_kernel.assign(out_value)
-        self.out_kernel_scale.assign(ops.reshape(out_scale, (-1,)))
-        self._is_quantized = True  # before the policy: setting an int8 policy quantizes otherwise
-        if self.dtype_policy.quantization_mode is None:
-            self.dtype_policy = keras.dtype_policies.get(f"int8_from_{self.dtype_policy.name}")
-
-    def _int8_build(self, hidden, width, config=None):
-        self.inputs_quantizer = keras.quantizers.QuantizationConfig.activation_quantizer_or_default(
-            config, keras.quantizers.AbsMaxQuantizer()
-        )
-        int8 = dict(initializer="zeros", dtype="int8", trainable=False)
-        self.qkv_kernel = self.add_weight(name="qkv_kernel", shape=(hidden, 3 * width), **int8)
-        self.qkv_kernel_scale = self.add_weight(name="qkv_kernel_scale", shape=(3 * width,), initializer="ones", trainable=False)
-        self.out_kernel = self.add_weight(name="out_kernel", shape=(width, hidden), **int8)
-        self.out_kernel_scale = self.add_weight(name="out_kernel_scale", shape=(hidden,), initializer="ones", trainable=False)
-
-    def _int8_matmul(self, x2d, kernel, kernel_scale):
-        return int8_matmul(x2d, kernel, kernel_scale, self.inputs_quantizer, self.compute_dtype)
-
-    def _int8_call(self, x, training=None, return_attention_weights=False):
-        shape = ops.shape(x)
-        batch, tokens, hidden = shape[0], shape[1], x.shape[-1]
-        width = self.num_heads * self.head_dim
-        x2d = ops.reshape(x, (-1, hidden))
-        qkv = self._int8_matmul(x2d, self.qkv_kernel, self.qkv_kernel_scale)
-        biases = ops.concatenate([ops.reshape(getattr(self, f"{n}_bias"), (width,)) for n in ("query", "key", "value")])
-        qkv = qkv + ops.cast(biases, qkv.dtype)
-        heads_shape = (batch, tokens, self.num_heads, self.head_dim)
-        q, k, v = (ops.reshape(qkv[:, i * width : (i + 1) * width], heads_shape) for i in range(3))
-        y, weights = self._attend(q, k, v, training, return_attention_weights)
-        out = self._int8_matmul(y, self.out_kernel, self.out_kernel_scale) + ops.cast(self.out_bias, y.dtype)
-        out = ops.reshape(out, (batch, tokens, hidden))
-        return (out, weights) if return_attention_weights else out
+    def _relative_logits(self, q):
+        """(batch, heads, N, N) logits of the scaled query `q` against the embedding of each
+        offset: out[b, h, i, j] = q[b, i, h] . relative_embedding[i - j + N - 1, h]."""
+        n = self.relative_positions
+        by_offset = ops.einsum("bqhk,rhk->bhqr", q, ops.cast(self.relative_embedding, q.dtype))
+        index = (ops.arange(n)[:, None] - ops.arange(n)[None, :]) + (n - 1)
+        shape = ops.shape(by_offset)
+        index = ops.broadcast_to(index[None, None], (shape[0], shape[1], n, n))
+        return ops.take_along_axis(by_offset, index, axis=-1)
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -354,11 +278,15 @@ class MultiHeadDotProductAttention(keras.layers.Layer):
         for name in ("query", "key", "value", "out"):
             tree[f"{name}/kernel"] = getattr(self, f"{name}_kernel")
             tree[f"{name}/bias"] = getattr(self, f"{name}_bias")
+        if self.relative_embedding is not None:
+            tree["relative_embedding"] = self.relative_embedding
         return tree
 
     def get_config(self):
         config = super().get_config()
         config.update(num_heads=self.num_heads, attention_dropout_rate=self.attention_dropout_rate)
+        if self.relative_positions is not None:
+            config.update(relative_positions=self.relative_positions)
         return config
 
 
@@ -435,9 +363,11 @@ class EncoderBlock(keras.layers.Layer):
         attention_dropout_rate=0.0,
         layer_norm_epsilon=1e-6,
         gelu_approximate=True,
+        relative_positions=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.relative_positions = None if relative_positions is None else int(relative_positions)
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
         self.dropout_rate = float(dropout_rate)
@@ -447,7 +377,11 @@ class EncoderBlock(keras.layers.Layer):
         policy = self.dtype_policy
         self.norm_0 = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, dtype=policy, name="LayerNorm_0")
         self.attention = MultiHeadDotProductAttention(
-            self.num_heads, self.attention_dropout_rate, dtype=policy, name="MultiHeadDotProductAttention_1"
+            self.num_heads,
+            self.attention_dropout_rate,
+            self.relative_positions,
+            dtype=policy,
+            name="MultiHeadDotProductAttention_1",
         )
         self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=policy, name="dropout")
         self.norm_2 = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, dtype=policy, name="LayerNorm_2")
@@ -488,7 +422,26 @@ class EncoderBlock(keras.layers.Layer):
             layer_norm_epsilon=self.layer_norm_epsilon,
             gelu_approximate=self.gelu_approximate,
         )
+        if self.relative_positions is not None:
+            config.update(relative_positions=self.relative_positions)
         return config
+
+    def resized_weight(self, key, value, source_grid=None, rule=None):
+        """Relative embeddings index offsets in the flattened token sequence: no resize exists."""
+        if key.endswith("relative_embedding"):
+            raise ValueError(
+                relative_resize_error(f"checkpoint {tuple(value.shape)}, model {tuple(self.attention.relative_embedding.shape)}")
+            )
+        raise ValueError(f"shape mismatch for {self.name}/{key}: checkpoint {tuple(value.shape)}")
+
+
+def relative_resize_error(what):
+    """Why relative position embeddings (`what`: the two layouts) cannot follow a new grid."""
+    return (
+        f"relative position embeddings cannot be resized ({what}): they are learned per offset in the "
+        "flattened 1-D token sequence, and on another grid the same offset joins other patch pairs. Use "
+        "the checkpoint's image size, or a 'learned', 'learned_2d' or 'sincos2d' position embedding."
+    )
 
 
 # === Pooling ===

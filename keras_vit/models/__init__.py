@@ -1,6 +1,14 @@
 """The architecture table, the VisionTransformer builder and the canonical weight tree."""
 
-from keras_vit.models.config import ARCHITECTURES, EXTRA_ARCHITECTURES, NUMERICS, Architecture, get_architecture
+from keras_vit.models.config import (
+    ARCHITECTURES,
+    EXTRA_ARCHITECTURES,
+    NUMERICS,
+    POSITION_EMBEDDINGS,
+    Architecture,
+    ViTConfig,
+    get_architecture,
+)
 
 #: Names imported on first use, so that reading the architecture table does not load Keras.
 _LAZY = {
@@ -9,6 +17,8 @@ _LAZY = {
     "get_weight_tree": "keras_vit.models.weight_tree",
     "set_weight_tree": "keras_vit.models.weight_tree",
     "weight_variables": "keras_vit.models.weight_tree",
+    "TokensToGrid": "keras_vit.models.features",
+    "feature_extractor": "keras_vit.models.features",
 }
 
 

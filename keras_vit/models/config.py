@@ -58,16 +58,9 @@ class Architecture:
 
     def kwargs(self):
         """The VisionTransformer keyword arguments of this architecture."""
-        out = dict(
-            patch_size=self.patch_size,
-            hidden_size=self.hidden_size,
-            num_layers=self.num_layers,
-            num_heads=self.num_heads,
-            mlp_dim=self.mlp_dim,
-            classifier=self.classifier,
-        )
-        if self.resnet is not None:
-            out["resnet"] = self.resnet
+        out = {f: getattr(self, f) for f in TABLE_FIELDS}
+        if out["resnet"] is None:
+            del out["resnet"]
         return out
 
     @property
@@ -148,3 +141,297 @@ def get_architecture(name):
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise ValueError(f"Unknown architecture {name!r}.{hint} Known: {', '.join(table)}.")
     return table[name]
+
+
+# === The model's configuration ===
+
+#: The position embeddings a VisionTransformer can use (paper, Appendix D.4; big_vision).
+POSITION_EMBEDDINGS = ("learned", "none", "learned_2d", "relative", "sincos2d")
+CLASSIFIERS = ("token", "gap", "map")
+POOLINGS = (None, "token", "gap", "avg", "max", "map")
+#: keras.Model keyword arguments VisionTransformer passes on to Keras (not config fields).
+KERAS_MODEL_ARGS = ("name", "dtype", "trainable")
+
+
+def _field(group, default=dataclasses.MISSING, doc=""):
+    return dataclasses.field(default=default, metadata={"group": group, "doc": doc})
+
+
+def as_pair(size, what="image_size"):
+    """An int or (height, width) as a (height, width) tuple of ints: the one place sizes are normalised.
+
+    Example:
+        >>> as_pair(224), as_pair([160, 320])
+        ((224, 224), (160, 320))
+    """
+    if isinstance(size, bool):
+        raise ValueError(f"{what} must be an int or (height, width); got {size!r}.")
+    if isinstance(size, int) or (hasattr(size, "__index__") and not hasattr(size, "__len__")):
+        return int(size), int(size)
+    try:
+        pair = tuple(int(s) for s in size)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be an int or (height, width); got {size!r}.") from None
+    if len(pair) != 2:
+        raise ValueError(f"{what} must be an int or (height, width); got {size!r}.")
+    return pair
+
+
+def normalise_resnet(resnet):
+    """None, or (stage_units, width_factor) as (tuple of ints, int-or-float)."""
+    if resnet is None:
+        return None
+    try:
+        units, width = resnet
+        units = tuple(int(u) for u in units)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"resnet must be (stage_units, width_factor), e.g. ((3, 4, 9), 1) or ((), 1); got {resnet!r}."
+        ) from None
+    if isinstance(width, float) and width.is_integer():
+        width = int(width)
+    if not width > 0 or any(u < 1 for u in units):
+        raise ValueError(f"resnet needs positive stage units and width factor; got {resnet!r}.")
+    return units, width
+
+
+def suggest(name, known):
+    """" (did you mean 'x'?)" for the closest of `known` to `name`, or ""."""
+    import difflib
+
+    close = difflib.get_close_matches(name, list(known), n=1, cutoff=0.6)
+    if not close:  # typos that drop a suffix: "dropout" for "dropout_rate"
+        close = [k for k in known if k.startswith(name) or name.startswith(k)][:1]
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+class UnknownArgumentError(TypeError, ValueError):
+    """An unknown keyword argument (a TypeError as Python raises for one; also a ValueError)."""
+
+
+def check_keywords(given, known, what):
+    """Raise UnknownArgumentError naming every key of `given` not in `known`, with suggestions.
+
+    Example:
+        >>> check_keywords({"dropout": 0.1}, ("dropout_rate",), "f")
+        Traceback (most recent call last):
+        ...
+        keras_vit.models.config.UnknownArgumentError: f got unknown keyword argument(s): 'dropout' (did you mean 'dropout_rate'?). Valid: dropout_rate.
+    """
+    unknown = [k for k in given if k not in known]
+    if unknown:
+        listed = "; ".join(f"{k!r}{suggest(k, known)}" for k in unknown)
+        raise UnknownArgumentError(
+            f"{what} got unknown keyword argument(s): {listed}. Valid: {', '.join(sorted(known))}."
+        )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ViTConfig:
+    """Every argument of `keras_vit.VisionTransformer`, normalised and validated once.
+
+    Sizes are normalised here (an int `image_size` becomes (height, width), `resnet` becomes
+    (tuple(stage_units), width_factor)) and impossible combinations raise a ValueError that
+    names the problem and the fix. `VisionTransformer`, its `get_config`, the constructors and
+    the checkpoint code all derive from this class.
+
+    Field groups (`ViTConfig.fields(group)`):
+        "architecture": what a checkpoint determines besides the numerics (image_size is the
+            grid the weights were laid out on);
+        "numerics": the weights' source framework's numerics (see NUMERICS);
+        "head": the caller's choices about the top of the model;
+        "training": regularisation;
+        "state": quantization (set by `VisionTransformer.quantize`).
+
+    Example:
+        >>> config = ViTConfig(image_size=32, patch_size=8, hidden_size=16, num_layers=2,
+        ...                    num_heads=2, mlp_dim=32)
+        >>> config.image_size, config.grid_size
+        ((32, 32), (4, 4))
+    """
+
+    image_size: tuple = _field("architecture", doc="int or (height, width) of the input images")
+    patch_size: int = _field("architecture")
+    hidden_size: int = _field("architecture")
+    num_layers: int = _field("architecture")
+    num_heads: int = _field("architecture")
+    mlp_dim: int = _field("architecture")
+    classes: int = _field("architecture", 1000)
+    classifier: str = _field("architecture", "token")
+    representation_size: int = _field("architecture", None)
+    resnet: tuple = _field("architecture", None)
+    position_embedding: str = _field("architecture", "learned")
+    num_channels: int = _field("architecture", 3)
+    layer_norm_epsilon: float = _field("numerics", NUMERICS["original"]["layer_norm_epsilon"])
+    gelu_approximate: bool = _field("numerics", NUMERICS["original"]["gelu_approximate"])
+    group_norm_epsilon: float = _field("numerics", NUMERICS["original"]["group_norm_epsilon"])
+    std_conv_epsilon: float = _field("numerics", NUMERICS["original"]["std_conv_epsilon"])
+    std_conv_epsilon_inside_sqrt: bool = _field("numerics", NUMERICS["original"]["std_conv_epsilon_inside_sqrt"])
+    position_embedding_resize: str = _field("numerics", NUMERICS["original"]["position_embedding_resize"])
+    include_top: bool = _field("head", True)
+    pooling: str = _field("head", None)
+    classifier_activation: object = _field("head", "softmax")
+    dropout_rate: float = _field("training", 0.0)
+    attention_dropout_rate: float = _field("training", 0.0)
+    quantization: object = _field("state", None)
+
+    def __post_init__(self):
+        from keras_vit.layers.resize import RESIZE_RULES
+
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
+        set_("image_size", as_pair(self.image_size))
+        set_("resnet", normalise_resnet(self.resnet))
+        for key in ("patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim", "num_channels"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int,)) and not hasattr(value, "__index__"):
+                raise ValueError(f"{key} must be a positive int; got {value!r}.")
+            if int(value) < 1:
+                raise ValueError(f"{key} must be a positive int; got {value!r}.")
+            set_(key, int(value))
+        for key in ("classes", "representation_size"):
+            value = getattr(self, key)
+            if value is not None:
+                if int(value) < 1:
+                    raise ValueError(f"{key} must be a positive int or None; got {value!r}.")
+                set_(key, int(value))
+        for key in ("dropout_rate", "attention_dropout_rate"):
+            value = float(getattr(self, key))
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{key} must be in [0, 1); got {value!r}.")
+            set_(key, value)
+        for key in ("layer_norm_epsilon", "group_norm_epsilon", "std_conv_epsilon"):
+            set_(key, float(getattr(self, key)))
+        for key in ("gelu_approximate", "std_conv_epsilon_inside_sqrt", "include_top"):
+            set_(key, bool(getattr(self, key)))
+        self._check_choice(
+            "classifier", CLASSIFIERS,
+            "'token' (class token), 'gap' (global average pooling) or 'map' (attention pooling)",
+        )
+        self._check_choice("position_embedding", POSITION_EMBEDDINGS)
+        self._check_choice("position_embedding_resize", RESIZE_RULES)
+        if self.pooling not in POOLINGS:
+            raise ValueError(
+                f"pooling must be one of None, 'token', 'gap', 'avg', 'max' or 'map'; got {self.pooling!r}."
+            )
+        if self.pooling == "token" and self.classifier != "token":
+            raise ValueError(
+                f"pooling='token' needs a class token, but this model has classifier={self.classifier!r} (no class "
+                "token). Use pooling='gap'."
+            )
+        if self.pooling == "map" and self.classifier != "map":
+            raise ValueError("pooling='map' uses the MAP head of a classifier='map' model; use 'token' or 'gap'.")
+        if self.include_top and self.classes is None:
+            raise ValueError("include_top=True needs a positive number of classes; got classes=None.")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}; choose a head "
+                "count that divides the hidden size."
+            )
+        need = {"learned_2d": 2, "sincos2d": 4}.get(self.position_embedding)
+        if need and (self.hidden_size % need or (need == 4 and self.hidden_size < 8)):
+            raise ValueError(
+                f"position_embedding={self.position_embedding!r} splits the hidden size into {need} equal parts"
+                + (" of at least 2 frequencies" if need == 4 else "")
+                + f"; hidden_size {self.hidden_size} does not allow it. Use a multiple of {need}"
+                + (" (at least 8)" if need == 4 else "")
+                + "."
+            )
+        stride = self.stride
+        for axis, size in zip(("height", "width"), self.image_size):
+            if size % stride or size < stride:
+                lower, upper = (size // stride) * stride, (size // stride + 1) * stride
+                what = f"patch size {self.patch_size}" + (
+                    f" times the ResNet stride {resnet_stride(self.resnet)}" if self.resnet is not None else ""
+                )
+                raise ValueError(
+                    f"Image {axis} {size} is not divisible by the {what} (= {stride}). "
+                    f"Resize the images to a multiple of {stride}, e.g. {lower or stride} or {upper}."
+                )
+
+    def _check_choice(self, key, choices, described=None):
+        value = getattr(self, key)
+        if value not in choices:
+            described = described or "one of " + ", ".join(repr(c) for c in choices)
+            raise ValueError(f"{key} must be {described}; got {value!r}{suggest(str(value), choices)}.")
+
+    # --- derived sizes --------------------------------------------------------------------------
+
+    @property
+    def stride(self):
+        """Input pixels per token along each axis (patch times the hybrid ResNet's stride)."""
+        return self.patch_size * resnet_stride(self.resnet)
+
+    @property
+    def grid_size(self):
+        """(rows, cols) of the patch grid."""
+        return self.image_size[0] // self.stride, self.image_size[1] // self.stride
+
+    @property
+    def num_prefix_tokens(self):
+        """Tokens in front of the patch tokens (1 for the class token)."""
+        return 1 if self.classifier == "token" else 0
+
+    @property
+    def num_tokens(self):
+        return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+
+    # --- field lists ----------------------------------------------------------------------------
+
+    @classmethod
+    def fields(cls, *groups):
+        """Names of the fields in `groups` (all fields when none is given), in declaration order."""
+        return tuple(
+            f.name for f in dataclasses.fields(cls) if not groups or f.metadata["group"] in groups
+        )
+
+    @classmethod
+    def architecture_fields(cls):
+        """The fields a checkpoint determines: its architecture and its numerics."""
+        return cls.fields("architecture", "numerics")
+
+    @classmethod
+    def numerics_fields(cls):
+        """The fields that hold a source's numerics (the keys of NUMERICS[source])."""
+        return cls.fields("numerics")
+
+    # --- conversion -----------------------------------------------------------------------------
+
+    @classmethod
+    def from_dict(cls, config, *, ignore=KERAS_MODEL_ARGS):
+        """A ViTConfig from a dict (e.g. `VisionTransformer.get_config()` or a config.json).
+
+        Keys in `ignore` (Keras' own model arguments by default) are dropped; any other key that
+        is not a field raises a TypeError with a suggestion.
+
+        Example:
+            >>> ViTConfig.from_dict({"image_size": [32, 48], "patch_size": 8, "hidden_size": 16,
+            ...                      "num_layers": 1, "num_heads": 2, "mlp_dim": 32}).grid_size
+            (4, 6)
+        """
+        config = {k: v for k, v in dict(config).items() if k not in ignore}
+        check_keywords(config, cls.fields(), cls.__name__)
+        return cls(**config)
+
+    def to_dict(self):
+        """The fields as JSON-friendly values (lists for tuples): `VisionTransformer.get_config()`'s."""
+        out = {f: getattr(self, f) for f in self.fields()}
+        out["image_size"] = list(self.image_size)
+        if self.resnet is not None:
+            out["resnet"] = [list(self.resnet[0]), self.resnet[1]]
+        return out
+
+    def replace(self, **changes):
+        """A copy with `changes` applied (validated again); unknown names raise with a suggestion."""
+        check_keywords(changes, self.fields(), f"{type(self).__name__}.replace")
+        return dataclasses.replace(self, **changes)
+
+    def architecture(self):
+        """{field: value} of `architecture_fields()` (what a checkpoint of this model holds)."""
+        return {f: getattr(self, f) for f in self.architecture_fields()}
+
+
+#: Fields a checkpoint determines (architecture and numerics), and the numerics alone.
+ARCHITECTURE_FIELDS = ViTConfig.architecture_fields()
+NUMERICS_FIELDS = ViTConfig.numerics_fields()
+#: The fields a row of the architecture table fixes (what the constructors own).
+TABLE_FIELDS = tuple(f for f in ViTConfig.fields() if f in {a.name for a in dataclasses.fields(Architecture)})

@@ -1,52 +1,103 @@
 """The VisionTransformer model: ViT and R+ViT hybrids as one functional Keras model."""
 
-import contextlib
-import gc
-import re
-import warnings
+import inspect
 
 import keras
 
+from keras_vit.backend_workarounds import TorchOnBatchInputs
+from keras_vit.layers.heads import MAPHead
 from keras_vit.layers.init_scope import initializer as _init
+from keras_vit.layers.position import PositionEmbedding, PositionEmbedding2D, SinCos2DPositionEmbedding
 from keras_vit.layers.quantized import Dense
 from keras_vit.layers.resnet import GroupNorm, MaxPoolSame, ResNetStage, StdConv2D
-from keras_vit.layers.transformer import (
-    ClassToken,
-    EncoderBlock,
-    MultiHeadDotProductAttention,
-    PatchEmbedding,
-    PositionEmbedding,
-    TokenPooling,
-)
-from keras_vit.models.config import NUMERICS, resnet_stride
+from keras_vit.layers.transformer import ClassToken, EncoderBlock, PatchEmbedding, TokenPooling
+from keras_vit.models.config import KERAS_MODEL_ARGS, ViTConfig, check_keywords
 
-_POOLING = (None, "token", "gap", "avg", "max")
+_POSITION_LAYERS = {
+    "learned": PositionEmbedding,
+    "learned_2d": PositionEmbedding2D,
+    "sincos2d": SinCos2DPositionEmbedding,
+}
 
 
-def _as_pair(image_size):
-    if isinstance(image_size, int):
-        return image_size, image_size
-    size = tuple(int(s) for s in image_size)
-    if len(size) != 2:
-        raise ValueError(f"image_size must be an int or (height, width); got {image_size!r}.")
-    return size
+def _resnet_stem(x, config, dtype):
+    units, width_factor = config.resnet
+    norm_kw = dict(
+        group_norm_epsilon=config.group_norm_epsilon,
+        std_conv_epsilon=config.std_conv_epsilon,
+        std_conv_epsilon_inside_sqrt=config.std_conv_epsilon_inside_sqrt,
+        dtype=dtype,
+    )
+    root = int(64 * width_factor)
+    x = StdConv2D(
+        root, 7, 2, config.std_conv_epsilon, config.std_conv_epsilon_inside_sqrt, dtype=dtype, name="conv_root"
+    )(x)
+    x = GroupNorm(32, config.group_norm_epsilon, relu=True, dtype=dtype, name="gn_root")(x)
+    x = MaxPoolSame(3, 2, dtype=dtype, name="root_pool")(x)
+    for i, n in enumerate(units):
+        x = ResNetStage(n, root * 2**i, 1 if i == 0 else 2, name=f"block{i + 1}", **norm_kw)(x)
+    return x
 
 
-def _normalise_resnet(resnet):
-    if resnet is None:
-        return None
-    if len(resnet) != 2:
-        raise ValueError(f"resnet must be (stage_units, width_factor), e.g. ((3, 4, 9), 1); got {resnet!r}.")
-    units, width = resnet
-    return tuple(int(u) for u in units), width
+def _graph(config, dtype):
+    """(inputs, outputs) of the functional model described by `config`."""
+    c = config
+    images = keras.Input(shape=(*c.image_size, c.num_channels), name="images")
+    x = images
+    if c.resnet is not None:
+        x = _resnet_stem(x, c, dtype)
+    x = PatchEmbedding(c.hidden_size, c.patch_size, dtype=dtype, name="embedding")(x)
+    if c.classifier == "token":
+        x = ClassToken(dtype=dtype, name="cls")(x)
+    if c.position_embedding in _POSITION_LAYERS:
+        x = _POSITION_LAYERS[c.position_embedding](
+            c.grid_size, c.num_prefix_tokens, resize_rule=c.position_embedding_resize, dtype=dtype,
+            name="posembed_input",
+        )(x)
+    x = keras.layers.Dropout(c.dropout_rate, dtype=dtype, name="dropout")(x)
+    relative = c.num_tokens if c.position_embedding == "relative" else None
+    for i in range(c.num_layers):
+        x = EncoderBlock(
+            c.num_heads,
+            c.mlp_dim,
+            c.dropout_rate,
+            c.attention_dropout_rate,
+            c.layer_norm_epsilon,
+            c.gelu_approximate,
+            relative_positions=relative,
+            dtype=dtype,
+            name=f"encoderblock_{i}",
+        )(x)
+    x = keras.layers.LayerNormalization(epsilon=c.layer_norm_epsilon, dtype=dtype, name="encoder_norm")(x)
+    if c.include_top or c.pooling is not None:
+        mode = {None: c.classifier, "avg": "gap"}.get(c.pooling, c.pooling)
+        if mode == "map":
+            x = MAPHead(c.num_heads, c.mlp_dim, c.layer_norm_epsilon, c.gelu_approximate, dtype=dtype, name="MAPHead_0")(x)
+        else:
+            x = TokenPooling(mode, c.num_prefix_tokens, dtype=dtype, name="pool")(x)
+        if c.representation_size is not None:
+            x = Dense(
+                c.representation_size,
+                activation="tanh",
+                kernel_initializer=_init("glorot_uniform"),
+                dtype=dtype,
+                name="pre_logits",
+            )(x)
+    if c.include_top:
+        x = Dense(c.classes, kernel_initializer="zeros", bias_initializer="zeros", dtype=dtype, name="head")(x)
+        x = keras.layers.Activation(c.classifier_activation, dtype="float32", name="predictions")(x)
+    return images, x
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class VisionTransformer(keras.Model):
+class VisionTransformer(TorchOnBatchInputs, keras.Model):
     """Vision Transformer (Dosovitskiy et al., 2021), optionally on a BiT ResNet (R+ViT hybrids).
 
     A functional model: its layers carry the original Flax module names, and `get_config()`
-    returns exactly the arguments below, so a saved model rebuilds itself.
+    returns exactly the arguments below, so a saved model rebuilds itself. The arguments are the
+    fields of `keras_vit.models.config.ViTConfig` (normalised and validated there; `model.config`
+    is that object); a ViTConfig may also be passed as the only positional argument. Unknown
+    keyword arguments raise a TypeError with a suggestion.
 
     Args:
         image_size: int or (height, width) of the input images; the patch size times the hybrid
@@ -55,24 +106,30 @@ class VisionTransformer(keras.Model):
         hidden_size, num_layers, num_heads, mlp_dim: the Transformer's width, depth, heads and
             MLP width.
         classes: size of the classification head.
-        classifier: "token" (a class token is prepended and read out) or "gap" (no class token;
-            the patch tokens are averaged).
+        classifier: "token" (a class token is prepended and read out), "gap" (no class token;
+            the patch tokens are averaged) or "map" (no class token; big_vision's attention
+            pooling head `MAPHead_0`).
         representation_size: width of the optional `pre_logits` Dense + tanh before the head.
         resnet: None, or (stage_units, width_factor) of the hybrid's BiT ResNet, e.g.
             ((3, 4, 9), 1) for R50+ViT-B/16, ((), 1) for the stem-only R+ViT-Ti/16.
-        dropout_rate, attention_dropout_rate: dropout after embeddings / in blocks, and on the
-            attention weights.
-        include_top: whether to end in the classification head.
-        pooling: with include_top=False: None returns the token sequence after the final
-            LayerNorm (batch, tokens, hidden); "token", "gap" (alias "avg") or "max" pool it to
-            (batch, hidden) (through `pre_logits` when the model has one).
-        classifier_activation: activation of the head ("softmax", None for logits, ...).
+        position_embedding: "learned" (1-D, one learned vector per token; the paper's default),
+            "none", "learned_2d" (learned X and Y tables of hidden/2 each, concatenated per
+            patch), "relative" (1-D relative attention in every block) or "sincos2d" (fixed 2-D
+            sin-cos, big_vision's); the paper's Appendix D.4 compares them.
+        num_channels: input channels.
         layer_norm_epsilon, gelu_approximate, group_norm_epsilon, std_conv_epsilon,
         std_conv_epsilon_inside_sqrt: the numerics of the weights' source (see
             `keras_vit.models.config.NUMERICS`); the defaults are the original Flax ones.
         position_embedding_resize: the source's rule for resizing position embeddings.
-        num_channels: input channels.
-        name: model name.
+        include_top: whether to end in the classification head.
+        pooling: with include_top=False: None returns the token sequence after the final
+            LayerNorm (batch, tokens, hidden); "token", "gap" (alias "avg"), "max" or ("map"
+            models) "map" pool it to (batch, hidden) (through `pre_logits` when the model has one).
+        classifier_activation: activation of the head ("softmax", None for logits, ...).
+        dropout_rate, attention_dropout_rate: dropout after embeddings / in blocks, and on the
+            attention weights.
+        quantization: set by `quantize` (a saved quantized model reloads quantized).
+        name, dtype, trainable: as for any keras.Model.
 
     Example:
         >>> model = VisionTransformer(image_size=32, patch_size=8, hidden_size=16, num_layers=2,
@@ -81,209 +138,62 @@ class VisionTransformer(keras.Model):
         (None, 10)
     """
 
-    def __init__(
-        self,
-        *,
-        image_size,
-        patch_size,
-        hidden_size,
-        num_layers,
-        num_heads,
-        mlp_dim,
-        classes=1000,
-        classifier="token",
-        representation_size=None,
-        resnet=None,
-        dropout_rate=0.0,
-        attention_dropout_rate=0.0,
-        include_top=True,
-        pooling=None,
-        classifier_activation="softmax",
-        layer_norm_epsilon=NUMERICS["original"]["layer_norm_epsilon"],
-        gelu_approximate=NUMERICS["original"]["gelu_approximate"],
-        group_norm_epsilon=NUMERICS["original"]["group_norm_epsilon"],
-        std_conv_epsilon=NUMERICS["original"]["std_conv_epsilon"],
-        std_conv_epsilon_inside_sqrt=NUMERICS["original"]["std_conv_epsilon_inside_sqrt"],
-        position_embedding_resize=NUMERICS["original"]["position_embedding_resize"],
-        num_channels=3,
-        quantization=None,
-        name=None,
-        dtype=None,
-        **kwargs,
-    ):
-        height, width = _as_pair(image_size)
-        resnet = _normalise_resnet(resnet)
-        if classifier not in ("token", "gap"):
-            raise ValueError(
-                f"classifier must be 'token' (class token) or 'gap' (global average pooling); got {classifier!r}."
-            )
-        if pooling not in _POOLING:
-            raise ValueError(f"pooling must be one of None, 'token', 'gap', 'avg' or 'max'; got {pooling!r}.")
-        if pooling == "token" and classifier == "gap":
-            raise ValueError(
-                "pooling='token' needs a class token, but this model has classifier='gap' (no class token). "
-                "Use pooling='gap'."
-            )
-        if include_top and (classes is None or int(classes) < 1):
-            raise ValueError(f"include_top=True needs a positive number of classes; got classes={classes!r}.")
-        stride = patch_size * resnet_stride(resnet)
-        for axis, size in (("height", height), ("width", width)):
-            if size % stride:
-                lower, upper = (size // stride) * stride, (size // stride + 1) * stride
-                what = f"patch size {patch_size}" + (
-                    f" times the ResNet stride {resnet_stride(resnet)}" if resnet is not None else ""
-                )
-                raise ValueError(
-                    f"Image {axis} {size} is not divisible by the {what} (= {stride}). "
-                    f"Resize the images to a multiple of {stride}, e.g. {lower or stride} or {upper}."
-                )
-        grid = (height // stride, width // stride)
-        num_prefix = 1 if classifier == "token" else 0
-
-        # === Layers / graph ===
-        images = keras.Input(shape=(height, width, num_channels), name="images")
-        x = images
-        if resnet is not None:
-            units, width_factor = resnet
-            norm_kw = dict(
-                group_norm_epsilon=group_norm_epsilon,
-                std_conv_epsilon=std_conv_epsilon,
-                std_conv_epsilon_inside_sqrt=std_conv_epsilon_inside_sqrt,
-                dtype=dtype,
-            )
-            root = int(64 * width_factor)
-            x = StdConv2D(
-                root, 7, 2, std_conv_epsilon, std_conv_epsilon_inside_sqrt, dtype=dtype, name="conv_root"
-            )(x)
-            x = GroupNorm(32, group_norm_epsilon, relu=True, dtype=dtype, name="gn_root")(x)
-            x = MaxPoolSame(3, 2, dtype=dtype, name="root_pool")(x)
-            for i, n in enumerate(units):
-                x = ResNetStage(n, root * 2**i, 1 if i == 0 else 2, name=f"block{i + 1}", **norm_kw)(x)
-        x = PatchEmbedding(hidden_size, patch_size, dtype=dtype, name="embedding")(x)
-        if classifier == "token":
-            x = ClassToken(dtype=dtype, name="cls")(x)
-        x = PositionEmbedding(
-            grid, num_prefix, resize_rule=position_embedding_resize, dtype=dtype, name="posembed_input"
-        )(x)
-        x = keras.layers.Dropout(dropout_rate, dtype=dtype, name="dropout")(x)
-        for i in range(num_layers):
-            x = EncoderBlock(
-                num_heads,
-                mlp_dim,
-                dropout_rate,
-                attention_dropout_rate,
-                layer_norm_epsilon,
-                gelu_approximate,
-                dtype=dtype,
-                name=f"encoderblock_{i}",
-            )(x)
-        x = keras.layers.LayerNormalization(epsilon=layer_norm_epsilon, dtype=dtype, name="encoder_norm")(x)
-        if include_top or pooling is not None:
-            mode = {None: classifier, "avg": "gap"}.get(pooling, pooling)
-            x = TokenPooling(mode, num_prefix, dtype=dtype, name="pool")(x)
-            if representation_size is not None:
-                x = Dense(
-                    representation_size,
-                    activation="tanh",
-                    kernel_initializer=_init("glorot_uniform"),
-                    dtype=dtype,
-                    name="pre_logits",
-                )(x)
-        if include_top:
-            x = Dense(
-                classes, kernel_initializer="zeros", bias_initializer="zeros", dtype=dtype, name="head"
-            )(x)
-            x = keras.layers.Activation(classifier_activation, dtype="float32", name="predictions")(x)
-        super().__init__(inputs=images, outputs=x, name=name or "vision_transformer", **kwargs)
-
-        # === Config ===
-        self.image_size = (height, width)
-        self.patch_size = int(patch_size)
-        self.hidden_size = int(hidden_size)
-        self.num_layers = int(num_layers)
-        self.num_heads = int(num_heads)
-        self.mlp_dim = int(mlp_dim)
-        self.classes = None if classes is None else int(classes)
-        self.classifier = classifier
-        self.representation_size = None if representation_size is None else int(representation_size)
-        self.resnet = resnet
-        self.dropout_rate = float(dropout_rate)
-        self.attention_dropout_rate = float(attention_dropout_rate)
-        self.include_top = bool(include_top)
-        self.pooling = pooling
-        self.classifier_activation = keras.activations.serialize(keras.activations.get(classifier_activation))
-        self.layer_norm_epsilon = float(layer_norm_epsilon)
-        self.gelu_approximate = bool(gelu_approximate)
-        self.group_norm_epsilon = float(group_norm_epsilon)
-        self.std_conv_epsilon = float(std_conv_epsilon)
-        self.std_conv_epsilon_inside_sqrt = bool(std_conv_epsilon_inside_sqrt)
-        self.position_embedding_resize = position_embedding_resize
-        self.num_channels = int(num_channels)
-        self.grid_size = grid
-        self.num_prefix_tokens = num_prefix
-        self.quantization = None
-        if quantization:
+    def __init__(self, config=None, /, *, name=None, dtype=None, trainable=True, **kwargs):
+        check_keywords(kwargs, ViTConfig.fields() + KERAS_MODEL_ARGS, "VisionTransformer")
+        if config is None:
+            missing = [f for f in ViTConfig.fields("architecture")[:6] if f not in kwargs]
+            if missing:
+                raise TypeError(f"VisionTransformer needs {', '.join(missing)} (missing: {', '.join(missing)}).")
+            config = ViTConfig(**kwargs)
+        elif isinstance(config, dict):
+            config = ViTConfig.from_dict({**config, **kwargs})
+        elif isinstance(config, ViTConfig):
+            config = config.replace(**kwargs) if kwargs else config
+        else:
+            raise TypeError(f"VisionTransformer takes a ViTConfig or keyword arguments; got {type(config).__name__}.")
+        activation = config.classifier_activation
+        if activation is not None and not isinstance(activation, str):
+            # A callable is stored by name. Strings stay as they are: serialising one would import
+            # TensorFlow on every backend (keras.saving checks whether it is installed).
+            activation = keras.activations.serialize(keras.activations.get(activation))
+            config = config.replace(classifier_activation=activation)
+        inputs, outputs = _graph(config, dtype)
+        super().__init__(inputs=inputs, outputs=outputs, name=name or "vision_transformer", trainable=trainable)
+        self._vit_config = config.replace(quantization=None)
+        if config.quantization:
             # A saved quantized model: quantize the fresh float layers the same way, so the
             # int8 variables (kernels and scales) exist for the saved values to load into.
-            quantization = dict(quantization) if isinstance(quantization, dict) else {"mode": quantization}
-            if isinstance(quantization.get("config"), dict):
-                quantization["config"] = keras.saving.deserialize_keras_object(quantization["config"])
-            self.quantize(**quantization)
+            from keras_vit.quantization import restore_arguments
+
+            self.quantize(**restore_arguments(config.quantization))
+
+    @property
+    def config(self):
+        """The model's `ViTConfig` (every constructor argument, normalised)."""
+        return self._vit_config
+
+    @property
+    def grid_size(self):
+        """(rows, cols) of the patch grid."""
+        return self.config.grid_size
+
+    @property
+    def num_prefix_tokens(self):
+        """Tokens in front of the patch tokens (1 for the class token)."""
+        return self.config.num_prefix_tokens
 
     @property
     def stride(self):
         """Input pixels per token along each axis."""
-        return self.patch_size * resnet_stride(self.resnet)
+        return self.config.stride
 
     @property
     def encoder_blocks(self):
         """The EncoderBlock layers in order."""
         return [self.get_layer(f"encoderblock_{i}") for i in range(self.num_layers)]
 
-    # The *_on_batch calls hand NumPy arrays to the compiled step, which converts them. Under
-    # torch.compile (PyTorch backend, jit_compile=True) that conversion breaks the graph at its
-    # first op (dynamo cannot trace ndarray.dtype), leaving the model as dozens of small graphs
-    # with Keras' Python between them; converted here first, the step is one graph
-    # (benchmarks/README.md). `predict`/`fit` already feed tensors. Other backends: unchanged.
-    def predict_on_batch(self, x):
-        return super().predict_on_batch(_torch_tensors(x))
-
-    def test_on_batch(self, x, y=None, sample_weight=None, return_dict=False):
-        x, y, sample_weight = _torch_tensors((x, y, sample_weight))
-        return super().test_on_batch(x, y, sample_weight=sample_weight, return_dict=return_dict)
-
-    def train_on_batch(self, x, y=None, sample_weight=None, class_weight=None, return_dict=False):
-        x, y, sample_weight = _torch_tensors((x, y, sample_weight))
-        return super().train_on_batch(x, y, sample_weight=sample_weight, class_weight=class_weight, return_dict=return_dict)
-
     def get_config(self):
-        return {
-            "image_size": list(self.image_size),
-            "patch_size": self.patch_size,
-            "hidden_size": self.hidden_size,
-            "num_layers": self.num_layers,
-            "num_heads": self.num_heads,
-            "mlp_dim": self.mlp_dim,
-            "classes": self.classes,
-            "classifier": self.classifier,
-            "representation_size": self.representation_size,
-            "resnet": None if self.resnet is None else [list(self.resnet[0]), self.resnet[1]],
-            "dropout_rate": self.dropout_rate,
-            "attention_dropout_rate": self.attention_dropout_rate,
-            "include_top": self.include_top,
-            "pooling": self.pooling,
-            "classifier_activation": self.classifier_activation,
-            "layer_norm_epsilon": self.layer_norm_epsilon,
-            "gelu_approximate": self.gelu_approximate,
-            "group_norm_epsilon": self.group_norm_epsilon,
-            "std_conv_epsilon": self.std_conv_epsilon,
-            "std_conv_epsilon_inside_sqrt": self.std_conv_epsilon_inside_sqrt,
-            "position_embedding_resize": self.position_embedding_resize,
-            "num_channels": self.num_channels,
-            "quantization": self.quantization,
-            "name": self.name,
-            "trainable": self.trainable,
-        }
+        return {**self.config.to_dict(), "name": self.name, "trainable": self.trainable}
 
     def quantize(self, mode=None, config=None, filters=None, **kwargs):
         """Keras' `Model.quantize`, remembered in the model's config so that a saved quantized
@@ -296,7 +206,7 @@ class VisionTransformer(keras.Model):
         ResNet stem and norms stay float; other modes (int4, float8, ...) reach only the Dense
         layers. A quantized model has no float weight tree (`get_weight_tree` refuses it). The
         config remembers `mode`, the QuantizationConfig and string filters; a callable filter
-        cannot be remembered (a warning says so).
+        cannot be remembered (a warning says so). The work is in `keras_vit.quantization`.
 
         Example:
             >>> model = keras_vit.ViTB16(weights=None)  # doctest: +SKIP
@@ -304,35 +214,11 @@ class VisionTransformer(keras.Model):
             >>> model.save("vit_int8.keras")  # doctest: +SKIP
             >>> keras.saving.load_model("vit_int8.keras")  # int8 again  # doctest: +SKIP
         """
-        with warnings.catch_warnings(), _one_garbage_collection():
-            # Keras names every layer without a quantize method (norms, tokens): expected here.
-            warnings.filterwarnings("ignore", message=".*does not have a `quantize` method.*")
-            super().quantize(mode, config=config, filters=filters, **kwargs)
-            # Keras reaches only leaf layers; the attention layers hold a Dropout, so they are ours.
-            if getattr(config, "mode", mode) == "int8":
-                attention = [
-                    layer
-                    for layer in self._flatten_layers()
-                    if isinstance(layer, MultiHeadDotProductAttention) and _matches(layer, filters)
-                ]
-                for layer in attention:
-                    layer.quantize("int8", config=config)
-                if attention:
-                    self.train_function = self.test_function = self.predict_function = None
-                    self._post_quantize("int8")
-        # Keras resolves `mode` to a QuantizationConfig (serialisable) before calling us.
-        remembered = {"mode": getattr(config, "mode", mode)}
-        if config is not None:
-            remembered["config"] = keras.saving.serialize_keras_object(config)
-        if isinstance(filters, str) or (isinstance(filters, (list, tuple)) and all(isinstance(f, str) for f in filters)):
-            remembered["filters"] = filters if isinstance(filters, str) else list(filters)
-        elif filters is not None or kwargs:
-            warnings.warn(
-                "This model was quantized with a callable filter or extra options, which its config cannot "
-                "hold: a reloaded model is quantized without them (mode and config are kept).",
-                stacklevel=2,
-            )
-        self.quantization = remembered
+        from keras_vit import quantization
+
+        keras_quantize = super().quantize
+        remembered = quantization.quantize(self, keras_quantize, mode, config=config, filters=filters, **kwargs)
+        self._vit_config = self._vit_config.replace(quantization=remembered)
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
@@ -342,40 +228,25 @@ class VisionTransformer(keras.Model):
         return cls(**config)
 
 
-def _torch_tensors(structure):
-    """NumPy arrays in `structure` as tensors on the PyTorch backend; anything else as it is."""
-    if keras.backend.backend() != "torch":
-        return structure
-    import numpy as np
-
-    def convert(value):
-        return keras.ops.convert_to_tensor(value) if isinstance(value, np.ndarray) else value
-
-    return keras.tree.map_structure(convert, structure)
+def _field_property(field):
+    return property(lambda self: getattr(self.config, field), doc=f"The config's `{field}`.")
 
 
-@contextlib.contextmanager
-def _one_garbage_collection():
-    """Keras' Layer.__delattr__ runs a full `gc.collect()` for every float kernel it replaces
-    (to free device buffers early): 73 collections, 21 of ViT-B/16's 22 s of quantize() on
-    JAX. Inside this block they are skipped and one collection runs at the end, which frees the
-    same buffers."""
-    collect = gc.collect
-    gc.collect = lambda generation=2: 0
-    try:
-        yield
-    finally:
-        gc.collect = collect
-        gc.collect()
+# Every config field reads as a model attribute (model.image_size, model.resnet, ...).
+for _field in ViTConfig.fields():
+    setattr(VisionTransformer, _field, _field_property(_field))
 
-
-def _matches(layer, filters):
-    """Keras' rule for `quantize(filters=...)`: a regex (or list of them) searched in the layer's
-    name, or a callable on the layer; None matches every layer."""
-    if filters is None:
-        return True
-    if isinstance(filters, str):
-        return re.search(filters, layer.name) is not None
-    if isinstance(filters, (list, tuple)):
-        return any(re.search(f, layer.name) is not None for f in filters)
-    return bool(filters(layer))
+# help() and IDEs show the config's fields as keyword arguments.
+VisionTransformer.__init__.__signature__ = inspect.Signature(
+    [inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)]
+    + [
+        inspect.Parameter(
+            f.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=inspect.Parameter.empty if f.default is f.default_factory else f.default,
+        )
+        for f in ViTConfig.__dataclass_fields__.values()
+    ]
+    + [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=None) for k in KERAS_MODEL_ARGS[:2]]
+    + [inspect.Parameter("trainable", inspect.Parameter.KEYWORD_ONLY, default=True)]
+)

@@ -91,7 +91,12 @@ def set_weight_tree(model, tree, *, source_grid=None, resize_rule=None, skip=(),
     if unexpected:
         problems.append(f"unexpected weights: {_describe(unexpected)}")
     values = {}
-    pos_key = "Transformer/posembed_input/pos_embedding"
+    grid = getattr(model, "grid_size", None)
+    if getattr(model, "position_embedding", None) == "relative" and source_grid is not None and grid is not None:
+        if tuple(source_grid) != tuple(grid):
+            from keras_vit.layers.transformer import relative_resize_error
+
+            problems.append(relative_resize_error(f"grid {tuple(source_grid)} to {tuple(grid)}"))
     for key, var in variables.items():
         if key not in tree:
             continue
@@ -100,8 +105,9 @@ def set_weight_tree(model, tree, *, source_grid=None, resize_rule=None, skip=(),
             value = np.asarray(value)
         # Arrays that are read lazily (keras_vit.checkpoints) are checked by shape here and read
         # one at a time below, so a conversion never holds the whole tree next to the model.
-        if key == pos_key and tuple(value.shape) != tuple(var.shape):
-            value = _resized_position_embedding(model, np.asarray(value), source_grid, resize_rule, problems)
+        if tuple(value.shape) != tuple(var.shape):
+            # Position embeddings laid out on another grid: the owning layer resizes them.
+            value = _resized(model, key, value, source_grid, resize_rule, problems)
             if value is None:
                 continue
         if tuple(value.shape) != tuple(var.shape):
@@ -138,16 +144,20 @@ class _ValueInitializer:
         return array
 
 
-def _resized_position_embedding(model, value, source_grid, resize_rule, problems):
-    layer = model.get_layer("posembed_input")
-    if value.ndim != 3 or value.shape[-1] != layer.pos_embedding.shape[-1]:
-        problems.append(
-            f"shape mismatch for position embedding: checkpoint {tuple(value.shape)} vs model "
-            f"{tuple(layer.pos_embedding.shape)}"
-        )
-        return None
+def _resized(model, key, value, source_grid, resize_rule, problems):
+    """`value` fitted to the model by the layer owning `key` (its `resized_weight`), or the value
+    unchanged when that layer resizes nothing (the shape check then reports it)."""
+    parts = key.split("/")
+    name = parts[1] if parts[0] == "Transformer" and len(parts) > 2 else parts[0]
     try:
-        return layer.resized(value, source_grid, rule=resize_rule)
+        layer = model.get_layer(name)
+    except ValueError:
+        return value
+    if not hasattr(layer, "resized_weight"):
+        return value
+    subkey = key.split(f"{name}/", 1)[-1]
+    try:
+        return layer.resized_weight(subkey, np.asarray(value), source_grid, resize_rule)
     except ValueError as err:
         problems.append(str(err))
         return None

@@ -1,0 +1,207 @@
+"""Position embeddings: learned 1-D (the paper's default), learned 2-D and fixed 2-D sin-cos.
+
+The paper's Appendix D.4 compares no position embedding, a learned 1-D embedding (one vector
+per token), a learned 2-D embedding (an X and a Y table of width D/2 each, concatenated per
+patch) and relative attention (`MultiHeadDotProductAttention(relative_positions=...)`); later
+big_vision ViTs use a fixed 2-D sin-cos embedding. Each layer here adds its embedding to the
+token sequence (prefix tokens first) and says how its weights follow a new patch grid.
+"""
+
+import keras
+import numpy as np
+from keras import ops
+
+from keras_vit.layers.init_scope import initializer as _init
+from keras_vit.layers.resize import interpolation_matrix, resize_position_embedding
+
+register = keras.saving.register_keras_serializable(package="keras_vit")
+
+
+def _check_tokens(layer, input_shape):
+    if input_shape[1] is not None and input_shape[1] != layer.num_tokens:
+        raise ValueError(
+            f"{type(layer).__name__} laid out for a {layer.grid_size[0]}x{layer.grid_size[1]} grid plus "
+            f"{layer.num_prefix_tokens} prefix token(s) ({layer.num_tokens} tokens) received "
+            f"{input_shape[1]} tokens."
+        )
+
+
+class _GridLayer(keras.layers.Layer):
+    def __init__(self, grid_size, num_prefix_tokens=1, resize_rule="original", **kwargs):
+        super().__init__(**kwargs)
+        self.grid_size = tuple(int(g) for g in grid_size)
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.resize_rule = resize_rule
+
+    @property
+    def num_tokens(self):
+        return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            grid_size=list(self.grid_size), num_prefix_tokens=self.num_prefix_tokens, resize_rule=self.resize_rule
+        )
+        return config
+
+
+@register
+class PositionEmbedding(_GridLayer):
+    """Adds a learned position embedding (1, prefix + rows * cols, hidden), normal(0.02) init.
+
+    `grid_size` is the (rows, cols) patch grid the embedding is laid out on; `num_prefix_tokens`
+    the tokens in front of it (1 for the class token, 0 for gap models). `resized(...)` gives the
+    embedding for another grid, with the resize rule of the weights' source (`resize_rule`).
+    """
+
+    def build(self, input_shape):
+        _check_tokens(self, input_shape)
+        self.pos_embedding = self.add_weight(
+            name="pos_embedding",
+            shape=(1, self.num_tokens, input_shape[-1]),
+            initializer=_init(keras.initializers.RandomNormal(stddev=0.02)),
+        )
+
+    def embedding(self):
+        """The (prefix + rows * cols, hidden) embedding."""
+        return self.pos_embedding[0]
+
+    def call(self, tokens):
+        return tokens + ops.cast(self.pos_embedding, tokens.dtype)
+
+    def resized(self, value, source_grid, rule=None):
+        """`value` (from a checkpoint laid out on `source_grid`) resampled to this layer's grid."""
+        return resize_position_embedding(
+            value,
+            self.grid_size,
+            num_prefix_tokens=self.num_prefix_tokens,
+            source_grid=source_grid,
+            rule=rule or self.resize_rule,
+        )
+
+    def resized_weight(self, key, value, source_grid, rule=None):
+        """The weight-tree value `key` of another grid, fitted to this layer (see set_weight_tree)."""
+        value = np.asarray(value)
+        if value.ndim != 3 or value.shape[-1] != self.pos_embedding.shape[-1]:
+            raise ValueError(
+                f"shape mismatch for position embedding: checkpoint {tuple(value.shape)} vs model "
+                f"{tuple(self.pos_embedding.shape)}"
+            )
+        return self.resized(value, source_grid, rule)
+
+    def weight_tree_variables(self):
+        return {"pos_embedding": self.pos_embedding}
+
+
+@register
+class PositionEmbedding2D(_GridLayer):
+    """The paper's learned 2-D position embedding (Appendix D.4).
+
+    Two tables are learned, one per axis: `x_embedding` (cols, hidden / 2) and `y_embedding`
+    (rows, hidden / 2); a patch at (row, col) gets concat(x_embedding[col], y_embedding[row]).
+    Prefix tokens (the class token) have their own learned vector, `prefix_embedding`
+    (prefix, hidden). A new grid resizes each table along its own axis with the 1-D form of the
+    resize rule. Tables are normal(0.02)-initialised, as the 1-D embedding.
+    """
+
+    def build(self, input_shape):
+        _check_tokens(self, input_shape)
+        hidden = input_shape[-1]
+        if hidden % 2:
+            raise ValueError(f"PositionEmbedding2D needs an even hidden size (two halves); got {hidden}.")
+        init = _init(keras.initializers.RandomNormal(stddev=0.02))
+        rows, cols = self.grid_size
+        self.x_embedding = self.add_weight(name="x_embedding", shape=(cols, hidden // 2), initializer=init)
+        self.y_embedding = self.add_weight(name="y_embedding", shape=(rows, hidden // 2), initializer=init)
+        self.prefix_embedding = None
+        if self.num_prefix_tokens:
+            self.prefix_embedding = self.add_weight(
+                name="prefix_embedding", shape=(self.num_prefix_tokens, hidden), initializer=init
+            )
+
+    def embedding(self):
+        """The (prefix + rows * cols, hidden) embedding, row-major over the grid."""
+        rows, cols = self.grid_size
+        half = self.x_embedding.shape[-1]
+        x = ops.broadcast_to(self.x_embedding[None, :, :], (rows, cols, half))
+        y = ops.broadcast_to(self.y_embedding[:, None, :], (rows, cols, half))
+        grid = ops.reshape(ops.concatenate([x, y], axis=-1), (rows * cols, 2 * half))
+        if self.prefix_embedding is None:
+            return grid
+        return ops.concatenate([self.prefix_embedding, grid], axis=0)
+
+    def call(self, tokens):
+        return tokens + ops.cast(self.embedding(), tokens.dtype)[None]
+
+    def resized_weight(self, key, value, source_grid=None, rule=None):
+        value = np.asarray(value, np.float64)
+        axis = {"x_embedding": 1, "y_embedding": 0}.get(key)
+        target = self.x_embedding if key == "x_embedding" else self.y_embedding if axis is not None else None
+        if target is None or value.ndim != 2 or value.shape[1] != target.shape[1]:
+            shape = None if target is None else tuple(target.shape)
+            raise ValueError(f"shape mismatch for position embedding {key}: checkpoint {value.shape} vs model {shape}")
+        matrix = interpolation_matrix(value.shape[0], self.grid_size[axis], rule or self.resize_rule)
+        return (matrix @ value).astype(np.float32)
+
+    def weight_tree_variables(self):
+        tree = {"x_embedding": self.x_embedding, "y_embedding": self.y_embedding}
+        if self.prefix_embedding is not None:
+            tree["prefix_embedding"] = self.prefix_embedding
+        return tree
+
+
+def sincos2d_position_embedding(grid_size, width, temperature=10000.0):
+    """big_vision's fixed 2-D sin-cos embedding, (rows * cols, width) float32, row-major.
+
+    With omega_i = temperature ** -(i / (width / 4 - 1)) for i < width / 4, a patch at
+    (row, col) gets [sin(col * omega), cos(col * omega), sin(row * omega), cos(row * omega)].
+
+    Example:
+        >>> sincos2d_position_embedding((2, 3), 8).shape
+        (6, 8)
+    """
+    rows, cols = (int(g) for g in grid_size)
+    quarter = int(width) // 4
+    if int(width) % 4 or quarter < 2:
+        raise ValueError(f"The sin-cos 2-D embedding needs a width divisible by 4 and at least 8; got {width}.")
+    y, x = np.mgrid[:rows, :cols]
+    omega = 1.0 / float(temperature) ** (np.arange(quarter) / (quarter - 1))
+    y = y.reshape(-1, 1) * omega
+    x = x.reshape(-1, 1) * omega
+    return np.concatenate([np.sin(x), np.cos(x), np.sin(y), np.cos(y)], axis=1).astype(np.float32)
+
+
+@register
+class SinCos2DPositionEmbedding(_GridLayer):
+    """Adds big_vision's fixed 2-D sin-cos embedding to the patch tokens (no weights).
+
+    As in big_vision, prefix tokens (the class token) get none. The embedding is computed for
+    the layer's grid, so a model at any size has it (nothing to resize).
+    """
+
+    def __init__(self, grid_size, num_prefix_tokens=1, temperature=10000.0, **kwargs):
+        kwargs.pop("resize_rule", None)
+        super().__init__(grid_size, num_prefix_tokens, **kwargs)
+        self.temperature = float(temperature)
+
+    def build(self, input_shape):
+        _check_tokens(self, input_shape)
+        self.hidden = int(input_shape[-1])
+        table = sincos2d_position_embedding(self.grid_size, self.hidden, self.temperature)
+        self._table = np.concatenate([np.zeros((self.num_prefix_tokens, self.hidden), np.float32), table])[None]
+
+    def embedding(self):
+        """The (prefix + rows * cols, hidden) embedding (zeros for the prefix tokens)."""
+        return ops.convert_to_tensor(self._table[0])
+
+    def call(self, tokens):
+        return tokens + ops.cast(ops.convert_to_tensor(self._table), tokens.dtype)
+
+    def get_config(self):
+        config = super().get_config()
+        config.pop("resize_rule")
+        config.update(temperature=self.temperature)
+        return config
