@@ -7,6 +7,7 @@ state is dropped), and GroupNorm parameters stored as (1, 1, 1, C).
 
 import math
 import os
+import tokenize
 import zipfile
 from collections.abc import Mapping
 
@@ -62,7 +63,8 @@ def read_npz(path):
         raise FileNotFoundError(f"No checkpoint at {path!r}.")
     try:
         arrays = NpzMembers(path)
-    except (zipfile.BadZipFile, EOFError, ValueError, OSError, NotImplementedError) as err:
+    except (zipfile.BadZipFile, EOFError, ValueError, OSError, NotImplementedError, SyntaxError,
+            tokenize.TokenError) as err:  # numpy parses a damaged .npy header with Python's tokenizer
         raise corrupt_file_error(path, err) from None
     with arrays, reading(path):
         tree = canonical_from_npz_arrays(arrays, source=path)
