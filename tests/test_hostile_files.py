@@ -15,13 +15,13 @@ KERAS_VIT_FUZZ=heavy tries 10x as many, with fresh random cases):
 
 | reader | truncation | flipped bytes | structured damage |
 |---|---|---|---|
-| original .npz | 60 | 60 | 40 (dtypes, shapes, npy headers, non-finite) + 4 fixed |
-| timm safetensors folder | 60 | 60 | 60 (header entries: dtypes, shapes, offsets, lengths) + 40 config.json + 4 fixed |
-| transformers folder | 30 | 30 | 40 config.json |
-| Keras preset folder | 10 | 10 | 20 config.json + 2 fixed (missing files) |
-| .weights.h5 + config.json | 10 | 10 | (shares the preset's config cases) |
-| .keras | 10 | 10 | 1 fixed (config claiming a huge model) |
-| every JSON reader | | | 6 fixed (nested 10^5 deep, 17 MB, not UTF-8, not an object, ...) |
+| original .npz | 60 | 60 | 40 (dtypes, shapes, values, dropped keys) + 4 npy headers claiming 100 GB / objects |
+| timm safetensors folder | 60 | 60 | 60 header entries (dtypes, shapes, offsets, header lengths) + 4 claiming 100 GB + 4 non-finite / integer + 40 config.json fields |
+| transformers folder | 30 | 30 | 40 config.json fields |
+| Keras preset folder | 10 | 10 | 20 config.json fields + 4 configs claiming a huge model + 2 missing files |
+| .weights.h5 + config.json | 10 | 10 | (the preset's config cases) |
+| .keras | 10 | 10 | 1 config claiming a huge model |
+| config.json of timm / transformers / preset | | | 6 documents each (nested 10^5 deep, 17 MB, not UTF-8, not an object, 5000-digit integer) |
 """
 
 import collections
