@@ -30,7 +30,7 @@ test-tensorflow: venv
 	KERAS_BACKEND=tensorflow $(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
 
 test-torch: venv
-	KERAS_BACKEND=torch $(PY) -m pytest -n $(JOBS) -m "not slow" $(PYTEST_ARGS)
+	KERAS_BACKEND=torch $(PY) -m pytest -n $(JOBS) -m "not slow or parity" $(PYTEST_ARGS)
 
 bench: venv
 	$(PY) -m pip install --quiet --no-deps "keras-hub>=0.18"  # its tensorflow-text pin would pull a second TensorFlow (benchmarks/README.md)

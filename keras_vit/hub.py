@@ -11,7 +11,7 @@ lazily, straight into the model. keras_vit keeps only small records under `cache
 ($KERAS_VIT_CACHE, default ~/.cache/keras_vit): which snapshot files were verified (`verified/`)
 and the lock files that serialise concurrent loads of one repository (`locks/`).
 
-This module imports nothing else of keras_vit.
+This module imports nothing else of keras_vit but keras_vit.names (the checks on names).
 """
 
 import hashlib
@@ -20,13 +20,14 @@ import logging
 import os
 import re
 
+from keras_vit import names
+
 logger = logging.getLogger("keras_vit")
 
 #: Files worth downloading from a checkpoint repository by default (not the PyTorch pickles, Flax
 #: msgpack or TensorFlow .h5 that transformers repositories also hold). The loading path passes
 #: the checkpoint formats' own patterns (keras_vit.checkpoints.registry.hub_file_patterns).
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "model.weights.h5", "*.npz", "*.keras", "*.md"]
-_HF_HANDLE = re.compile(r"^hf://(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+)(?:@(?P<revision>[\w.\-/]+))?$")
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _SHA1 = re.compile(r"^[0-9a-f]{40}$")
 
@@ -62,14 +63,15 @@ def cache_dir():
 
 
 def parse_hf_handle(source):
-    """("owner/repo", revision or None) of "hf://owner/repo[@revision]"; ValueError otherwise."""
-    match = _HF_HANDLE.match(str(source))
-    if not match:
-        raise ValueError(
-            f"{source!r} is not a Hub handle; expected 'hf://owner/repo' or 'hf://owner/repo@revision' "
+    """("owner/repo", revision or None) of "hf://owner/repo[@revision]"; ValueError otherwise
+    (names that could escape the cache are refused: see keras_vit.names)."""
+    try:
+        return names.parse_hf_handle(source)
+    except names.InvalidNameError as err:
+        raise names.InvalidNameError(
+            f"{str(source)!r} is not a Hub handle: {err} Expected 'hf://owner/repo' or 'hf://owner/repo@revision' "
             "(e.g. 'hf://timm/vit_base_patch16_224.augreg2_in21k_ft_in1k')."
-        )
-    return match["repo"], match["revision"]
+        ) from None
 
 
 # === Integrity ===
@@ -271,6 +273,8 @@ def fetch(repo_id, revision=None, *, sha256=None, weights_file=None, what=None, 
     Raises:
         RepositoryNotFoundError, OfflineError, IntegrityError, HubError.
     """
+    names.validate_repo_id(repo_id)
+    names.validate_revision(revision)
     with _lock(repo_id):
         folder, commit = download(repo_id, revision, what=what, allow_patterns=allow_patterns)
         marker_path = _marker_path(repo_id, commit)

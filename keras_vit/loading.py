@@ -19,7 +19,7 @@ import os
 import warnings
 from typing import Optional
 
-from keras_vit import hub, presets
+from keras_vit import hub, names, presets
 from keras_vit.checkpoints.common import source_grid
 from keras_vit.checkpoints.registry import CheckpointFormat, detect_format, hub_file_patterns
 
@@ -137,6 +137,7 @@ def resolve(source, *, architecture=None, image_size=None):
             f"No checkpoint at {source!r}. Pass an existing checkpoint file or folder, 'hf://owner/repo', a preset "
             "name (keras_vit.list_presets()), or weights=None for a randomly initialised model."
         )
+    names.check_name(source, "weights name")
     if architecture is not None and "." not in source:
         preset = presets.find_preset(architecture, source, image_size)
         if source == "imagenet" and preset.classes != 1000:

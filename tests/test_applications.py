@@ -15,14 +15,18 @@ def _program(name):
 @pytest.mark.slow
 def test_finetune_then_fewshot_programs(tmp_path, capsys):
     saved = str(tmp_path / "model.keras")
+    # 150 steps from scratch on the 10 digit classes (chance 0.1) reach 0.32 on JAX CPU; a model
+    # that does not learn (or a broken pipeline) stays near chance.
     accuracy = _program("finetune_cifar.py")["main"](
-        ["--steps", "6", "--batch-size", "16", "--image-size", "16", "--save", saved]
+        ["--data", "digits", "--steps", "150", "--batch-size", "32", "--image-size", "16", "--lr", "0.03",
+         "--save", saved]
     )
-    assert 0 <= accuracy <= 1 and os.path.isfile(saved)
-    assert "shapes test accuracy: " in capsys.readouterr().out
-    # Few-shot on another dataset (digits) from the saved model's frozen features.
+    assert accuracy >= 0.2 and os.path.isfile(saved)
+    assert "digits test accuracy: " in capsys.readouterr().out
+    # Few-shot digits from the saved model's frozen features: 2-shot measured 0.28-0.40 from such
+    # models (chance 0.1; constant or NaN features give chance).
     results = _program("fewshot_eval.py")["main"](
         ["--weights", saved, "--data", "digits", "--shots", "1,2", "--max-images", "120"]
     )
-    assert set(results) == {1, 2} and all(0 <= v <= 1 for v in results.values())
+    assert set(results) == {1, 2} and results[2] >= 0.2
     assert "digits: 2-shot linear accuracy" in capsys.readouterr().out

@@ -112,7 +112,7 @@ def test_timm_gap_model_heads_from_timm_definition(tmp_path):
     "arch,size,resnet",
     [
         ("vit_tiny_r_s16_p8_224", 64, ((), 1)),
-        pytest.param("vit_small_r26_s32_224", 64, ((2, 2, 2, 2), 1), marks=pytest.mark.slow),
+        pytest.param("vit_small_r26_s32_224", 64, ((2, 2, 2, 2), 1), marks=[pytest.mark.slow, pytest.mark.parity]),
     ],
 )
 def test_timm_hybrids(tmp_path, arch, size, resnet):

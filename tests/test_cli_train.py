@@ -58,7 +58,23 @@ def test_evaluate_agrees_with_the_finetune_metrics(scratch_run, tmp_path, capsys
     assert capsys.readouterr().out.strip().splitlines()[-1].startswith("test accuracy: ")
 
 
-def test_finetune_from_a_trained_model_at_a_higher_resolution(scratch_run, tmp_path):
+class _RecordWeights(keras.callbacks.Callback):
+    """Observes the training weights after every update (changes nothing)."""
+
+    def __init__(self):
+        super().__init__()
+        self.after_batch = []
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.after_batch.append({v.path: np.array(v.numpy()) for v in self.model.trainable_variables})
+
+
+def test_finetune_from_a_trained_model_at_a_higher_resolution(scratch_run, tmp_path, monkeypatch):
+    from keras_vit import training
+
+    record = _RecordWeights()
+    recipe = training.finetune_callbacks
+    monkeypatch.setattr(training, "finetune_callbacks", lambda **kw: [record] + recipe(**kw))
     assert _finetune(tmp_path, "--weights", str(scratch_run / "model.keras"), "--image-size", "24",
                      "--ema", "0.9", "--resume") == 0
     model = keras.saving.load_model(tmp_path / "model.keras")
@@ -68,8 +84,20 @@ def test_finetune_from_a_trained_model_at_a_higher_resolution(scratch_run, tmp_p
     a = base.get_layer("encoderblock_0").weights[0].numpy()
     b = model.get_layer("encoderblock_0").weights[0].numpy()
     assert np.abs(a - b).max() < 0.1 * np.abs(a).max()
-    # --ema: the saved weights are the averages; --resume: the finished run removed its backup.
+    # --ema: the saved weights are the running (Polyak) average of the 4 updates, computed here:
+    # avg_1 = w_1, avg_k = 0.9 avg_(k-1) + 0.1 w_k.
     assert json.loads((tmp_path / "config.json").read_text())["ema"] == 0.9
+    assert len(record.after_batch) == 4
+    average = dict(record.after_batch[0])
+    for weights in record.after_batch[1:]:
+        average = {k: 0.9 * average[k] + 0.1 * w for k, w in weights.items()}
+    saved = {v.path: v.numpy() for v in model.trainable_variables}
+    assert set(saved) == set(average)
+    for key, value in average.items():
+        np.testing.assert_allclose(saved[key], value, rtol=1e-5, atol=1e-6, err_msg=key)
+    last = record.after_batch[-1]
+    assert max(np.abs(saved[k] - last[k]).max() for k in last) > 1e-5  # not the raw weights
+    # --resume: the finished run removed its backup.
     assert not os.path.exists(tmp_path / "backup")
 
 

@@ -84,6 +84,31 @@ def test_stem_only_hybrid_with_odd_sizes_matches_numpy():
     assert rel_err(model.predict(x, verbose=0), ref) < 2e-5
 
 
+@pytest.mark.slow
+@pytest.mark.parity
+@pytest.mark.parametrize(
+    "units,image_size,numerics",
+    [((3, 4, 9), (48, 32), "original"), ((2, 2, 2, 2), (96, 64), "timm")],
+    ids=["R50-3-4-9", "R26"],
+)
+def test_r50_and_r26_hybrids_at_a_non_square_size_match_numpy(units, image_size, numerics):
+    """The R50 (3,4,9) and R26 (2,2,2,2) ResNets in full depth (narrow: width factor 0.5) at a
+    non-square size: every stage's stride and projection, TF-style SAME padding on both axes."""
+    n = NUMERICS[numerics]
+    kw = {k: n[k] for k in ("gelu_approximate", "group_norm_epsilon", "std_conv_epsilon", "std_conv_epsilon_inside_sqrt")}
+    model = keras_vit.VisionTransformer(
+        image_size=image_size, patch_size=1, hidden_size=32, num_layers=1, num_heads=2, mlp_dim=32, classes=5,
+        resnet=(units, 0.5), classifier_activation=None, **kw,
+    )
+    randomize(model, seed=8)
+    stride = 4 * 2 ** (len(units) - 1)
+    assert model.grid_size == (image_size[0] // stride, image_size[1] // stride)
+    x = images((2, *image_size, 3), seed=3)
+    ref = vit_forward(keras_vit.get_weight_tree(model), x, patch_size=1, num_layers=1, resnet_units=units,
+                      width_factor=0.5, **kw)
+    assert rel_err(model.predict(x, verbose=0), ref) < 2e-5
+
+
 def test_pooling_modes():
     x = images((2, 32, 32, 3))
     base = keras_vit.VisionTransformer(**TINY, include_top=False)

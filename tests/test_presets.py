@@ -11,7 +11,7 @@ import pytest
 pytestmark = pytest.mark.backend_independent
 
 import keras_vit
-from keras_vit import presets
+from keras_vit import loading, presets
 from keras_vit.models.config import ARCHITECTURES
 
 #: The timm tags of the original family that keras_vit publishes.
@@ -50,15 +50,15 @@ def _timm_pretrained():
 
 def test_every_timm_checkpoint_of_every_constructor_is_in_the_table():
     expected = _timm_pretrained()
-    ours = {(p.architecture, p.tag, p.resolution): (p.repo, p.classes) for p in presets.PRESETS if p.source == "timm"}
+    ours = {(p.architecture, p.tag, p.resolution): (p.repo, p.classes) for p in presets.PRESETS.values() if p.source == "timm"}
     assert len(expected) > 40
     assert ours == expected
 
 
 def test_table_rows_are_consistent():
-    names = [(p.architecture, p.tag, p.resolution) for p in presets.PRESETS]
+    names = [(p.architecture, p.tag, p.resolution) for p in presets.PRESETS.values()]
     assert len(names) == len(set(names))
-    for p in presets.PRESETS:
+    for p in presets.PRESETS.values():
         assert p.architecture in ARCHITECTURES
         assert p.resolution in (224, 384)
         assert p.classes in (0, 1000, 21843)
@@ -115,19 +115,22 @@ def test_architecture_without_published_weights_says_so():
         keras_vit.R50ViTB32(weights="imagenet")
 
 
-def test_list_presets_and_resolve_source_errors():
+def test_list_presets_and_resolve_errors():
     assert {p.architecture for p in keras_vit.list_presets()} >= {"ViTB16", "ViTH14", "R50ViTL32"}
     assert all(p.architecture == "ViTS32" for p in keras_vit.list_presets("ViTS32"))
     with pytest.raises(ValueError, match="Did you mean ViTB16"):
         keras_vit.list_presets("ViTB61")
     with pytest.raises(ValueError, match="neither an existing path"):
-        presets.resolve_source("vit_base_patch16_224.augreg2_in21k_ft_in1")
+        loading.resolve("vit_base_patch16_224.augreg2_in21k_ft_in1")
     with pytest.raises(ValueError, match="not a Hub handle"):
-        presets.resolve_source("hf://not a repo")
+        loading.resolve("hf://not a repo")
 
 
 def test_local_paths_resolve_to_themselves(tmp_path):
-    assert presets.resolve_source(str(tmp_path)) == str(tmp_path)
+    keras_vit.write_npz(keras_vit.VisionTransformer(image_size=16, patch_size=8, hidden_size=8, num_layers=1,
+                                                    num_heads=2, mlp_dim=8, classes=2), tmp_path / "m.npz")
+    resolved = loading.resolve(str(tmp_path / "m.npz"))
+    assert resolved.path == str(tmp_path / "m.npz") and resolved.format.name == "npz" and resolved.preset is None
 
 
 def test_weights_manifest_lists_every_preset():
@@ -136,11 +139,11 @@ def test_weights_manifest_lists_every_preset():
         manifest = json.load(f)
     rows = {(m["architecture"], m["tag"], m["resolution"]): m for m in manifest["checkpoints"]}
     assert len(rows) == len(presets.PRESETS)
-    for p in presets.PRESETS:
+    for p in presets.PRESETS.values():
         m = rows[(p.architecture, p.tag, p.resolution)]
         assert (m["repo"], m["classes"], m["top1"], m["original"]) == (p.repo, p.classes, p.top1, p.original)
 
 
 def test_missing_local_path_is_reported_as_a_path(tmp_path):
-    with pytest.raises(FileNotFoundError, match="looks like a path"):
+    with pytest.raises(FileNotFoundError, match="No checkpoint at .*missing.npz.*weights=None"):
         keras_vit.ViTTi16(weights=str(tmp_path / "missing.npz"))

@@ -103,9 +103,16 @@ def test_ema_swap_checkpoint_and_fewshot_probe(tmp_path):
             self.result = (raw, averaged, inside, after)
 
     check = _Check()
+    record = _RecordWeights()
     history = model.fit(x, y, batch_size=8, epochs=2, verbose=0, validation_data=(x, y),
-                        callbacks=[check] + callbacks)
+                        callbacks=[record, check] + callbacks)
     raw, averaged, inside, after = check.result
+    # The running (Polyak) average, computed by hand from the weights after each of the 6 updates.
+    hand = [w.copy() for w in record.after_batch[0]]
+    for weights in record.after_batch[1:]:
+        hand = [0.7 * h + 0.3 * w for h, w in zip(hand, weights)]
+    for h, a in zip(hand, averaged):
+        np.testing.assert_allclose(a, h, rtol=1e-5, atol=1e-6)
     for r, a, i, f in zip(raw, averaged, inside, after):
         np.testing.assert_array_equal(i, a)
         np.testing.assert_array_equal(f, r)
@@ -131,6 +138,28 @@ def test_ema_swap_checkpoint_and_fewshot_probe(tmp_path):
     pooled = keras_vit.VisionTransformer(**{**TINY, "include_top": False, "pooling": "token"})
     keras_vit.set_weight_tree(pooled, keras_vit.get_weight_tree(model), skip=("head/",))
     np.testing.assert_allclose(training.extract_features(pooled, x), features, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_ema_callbacks_refuse_an_optimizer_without_ema(tmp_path, checkpoint):
+    """finetune_callbacks(ema=True) with an optimizer built without use_ema=True would evaluate and
+    save the raw weights as if averaged: fit refuses to start."""
+    x, y = _data(n=8, classes=3)
+    model = _model()
+    model.compile(optimizer=training.finetune_optimizer(0.3, total_steps=4, warmup_steps=1),
+                  loss=training.classification_loss(from_logits=True))
+    before = [np.array(v.numpy()) for v in model.trainable_variables]
+    path = str(tmp_path / "ema.weights.h5") if checkpoint else None
+    callbacks = training.finetune_callbacks(ema=True, checkpoint_path=path)
+    if checkpoint:
+        callbacks = callbacks[-1:]  # EMAModelCheckpoint alone checks too
+    with pytest.raises(ValueError, match="without use_ema=True"):
+        model.fit(x, y, batch_size=4, epochs=1, verbose=0, validation_data=(x, y), callbacks=callbacks)
+    for a, b in zip(before, model.trainable_variables):
+        np.testing.assert_array_equal(a, b.numpy())  # no step was taken
+    assert not os.path.exists(tmp_path / "ema.weights.h5")
+    with pytest.raises(ValueError, match="without use_ema=True"):
+        model.evaluate(x, y, verbose=0, callbacks=[training.SwapEMAWeights()])
 
 
 class _Interrupt(keras.callbacks.Callback):

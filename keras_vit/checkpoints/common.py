@@ -7,21 +7,59 @@ checkpoint, inferred from the weights' shapes (and, where the weights cannot tel
 checkpoint's own config file), together with the source framework's numerics.
 """
 
+import contextlib
 import json
+import math
 import os
 import re
 import struct
+import zipfile
 
 import numpy as np
 
+from keras_vit.errors import CheckpointError
 from keras_vit.models.config import ViTConfig, all_architectures, resnet_stride
 
 # === Errors ===
 
+#: What malformed content raises deep inside a reader (a field of the wrong type, a missing
+#: key, an impossible reshape, JSON nested too deeply); `reading` turns each into a CheckpointError.
+MALFORMED = (ValueError, TypeError, KeyError, IndexError, AttributeError, ZeroDivisionError, OverflowError,
+             RecursionError, NotImplementedError, struct.error, zipfile.BadZipFile, EOFError, UnicodeDecodeError)
 
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be read: unknown format, truncated or corrupt file, unexpected
-    or missing weights, or an architecture outside the ViT family."""
+
+@contextlib.contextmanager
+def reading(path):
+    """Run a reader's body: a CheckpointError or OSError passes through, any other sign of a
+    malformed file (see MALFORMED) becomes a CheckpointError naming `path`."""
+    try:
+        yield
+    except (CheckpointError, OSError):
+        raise
+    except MALFORMED as err:
+        raise CheckpointError(
+            f"Cannot read {os.fspath(path)!r}: its content is malformed ({type(err).__name__}: {str(err)[:300]}). "
+            "Delete it and download or convert it again, or check that it is a checkpoint this package reads."
+        ) from None
+
+
+#: Deflate expands at most ~1032x; a zip member declaring more than this is a lie (or a bomb).
+MAX_DEFLATE_RATIO = 1100
+
+
+def check_finite(array, name, source):
+    """`array` if every value is finite, else a CheckpointError naming the tensor.
+
+    NaN or infinite weights never come out of training that converged; they mean a corrupt or
+    tampered file, and would only show later as NaN logits.
+    """
+    if array.dtype.kind == "f" and array.size and not np.isfinite(array).all():
+        bad = int(array.size - np.isfinite(array).sum())
+        raise CheckpointError(
+            f"{os.fspath(source)}: weight {name!r} holds {bad} non-finite value(s) (NaN or inf) of {array.size}; the "
+            "file is corrupt. Delete it and download or convert it again."
+        )
+    return array
 
 
 def corrupt_file_error(path, err):
@@ -99,7 +137,7 @@ def infer_config(tree, numerics, *, source="checkpoint", image_size=None, num_he
     tokens = int(pos.shape[-2]) - prefix
     if image_size is not None:
         h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(int(s) for s in image_size)
-        if (h // stride) * (w // stride) != tokens:
+        if min(h, w) < stride or (h // stride) * (w // stride) != tokens:
             # The stated size does not fit the stored grid: trust the weights.
             image_size = None
     if image_size is None:
@@ -221,6 +259,16 @@ def materialize(tree):
 
 _ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": np.uint16, "I64": np.int64,
               "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+_ST_ITEMSIZE = {k: np.dtype(v).itemsize for k, v in _ST_DTYPES.items()}
+#: Weights are floating point; integer and boolean tensors are refused when read.
+_ST_FLOATS = ("F64", "F32", "F16", "BF16")
+
+
+def _header_int(value):
+    """An integer of a safetensors header (offsets, dims); JSON floats, bools and strings are refused."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{value!r} is not an integer")
+    return value
 
 
 class SafetensorsFile:
@@ -246,30 +294,37 @@ class SafetensorsFile:
                 header = json.loads(f.read(n).decode("utf-8"))
             if not isinstance(header, dict):
                 raise ValueError("the header is not a JSON object")
-        except (ValueError, UnicodeDecodeError) as err:
+        except (ValueError, UnicodeDecodeError, RecursionError) as err:
             raise corrupt_file_error(self.path, err) from None
-        self.metadata = header.pop("__metadata__", None) or {}
+        metadata = header.pop("__metadata__", None) or {}
+        self.metadata = metadata if isinstance(metadata, dict) else {}
         self._start = 8 + n
-        self._entries = header
         data_size = size - self._start
         end = 0
+        entries = {}
         for key, entry in header.items():
             try:
-                begin, stop = (int(o) for o in entry["data_offsets"])
+                begin, stop = (_header_int(o) for o in entry["data_offsets"])
                 dtype = entry["dtype"]
-                shape = tuple(int(s) for s in entry["shape"])
+                shape = tuple(_header_int(s) for s in entry["shape"])
+                if not isinstance(dtype, str):
+                    raise TypeError(f"dtype {dtype!r} is not a string")
             except (KeyError, TypeError, ValueError) as err:
                 raise corrupt_file_error(self.path, ValueError(f"bad header entry for {key!r}: {err}")) from None
             if dtype not in _ST_DTYPES:
-                raise CheckpointError(f"{self.path}: tensor {key!r} has unsupported dtype {dtype}.")
-            itemsize = 2 if dtype == "BF16" else np.dtype(_ST_DTYPES[dtype]).itemsize
-            if begin < 0 or stop - begin != itemsize * int(np.prod(shape, dtype=np.int64)):
+                raise CheckpointError(f"{self.path}: tensor {key!r} has unsupported dtype {dtype[:20]!r}.")
+            # Python integers: a declared shape cannot overflow its way past these checks.
+            nbytes = _ST_ITEMSIZE[dtype] * math.prod(shape)
+            if begin < 0 or min(shape, default=0) < 0 or stop - begin != nbytes:
                 raise corrupt_file_error(self.path, ValueError(f"tensor {key!r} size does not match its shape"))
+            if stop > data_size:
+                raise corrupt_file_error(
+                    self.path,
+                    ValueError(f"tensor {key!r} needs data bytes up to {stop} but the file holds {data_size}"),
+                )
             end = max(end, stop)
-        if end > data_size:
-            raise corrupt_file_error(
-                self.path, ValueError(f"tensors need {end} data bytes but the file holds {data_size}")
-            )
+            entries[key] = {"data_offsets": (begin, stop), "dtype": dtype, "shape": shape}
+        self._entries = entries
 
     def keys(self):
         return list(self._entries)
@@ -291,6 +346,10 @@ class SafetensorsFile:
         begin, stop = entry["data_offsets"]
         shape = tuple(entry["shape"])
         dtype = entry["dtype"]
+        if dtype not in _ST_FLOATS:
+            raise CheckpointError(
+                f"{self.path}: tensor {key!r} has dtype {dtype}; weights must be floating point ({', '.join(_ST_FLOATS)})."
+            )
         stored = np.uint16 if dtype == "BF16" else _ST_DTYPES[dtype]
         if rows is not None:
             row_bytes = np.dtype(stored).itemsize * int(np.prod(shape[1:], dtype=np.int64))
@@ -302,8 +361,11 @@ class SafetensorsFile:
             if f.readinto(memoryview(array.reshape(-1)).cast("B")) != stop - begin:
                 raise corrupt_file_error(self.path, EOFError(f"tensor {key!r} is cut short"))
         if dtype == "BF16":
-            return (array.astype(np.uint32) << 16).view(np.float32)
-        return array if array.dtype == np.float32 else array.astype(np.float32)
+            array = (array.astype(np.uint32) << 16).view(np.float32)
+        elif array.dtype != np.float32:
+            with np.errstate(over="ignore"):
+                array = array.astype(np.float32)  # a float64 beyond float32's range becomes inf, refused below
+        return check_finite(array, key, self.path)
 
 
 class _FileTensor(LazyArray):
@@ -341,11 +403,14 @@ def open_safetensors(path):
     """{key: SafetensorsFile} for a .safetensors file or a sharded set (*.safetensors.index.json)."""
     path = os.fspath(path)
     if path.endswith(".index.json"):
-        try:
-            with open(path) as f:
-                weight_map = json.load(f)["weight_map"]
-        except (ValueError, KeyError) as err:
-            raise corrupt_file_error(path, err) from None
+        weight_map = read_json(path).get("weight_map")
+        if not isinstance(weight_map, dict) or not all(
+            isinstance(name, str) and name == os.path.basename(name) and name.endswith(".safetensors")
+            for name in weight_map.values()
+        ):
+            raise corrupt_file_error(
+                path, ValueError("'weight_map' is not a map of tensor names to .safetensors files in this folder")
+            )
         folder = os.path.dirname(path)
         files = {name: SafetensorsFile(os.path.join(folder, name)) for name in sorted(set(weight_map.values()))}
         return {key: files[name] for key, name in weight_map.items()}
@@ -353,12 +418,28 @@ def open_safetensors(path):
     return {key: f for key in f.keys()}
 
 
+#: The largest JSON file read (configs and shard indexes are kilobytes; this refuses a huge
+#: file before it is parsed).
+MAX_JSON_BYTES = 16 * 2**20
+
+
 def read_json(path):
+    """The JSON object (a dict) in `path`; CheckpointError when it is not one, is malformed,
+    nested too deeply or larger than MAX_JSON_BYTES."""
+    size = os.path.getsize(path)
+    if size > MAX_JSON_BYTES:
+        raise CheckpointError(
+            f"{os.fspath(path)}: {size:,} bytes is too large for a checkpoint's JSON file (at most "
+            f"{MAX_JSON_BYTES:,}); the file is corrupt or not a config."
+        )
     try:
-        with open(path) as f:
-            return json.load(f)
-    except ValueError as err:
+        with open(path, "rb") as f:
+            value = json.loads(f.read().decode("utf-8"))
+    except (ValueError, RecursionError) as err:  # UnicodeDecodeError is a ValueError
         raise corrupt_file_error(path, err) from None
+    if not isinstance(value, dict):
+        raise corrupt_file_error(path, ValueError(f"expected a JSON object, got a {type(value).__name__}"))
+    return value
 
 
 def read_json_or_empty(path):

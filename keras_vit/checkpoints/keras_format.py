@@ -8,6 +8,7 @@ non-square resolution travel with the weights), model.weights.h5 is Keras' own w
 
 import datetime
 import json
+import math
 import os
 import zipfile
 
@@ -16,13 +17,18 @@ import numpy as np
 
 from keras_vit.checkpoints.common import (
     ARCHITECTURE_FIELDS,
+    MAX_DEFLATE_RATIO,
+    MAX_JSON_BYTES,
     CheckpointError,
     LazyArray,
+    check_finite,
     corrupt_file_error,
     materialize,
     read_json,
+    reading,
 )
 from keras_vit.checkpoints.registry import CheckpointFormat
+from keras_vit.models.config import resnet_stride
 
 CONFIG_FILE = "config.json"
 METADATA_FILE = "metadata.json"
@@ -43,6 +49,86 @@ def _unwrap(config, source):
             "hidden_size, num_layers, num_heads or mlp_dim)."
         )
     return config
+
+
+def _positive_int(config, key, source, default=None):
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CheckpointError(f"{source}: {key} is {str(value)[:40]!r}; expected a positive integer.")
+    return value
+
+
+def check_config_fits(config, weights_bytes, source):
+    """Refuse a config whose model could not be stored in `weights_bytes` bytes, before it is built.
+
+    Building allocates every variable, so a config.json claiming hidden_size 10**6 next to a
+    small weights file would allocate terabytes before the mismatch shows. The lower bound
+    counts the encoder's matmuls, the position embedding, the patch embedding and the head at
+    one byte per parameter (int8 kernels are the smallest stored form).
+    """
+    hidden, layers, mlp, patch = (_positive_int(config, k, source)
+                                  for k in ("hidden_size", "num_layers", "mlp_dim", "patch_size"))
+    _positive_int(config, "num_heads", source)
+    channels = _positive_int(config, "num_channels", source, default=3)
+    size = config.get("image_size", 224)
+    size = [size, size] if isinstance(size, int) and not isinstance(size, bool) else size
+    if not isinstance(size, (list, tuple)) or len(size) != 2 or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in size
+    ):
+        raise CheckpointError(f"{source}: image_size is {str(size)[:40]!r}; expected a positive int or [height, width].")
+    resnet = config.get("resnet")
+    if resnet is not None:
+        if not (isinstance(resnet, (list, tuple)) and len(resnet) == 2 and isinstance(resnet[0], (list, tuple))
+                and all(isinstance(u, int) and not isinstance(u, bool) and 0 <= u <= 64 for u in resnet[0])
+                and len(resnet[0]) <= 8 and isinstance(resnet[1], (int, float)) and not isinstance(resnet[1], bool)
+                and 0 < resnet[1] <= 16):
+            raise CheckpointError(f"{source}: resnet is {str(resnet)[:60]!r}; expected [[units per stage], width].")
+    stride = patch * resnet_stride(resnet)
+    tokens = (size[0] // stride) * (size[1] // stride) + 1
+    params = layers * (4 * hidden * hidden + 2 * hidden * mlp) + tokens * hidden + patch * patch * channels * hidden
+    if config.get("include_top", True):
+        params += _positive_int(config, "classes", source, default=1000) * hidden
+    if params > weights_bytes:
+        raise CheckpointError(
+            f"{source}: config.json describes a model of at least {params:,} parameters but the weights file holds "
+            f"only {weights_bytes:,} bytes; the config does not belong to these weights (or a file is corrupt)."
+        )
+
+
+def _scan_h5(file, limit, source):
+    """Check every dataset of a Keras weights file before Keras reads it: declared sizes within
+    `limit` bytes (h5py allocates a dataset's declared shape when it is read), float or integer
+    values only."""
+    import h5py
+
+    total = 0
+    try:
+        with h5py.File(file, "r") as h5:
+            datasets = []
+            h5.visititems(lambda name, obj: datasets.append((name, obj)) if isinstance(obj, h5py.Dataset) else None)
+            for name, ds in datasets:
+                if ds.dtype.kind not in "fiub" or ds.dtype.hasobject:
+                    raise CheckpointError(f"{source}: weight {name!r} has dtype {ds.dtype}; expected numbers.")
+                total += ds.dtype.itemsize * math.prod(ds.shape or ())
+                if total > limit:
+                    raise CheckpointError(
+                        f"{source}: the weights declare more than {limit:,} bytes of tensors ({name!r} and before), "
+                        "more than the file holds; the file is corrupt. Delete it and save or download it again."
+                    )
+    except CheckpointError:
+        raise
+    except Exception as err:  # h5py reports format damage as OSError, KeyError, ValueError, ...
+        raise corrupt_file_error(source, err) from None
+
+
+def _checked(model_config, source):
+    """`model_config` if it is a valid VisionTransformer config, else a CheckpointError naming
+    `source` (checked before any model is built from it)."""
+    from keras_vit.models.config import ViTConfig
+
+    with reading(source):
+        ViTConfig.from_dict(model_config)
+    return model_config
 
 
 def checkpoint_config(model_config):
@@ -151,9 +237,10 @@ _MAY_DIFFER = ("Transformer/posembed_input/", "head/")
 
 def _read_dataset(handle, path, source):
     try:
-        return np.asarray(handle[path][()], dtype=np.float32)
-    except (OSError, ValueError, KeyError) as err:
+        array = np.asarray(handle[path][()], dtype=np.float32)
+    except (OSError, ValueError, KeyError, TypeError) as err:
         raise corrupt_file_error(source, err) from None
+    return check_finite(array, path, source)
 
 
 def _model_kwargs(config):
@@ -175,10 +262,14 @@ def read_weights_h5(path, config_path=None):
             f"{path}: a .weights.h5 file holds no architecture; put the model's config.json "
             "(VisionTransformer.get_config()) next to it, or save the model with save_preset()."
         )
-    if os.path.getsize(path) == 0:
-        raise corrupt_file_error(path, EOFError("empty file"))
-    config = checkpoint_config(_unwrap(read_json(config_path), config_path))
-    return KerasWeights(lambda: path, path), config
+    with reading(config_path):
+        config = _unwrap(read_json(config_path), config_path)
+        size = os.path.getsize(path)
+        if size == 0:
+            raise corrupt_file_error(path, EOFError("empty file"))
+        check_config_fits(config, size, config_path)
+        _scan_h5(path, size, path)
+        return KerasWeights(lambda: path, path), checkpoint_config(_checked(config, config_path))
 
 
 def read_keras_preset(folder):
@@ -195,6 +286,8 @@ def read_keras_file(path):
 
     The weights are read in place from the archive (Keras stores its members uncompressed)."""
     path = os.fspath(path)
+    with reading(path):
+        _check_keras_archive(path)
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
@@ -205,12 +298,42 @@ def read_keras_file(path):
         if isinstance(err, (CheckpointError, FileNotFoundError)):
             raise
         raise corrupt_file_error(path, err) from None
-    config = checkpoint_config(_unwrap(raw, path))
+    config = checkpoint_config(_checked(_unwrap(raw, path), path))
 
     def open_member():
         return zipfile.ZipFile(path).open(WEIGHTS_FILE)
 
     return KerasWeights(open_member, path), config
+
+
+def _check_keras_archive(path):
+    """The checks `read_weights_h5` makes, on the config.json and model.weights.h5 inside a .keras
+    zip, before Keras builds anything from it."""
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
+        raise corrupt_file_error(path, err) from None
+    with archive:
+        infos = {i.filename: i for i in archive.infolist()}
+        for name in ("config.json", "model.weights.h5"):
+            if name not in infos:
+                raise CheckpointError(f"{path}: a .keras file holds config.json and model.weights.h5; {name} is missing.")
+            info = infos[name]
+            if info.compress_type != zipfile.ZIP_STORED and info.file_size > MAX_DEFLATE_RATIO * max(
+                    info.compress_size, 1):
+                raise corrupt_file_error(path, ValueError(f"{name} claims more bytes than deflate can expand"))
+        if infos["config.json"].file_size > MAX_JSON_BYTES:
+            raise CheckpointError(f"{path}: its config.json of {infos['config.json'].file_size:,} bytes is too large.")
+        try:
+            config = json.loads(archive.read("config.json").decode("utf-8"))
+        except (ValueError, RecursionError) as err:
+            raise corrupt_file_error(path, err) from None
+        if not isinstance(config, dict):
+            raise corrupt_file_error(path, ValueError("config.json is not a JSON object"))
+        weights_bytes = infos["model.weights.h5"].file_size
+        check_config_fits(_unwrap(config, path), weights_bytes, path)
+        with archive.open("model.weights.h5") as weights:
+            _scan_h5(weights, weights_bytes, path)
 
 
 def _is_hdf5(path):

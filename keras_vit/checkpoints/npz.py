@@ -5,13 +5,22 @@ files come in: everything nested under `opt/target/` (optimizer checkpoints, who
 state is dropped), and GroupNorm parameters stored as (1, 1, 1, C).
 """
 
+import math
 import os
+import tokenize
 import zipfile
 from collections.abc import Mapping
 
 import numpy as np
 
-from keras_vit.checkpoints.common import CheckpointError, corrupt_file_error, infer_config
+from keras_vit.checkpoints.common import (
+    MAX_DEFLATE_RATIO,
+    CheckpointError,
+    check_finite,
+    corrupt_file_error,
+    infer_config,
+    reading,
+)
 from keras_vit.checkpoints.registry import CheckpointFormat
 from keras_vit.models.config import NUMERICS
 
@@ -38,7 +47,9 @@ def canonical_from_npz_arrays(arrays, source="checkpoint"):
         if value.dtype != np.float32:
             if value.dtype.kind != "f":
                 raise CheckpointError(f"{source}: weight {name!r} has dtype {value.dtype}; expected floats.")
-            value = value.astype(np.float32)
+            with np.errstate(over="ignore"):
+                value = value.astype(np.float32)  # beyond float32's range becomes inf, refused below
+        check_finite(value, name, source)
         leaf = name.rsplit("/", 2)
         # GroupNorm scale/bias stored as (1, 1, 1, C) by older files.
         if len(leaf) >= 2 and leaf[-2].startswith("gn") and value.ndim == 4 and value.shape[:3] == (1, 1, 1):
@@ -76,16 +87,93 @@ def read_npz(path):
     path = os.fspath(path)
     if os.path.isdir(path):
         path = _single_npz(path) or path
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"No checkpoint at {path!r}.")
     try:
-        with np.load(path, allow_pickle=False) as data:
-            tree = canonical_from_npz_arrays(data, source=path)
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as err:
-        if isinstance(err, CheckpointError):
-            raise
-        if isinstance(err, FileNotFoundError):
-            raise
+        arrays = NpzMembers(path)
+    except (zipfile.BadZipFile, EOFError, ValueError, OSError, NotImplementedError, SyntaxError,
+            tokenize.TokenError) as err:  # numpy parses a damaged .npy header with Python's tokenizer
         raise corrupt_file_error(path, err) from None
-    return tree, infer_config(tree, NUMERICS["original"], source=path)
+    with arrays, reading(path):
+        tree = canonical_from_npz_arrays(arrays, source=path)
+        return tree, infer_config(tree, NUMERICS["original"], source=path)
+
+
+class NpzMembers:
+    """The arrays of an .npz, with every member's .npy header checked before anything is read.
+
+    np.load allocates an array of the shape a header declares before reading its data, so a
+    file of a few bytes could claim terabytes. Here each declared size must equal the member's
+    size in the zip (and a compressed member may not claim more than deflate can expand), so
+    nothing larger than the file (or its honest decompression) is allocated. Object arrays
+    (pickles) and non-numeric dtypes are refused.
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self._zip = zipfile.ZipFile(self.path)
+        self._members = {}
+        try:
+            for info in self._zip.infolist():
+                if info.filename.endswith(".npy"):
+                    self._members[info.filename[:-4]] = (info, *self._header(info))
+        except BaseException:
+            self._zip.close()
+            raise
+
+    def _header(self, info):
+        if info.compress_type != zipfile.ZIP_STORED and info.file_size > MAX_DEFLATE_RATIO * max(info.compress_size, 1):
+            raise ValueError(f"member {info.filename!r} claims {info.file_size} bytes from {info.compress_size} "
+                             "compressed bytes, more than deflate can expand")
+        with self._zip.open(info) as f:
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                raise ValueError(f"member {info.filename!r} has .npy format version {version}, not 1.0 or 2.0")
+            offset = f.tell()
+        name = info.filename[:-4]
+        if dtype.hasobject:
+            raise CheckpointError(f"{self.path}: weight {name!r} is an object array (a pickle); it is never loaded.")
+        if dtype.kind not in "fiub" or dtype.subdtype is not None:
+            raise CheckpointError(f"{self.path}: weight {name!r} has dtype {dtype}; expected floats.")
+        if any(int(d) < 0 for d in shape):
+            raise ValueError(f"member {info.filename!r} declares a negative dimension {shape}")
+        nbytes = dtype.itemsize * math.prod(int(d) for d in shape)  # Python integers: no overflow
+        if offset + nbytes != info.file_size:
+            raise ValueError(f"member {info.filename!r} declares shape {shape} of {dtype} ({nbytes} bytes) but holds "
+                             f"{info.file_size - offset} data bytes")
+        return tuple(int(d) for d in shape), fortran, dtype, offset
+
+    def keys(self):
+        return list(self._members)
+
+    def __getitem__(self, key):
+        info, shape, fortran, dtype, offset = self._members[key]
+        array = np.empty(math.prod(shape), dtype=dtype)
+        with self._zip.open(info) as f:
+            f.seek(offset)
+            view = memoryview(array.view(np.uint8))
+            got = 0
+            while got < len(view):
+                n = f.readinto(view[got:])
+                if not n:
+                    raise EOFError(f"member {info.filename!r} is cut short")
+                got += n
+            if f.read(1):
+                raise ValueError(f"member {info.filename!r} holds more data than its header declares")
+        return array.reshape(shape, order="F" if fortran else "C")
+
+    def close(self):
+        self._zip.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
 
 def write_npz(tree, path, *, prefix="", group_norm_shape="flat"):

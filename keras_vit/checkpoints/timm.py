@@ -24,6 +24,7 @@ from keras_vit.checkpoints.common import (
     read_json,
     read_json_or_empty,
     safetensors_flavour,
+    reading,
     safetensors_in_folder,
 )
 from keras_vit.checkpoints.registry import CheckpointFormat
@@ -201,6 +202,19 @@ def read_timm(path, lazy=False):
         >>> tree, config = read_timm("vit_base_patch16_224.augreg2_in21k_ft_in1k/")   # doctest: +SKIP
     """
     path = os.fspath(path)
+    with reading(path):
+        return _read_timm(path, lazy)
+
+
+def _positive_int(value, name, source):
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CheckpointError(f"{source}: config.json {name} is {str(value)[:40]!r}; expected a positive integer.")
+    return value
+
+
+def _read_timm(path, lazy):
     folder = path if os.path.isdir(path) else os.path.dirname(path)
     weights = path
     if os.path.isdir(path):
@@ -209,8 +223,13 @@ def read_timm(path, lazy=False):
     config = read_json(config_path) if os.path.exists(config_path) else {}
     if config and "architecture" not in config:
         config = {}  # a config.json of another library, not timm's
+    if config.get("architecture") is not None and not isinstance(config["architecture"], str):
+        raise CheckpointError(f"{config_path}: 'architecture' is not a string.")
     args = config.get("model_args") or {}
-    num_heads = args.get("num_heads") or timm_heads(config.get("architecture"))
+    if not isinstance(args, dict):
+        raise CheckpointError(f"{config_path}: 'model_args' is not a JSON object.")
+    num_heads = _positive_int(args.get("num_heads"), "model_args.num_heads", config_path) or timm_heads(
+        config.get("architecture"))
     if config.get("architecture") and not is_vit_family(config["architecture"]):
         raise CheckpointError(
             f"{path}: timm architecture {config['architecture']!r} is not one of the original ViT family "

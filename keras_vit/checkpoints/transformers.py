@@ -21,6 +21,7 @@ from keras_vit.checkpoints.common import (
     read_json,
     read_json_or_empty,
     safetensors_flavour,
+    reading,
     safetensors_in_folder,
 )
 from keras_vit.checkpoints.registry import CheckpointFormat
@@ -45,6 +46,11 @@ def read_transformers(path, lazy=False):
         >>> tree, config = read_transformers("vit-base-patch16-224/")   # doctest: +SKIP
     """
     path = os.fspath(path)
+    with reading(path):
+        return _read_transformers(path, lazy)
+
+
+def _read_transformers(path, lazy):
     folder = path if os.path.isdir(path) else os.path.dirname(path)
     config_path = os.path.join(folder, "config.json")
     if not os.path.exists(config_path):
@@ -64,10 +70,15 @@ def read_transformers(path, lazy=False):
         raise CheckpointError(f"{path}: hidden_act {act!r} is not a GELU form this package computes ({sorted(_GELU)}).")
     if hf.get("pooler_act", "tanh") != "tanh":
         raise CheckpointError(f"{path}: pooler_act {hf['pooler_act']!r}; the original pre_logits layer uses tanh.")
-    heads = int(hf["num_attention_heads"])
+    heads = hf.get("num_attention_heads")
+    if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
+        raise CheckpointError(f"{config_path}: num_attention_heads is {str(heads)[:40]!r}; expected a positive integer.")
     files = open_safetensors(weights)
     tree = transformers_state_to_tree(files, heads, source=weights)
-    numerics = dict(NUMERICS["transformers"], layer_norm_epsilon=float(hf.get("layer_norm_eps", 1e-12)),
+    eps = hf.get("layer_norm_eps", 1e-12)
+    if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+        raise CheckpointError(f"{config_path}: layer_norm_eps is {str(eps)[:40]!r}; expected a number in (0, 1).")
+    numerics = dict(NUMERICS["transformers"], layer_norm_epsilon=float(eps),
                     gelu_approximate=_GELU[act])
     size = hf.get("image_size")
     size = (size, size) if isinstance(size, int) else (tuple(size) if size else None)

@@ -102,9 +102,14 @@ def finetune(args):
             done = progress["step"]
             print(f"resuming after step {done} from {backup}")
             run.load_history()
+            # A kill between writing the history and the backup leaves rows the resumed run repeats.
+            run.history = [r for r in run.history if r.get("step", 0) <= done]
+            run.steps = [s for s in run.steps if s[0] <= done]
             train_ds = train_ds.skip(done)  # the same stream of batches, continued
-    callbacks = api.finetune_callbacks(backup_dir=backup, ema=args.ema is not None)
-    callbacks.append(run.logger(stage="finetune", step_offset=done))
+    # The logger writes an epoch's history row before the backup of that epoch is written, so a
+    # kill in between never loses a row (the rows past the backup are dropped above).
+    callbacks = [run.logger(stage="finetune", step_offset=done)]
+    callbacks += api.finetune_callbacks(backup_dir=backup, ema=args.ema is not None)
     model.compile(
         optimizer=api.finetune_optimizer(args.lr, total_steps=total, warmup_steps=warmup,
                                          use_ema=args.ema is not None, ema_momentum=args.ema or 0.9999),

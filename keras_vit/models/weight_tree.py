@@ -8,12 +8,15 @@ writer consumes it; `set_weight_tree` is the one place weights enter a model.
 
 import numpy as np
 
+from keras_vit.errors import CheckpointError
+
 # Layers that live under the original `Transformer` module.
 _TRANSFORMER_PREFIX = ("encoderblock_", "posembed_input", "encoder_norm")
 
 
-class WeightTreeError(ValueError):
-    """A weight tree that does not fit the model: missing, unexpected or mis-shaped weights."""
+class WeightTreeError(CheckpointError):
+    """A weight tree that does not fit the model: missing, unexpected or mis-shaped weights (a
+    CheckpointError, so one `except` catches every way a checkpoint can fail to load)."""
 
 
 def _layer_prefix(name):

@@ -24,6 +24,25 @@ def _ema_pairs(model):
     return [(v, a) for v, a in zip(optimizer._trainable_variables, averages) if a is not None]
 
 
+def require_ema(model, who):
+    """Raise a clear error unless `model`'s optimizer keeps an EMA of the weights (use_ema=True).
+
+    The EMA callbacks call it when `fit` (or `evaluate`) starts: without it they would evaluate
+    and save the raw weights while claiming the averaged ones.
+    """
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        raise ValueError(f"{who} needs a compiled model whose optimizer keeps an EMA of the weights; "
+                         "compile the model first (e.g. with training.finetune_optimizer(..., use_ema=True)).")
+    if not getattr(optimizer, "use_ema", False):
+        raise ValueError(
+            f"{who} evaluates and saves the optimizer's moving average of the weights, but the optimizer "
+            f"({type(optimizer).__name__}) was built without use_ema=True, so it keeps none. Build it with "
+            "training.finetune_optimizer(..., use_ema=True) (or keras.optimizers.*(..., use_ema=True)), or drop "
+            "ema=True from finetune_callbacks."
+        )
+
+
 @contextlib.contextmanager
 def ema_weights(model):
     """Temporarily put the optimizer's moving averages (use_ema=True) into the model.
@@ -50,7 +69,7 @@ class SwapEMAWeights(keras.callbacks.Callback):
     validation (or `evaluate`) begins and the training weights back when it ends.
 
     Needs an optimizer with `use_ema=True` (e.g. `finetune_optimizer(..., use_ema=True)`);
-    without one it does nothing. Save averaged weights with `EMAModelCheckpoint` or
+    without one, `fit` and `evaluate` raise a ValueError when they start. Save averaged weights with `EMAModelCheckpoint` or
     `with ema_weights(model): ...`. At the end of `fit`, Keras itself leaves the averages in
     the model (`optimizer.finalize_variable_values`).
 
@@ -62,7 +81,11 @@ class SwapEMAWeights(keras.callbacks.Callback):
         super().__init__()
         self._context = None
 
+    def on_train_begin(self, logs=None):
+        require_ema(self.model, "SwapEMAWeights")
+
     def on_test_begin(self, logs=None):
+        require_ema(self.model, "SwapEMAWeights")
         if self._context is None:
             self._context = ema_weights(self.model)
             self._context.__enter__()
@@ -75,7 +98,12 @@ class SwapEMAWeights(keras.callbacks.Callback):
 
 class EMAModelCheckpoint(keras.callbacks.ModelCheckpoint):
     """keras.callbacks.ModelCheckpoint that writes the EMA weights (training continues on the
-    raw ones). Same arguments as ModelCheckpoint."""
+    raw ones). Same arguments as ModelCheckpoint; the optimizer must keep an EMA (use_ema=True),
+    checked when `fit` starts."""
+
+    def on_train_begin(self, logs=None):
+        require_ema(self.model, "EMAModelCheckpoint")
+        super().on_train_begin(logs)
 
     def _save_model(self, epoch, batch, logs):
         with ema_weights(self.model):
@@ -270,7 +298,7 @@ def finetune_callbacks(*, backup_dir=None, save_freq="epoch", checkpoint_path=No
         checkpoint_path: a ModelCheckpoint path (".keras" or ".weights.h5"); with `ema` it
             writes the averaged weights.
         ema: the optimizer keeps an EMA (`finetune_optimizer(..., use_ema=True)`): validate and
-            save with it.
+            save with it. An optimizer without use_ema=True is a ValueError when `fit` starts.
         fewshot: (train_images, train_labels, test_images, test_labels) for a `FewShotProbe`.
 
     Example:
