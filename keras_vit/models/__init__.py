@@ -1,5 +1,15 @@
-"""The architecture table, the VisionTransformer builder and the canonical weight tree."""
+"""The architecture table, the VisionTransformer and BiTResNet builders and the canonical weight tree."""
 
-from keras_vit.models.config import ARCHITECTURES, EXTRA_ARCHITECTURES, NUMERICS, Architecture, get_architecture
+from keras_vit.models.bit import BiTResNet
+from keras_vit.models.config import (
+    ARCHITECTURES,
+    BIT_ARCHITECTURES,
+    BIT_NUMERICS,
+    EXTRA_ARCHITECTURES,
+    NUMERICS,
+    Architecture,
+    BiTArchitecture,
+    get_architecture,
+)
 from keras_vit.models.vit import VisionTransformer
 from keras_vit.models.weight_tree import WeightTreeError, get_weight_tree, set_weight_tree, weight_variables
