@@ -9,6 +9,13 @@ __version__ = "0.1.0"
 # === Models ===
 from keras_vit import layers  # noqa: F401  (registers every layer for keras.saving)
 from keras_vit.applications import (  # noqa: F401
+    BiTResNet50x1,
+    BiTResNet50x3,
+    BiTResNet101x1,
+    BiTResNet101x3,
+    BiTResNet152x2,
+    BiTResNet152x4,
+    BiTResNet200x3,
     R26ViTB32,
     R26ViTS32,
     R50ViTB16,
@@ -26,7 +33,7 @@ from keras_vit.applications import (  # noqa: F401
     ViTS32,
     ViTTi16,
 )
-from keras_vit.models import VisionTransformer, get_weight_tree, set_weight_tree  # noqa: F401
+from keras_vit.models import BiTResNet, VisionTransformer, get_weight_tree, set_weight_tree  # noqa: F401
 
 # === Checkpoints and presets ===
 from keras_vit.checkpoints import (  # noqa: F401,E402

@@ -251,12 +251,13 @@ def model_from_checkpoint(path, image_size=None):
 
     tree, config = checkpoints.read_checkpoint(path)
     has_head = config.get("classes") is not None
+    features = "avg" if "block_units" in config else config.get("classifier", "token")  # BiT: pooled features
     return checkpoints.build_model(
         tree,
         config,
         image_size=image_size,
         include_top=has_head,
-        pooling=None if has_head else config.get("classifier", "token"),
+        pooling=None if has_head else features,
     )
 
 

@@ -25,7 +25,12 @@ import os
 import warnings
 
 from keras_vit import hub
-from keras_vit.models.config import ARCHITECTURES, EXTRA_ARCHITECTURES
+from keras_vit.checkpoints.bit import TIMM_BIT_ROWS
+from keras_vit.models.config import ARCHITECTURES, BIT_ARCHITECTURES, EXTRA_ARCHITECTURES
+
+
+def _known(architecture):
+    return architecture in ARCHITECTURES or architecture in EXTRA_ARCHITECTURES or architecture in BIT_ARCHITECTURES
 
 _GS = "gs://vit_models/"
 
@@ -179,7 +184,7 @@ PRESETS = [
     Preset(a, t, r, c, top1, repo, _GS + orig if orig else None, source=source)
     for rows, source in ((_TIMM_ROWS, "timm"), (_TRANSFORMERS_ROWS, "transformers"))
     for a, t, r, c, top1, repo, orig in rows
-]
+] + [Preset(a, t, r, c, top1, repo, source="timm") for a, t, r, c, top1, repo in TIMM_BIT_ROWS]
 
 #: The aliases every constructor accepts besides its tags.
 ALIASES = ("imagenet", "imagenet21k")
@@ -192,8 +197,8 @@ def register_preset(architecture, tag, resolution, repo, *, classes, top1=None, 
         >>> register_preset("ViTB16", "my_pets", 384, "me/vit-b16-pets", classes=37)  # doctest: +SKIP
         >>> model = keras_vit.ViTB16(weights="my_pets", input_shape=(384, 384, 3), classes=37)  # doctest: +SKIP
     """
-    if architecture not in ARCHITECTURES and architecture not in EXTRA_ARCHITECTURES:
-        raise ValueError(f"Unknown architecture {architecture!r}; known: {', '.join(ARCHITECTURES)}.")
+    if not _known(architecture):
+        raise ValueError(f"Unknown architecture {architecture!r}; known: {', '.join([*ARCHITECTURES, *BIT_ARCHITECTURES])}.")
     if tag in ALIASES:
         raise ValueError(f"{tag!r} is an alias ({', '.join(ALIASES)}); choose another tag.")
     preset = Preset(architecture, tag, int(resolution), int(classes), top1, repo, **fields)
@@ -212,10 +217,11 @@ def list_presets(architecture=None):
         >>> [(p.tag, p.resolution) for p in list_presets("ViTL32")]
         [('orig_in21k_ft_in1k', 384), ('orig_in21k', 224), ('google_in21k_ft_in1k', 384), ('google_in21k', 224)]
     """
-    if architecture is not None and architecture not in ARCHITECTURES and architecture not in EXTRA_ARCHITECTURES:
-        close = difflib.get_close_matches(str(architecture), list(ARCHITECTURES), n=3)
+    if architecture is not None and not _known(architecture):
+        known = [*ARCHITECTURES, *BIT_ARCHITECTURES]
+        close = difflib.get_close_matches(str(architecture), known, n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(f"Unknown architecture {architecture!r}.{hint} Known: {', '.join(ARCHITECTURES)}.")
+        raise ValueError(f"Unknown architecture {architecture!r}.{hint} Known: {', '.join(known)}.")
     return [p for p in PRESETS if architecture is None or p.architecture == architecture]
 
 
@@ -251,7 +257,7 @@ def _alias_rows(architecture, alias, image_size):
         best = max(at_size, key=lambda p: (p.top1 or 0.0, p.source == "timm"))
         return [p for p in in1k if p.tag == best.tag]
     # "imagenet21k" (and "imagenet" where nothing was fine-tuned): AugReg's trained 21k head first.
-    for tag in ("augreg_in21k", "orig_in21k", "google_in21k"):
+    for tag in ("augreg_in21k", "orig_in21k", "google_in21k", "goog_in21k"):
         chosen = [p for p in in21k if p.tag == tag]
         if chosen:
             return chosen
@@ -285,7 +291,7 @@ def find_preset(architecture, weights, image_size=None):
 
 def _preset_by_name(name, image_size):
     arch, _, tag = name.partition(".")
-    if arch in ARCHITECTURES or arch in EXTRA_ARCHITECTURES:
+    if _known(arch):
         return find_preset(arch, tag, image_size)
     by_repo = [p for p in PRESETS if p.repo.split("/", 1)[-1] == name]
     if by_repo:
@@ -343,6 +349,7 @@ def resolve_source(source, *, image_size=None):
 
 _ARCH_FIELDS = ("patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim", "classifier", "resnet")
 _MODEL_ARGS = ("image_size", "include_top", "classes", "pooling", "classifier_activation")
+_BIT_ARCH_FIELDS = ("block_units", "width_factor")
 
 
 def _describe(config):
@@ -350,7 +357,26 @@ def _describe(config):
     return text + (f", ResNet {tuple(config['resnet'][0])}" if config.get("resnet") else "")
 
 
+def _check_bit_architecture(architecture, config, weights):
+    expected = (tuple(architecture.block_units), architecture.width_factor)
+    got = (tuple(config.get("block_units") or ()), config.get("width_factor"))
+    if "block_units" not in config or got != expected:
+        held = f"BiT ResNet {got[0]} x{got[1]}" if "block_units" in config else "a Vision Transformer"
+        raise ValueError(
+            f"weights={weights!r} hold {held}, not {architecture.name} (units {expected[0]}, width x{expected[1]}). "
+            "Use the matching constructor, or keras_vit.load_checkpoint(), which builds whatever architecture the "
+            "checkpoint holds."
+        )
+
+
 def _check_architecture(architecture, config, weights):
+    if architecture.name in BIT_ARCHITECTURES:
+        return _check_bit_architecture(architecture, config, weights)
+    if "block_units" in config:
+        raise ValueError(
+            f"weights={weights!r} hold a BiT ResNet, not {architecture.name}. Use the matching BiTResNet constructor, "
+            "or keras_vit.load_checkpoint()."
+        )
     expected = architecture.kwargs()
     expected.setdefault("resnet", None)
     got = {k: config.get(k) for k in _ARCH_FIELDS}
@@ -417,5 +443,7 @@ def build_with_weights(architecture, weights, kwargs):
             "the trained head.",
             stacklevel=4,
         )
-    overrides = {k: v for k, v in kwargs.items() if k not in _MODEL_ARGS and k not in _ARCH_FIELDS}
+    overrides = {
+        k: v for k, v in kwargs.items() if k not in _MODEL_ARGS and k not in _ARCH_FIELDS + _BIT_ARCH_FIELDS
+    }
     return checkpoints.build_model(tree, config, **{k: kwargs.get(k) for k in _MODEL_ARGS}, **overrides)

@@ -6,6 +6,7 @@
     save_preset(model, "vit_b16_preset/")                      # a Keras preset folder
 """
 
+from keras_vit.checkpoints.bit import read_bit_npz, read_timm_bit, write_bit_npz
 from keras_vit.checkpoints.common import CheckpointError
 from keras_vit.checkpoints.keras_format import save_preset
 from keras_vit.checkpoints.loader import FORMATS, build_model, detect_format, load_checkpoint, read_checkpoint

@@ -21,11 +21,19 @@ WEIGHTS_FILE = "model.weights.h5"
 README_FILE = "README.md"
 
 
+_BIT_FIELDS = ("image_size", "block_units", "width_factor", "classes", "num_channels", "group_norm_epsilon",
+               "std_conv_epsilon", "std_conv_epsilon_inside_sqrt")
+
+
 def _unwrap(config, source):
     if "class_name" in config and "config" in config:  # keras.saving.serialize_keras_object form
-        if config["class_name"] != "VisionTransformer":
-            raise CheckpointError(f"{source}: config.json describes a {config['class_name']}, not a VisionTransformer.")
+        if config["class_name"] not in ("VisionTransformer", "BiTResNet"):
+            raise CheckpointError(
+                f"{source}: config.json describes a {config['class_name']}, not a VisionTransformer or BiTResNet."
+            )
         config = config["config"]
+    if "block_units" in config:  # a BiTResNet
+        return config
     if not {"patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim"} <= set(config):
         raise CheckpointError(
             f"{source}: config.json is not a keras_vit VisionTransformer config (it lacks patch_size, "
@@ -35,9 +43,12 @@ def _unwrap(config, source):
 
 
 def _model_from_config(config):
+    from keras_vit.models.bit import BiTResNet
     from keras_vit.models.vit import VisionTransformer
 
     kwargs = {k: v for k, v in config.items() if k not in ("name", "trainable", "dtype")}
+    if "block_units" in kwargs:
+        return BiTResNet(**kwargs)
     if kwargs.get("resnet") is not None:
         units, width = kwargs["resnet"]
         kwargs["resnet"] = (tuple(units), width)
@@ -49,6 +60,13 @@ def _tree_and_config(model):
 
     tree = get_weight_tree(model)
     full = model.get_config()
+    if "block_units" in full:  # a BiTResNet
+        config = {k: full[k] for k in _BIT_FIELDS}
+        config["image_size"] = tuple(config["image_size"])
+        config["block_units"] = tuple(config["block_units"])
+        if not full["include_top"]:
+            config["classes"] = None
+        return tree, config
     config = {k: full[k] for k in ARCHITECTURE_FIELDS if k in full}
     config["image_size"] = tuple(config["image_size"])
     if config.get("resnet") is not None:
@@ -98,7 +116,8 @@ def read_keras_preset(folder):
 
 
 def read_keras_file(path):
-    """Read a .keras file holding a keras_vit VisionTransformer -> (canonical tree, config)."""
+    """Read a .keras file holding a keras_vit VisionTransformer or BiTResNet -> (canonical tree, config)."""
+    from keras_vit.models.bit import BiTResNet
     from keras_vit.models.vit import VisionTransformer
 
     path = os.fspath(path)
@@ -109,8 +128,8 @@ def read_keras_file(path):
             f"Cannot read {path!r} ({type(err).__name__}: {err}). The file is truncated or corrupt, or was "
             "not saved from a keras_vit model; save it again with model.save()."
         ) from None
-    if not isinstance(model, VisionTransformer):
-        raise CheckpointError(f"{path}: holds a {type(model).__name__}, not a keras_vit VisionTransformer.")
+    if not isinstance(model, (VisionTransformer, BiTResNet)):
+        raise CheckpointError(f"{path}: holds a {type(model).__name__}, not a keras_vit VisionTransformer or BiTResNet.")
     return _tree_and_config(model)
 
 
@@ -147,7 +166,63 @@ model = keras_vit.load_checkpoint("{source}")
 """
 
 
+def _bit_model_card(model, metadata, folder):
+    c = model.get_config()
+    text = _BIT_CARD.format(
+        title=metadata.get("name") or os.path.basename(os.path.abspath(folder)),
+        units=tuple(c["block_units"]),
+        width=c["width_factor"],
+        image_size="x".join(str(s) for s in c["image_size"]),
+        classes=c["classes"] if c["include_top"] else "none (feature extractor)",
+        params=model.count_params(),
+        gn=c["group_norm_epsilon"],
+        ws=c["std_conv_epsilon"],
+        extra="".join(
+            f"| {k} | {v} |\n" for k, v in metadata.items() if isinstance(v, (str, int, float)) and k != "description"
+        ),
+        source=metadata.get("hub_id", os.path.abspath(folder)),
+    )
+    if metadata.get("description"):
+        text += "\n" + str(metadata["description"]).strip() + "\n"
+    return text
+
+
+_BIT_CARD = """---
+library_name: keras
+tags:
+- keras_vit
+- bit
+- resnet
+- image-classification
+---
+# {title}
+
+BiT ResNet-v2 weights for keras_vit (Keras 3: JAX, TensorFlow, PyTorch), the CNN baselines of
+"An Image is Worth 16x16 Words" (Dosovitskiy et al., ICLR 2021) from "Big Transfer (BiT)"
+(Kolesnikov et al., 2020).
+
+| | |
+|---|---|
+| architecture | BiT ResNet-v2, units per stage {units}, width x{width} |
+| image size | {image_size} |
+| classes | {classes} |
+| parameters | {params:,} |
+| numerics | GroupNorm eps {gn:g}, weight standardisation eps {ws:g} |
+{extra}
+## Usage
+
+```python
+import keras_vit
+
+model = keras_vit.load_checkpoint("{source}")
+# inputs: channels-last images scaled to [-1, 1] (keras_vit.preprocess_input)
+```
+"""
+
+
 def _model_card(model, metadata, folder):
+    if "block_units" in model.get_config():
+        return _bit_model_card(model, metadata, folder)
     c = model.get_config()
     arch = f"hidden {c['hidden_size']}, {c['num_layers']} layers, {c['num_heads']} heads, MLP {c['mlp_dim']}, patch {c['patch_size']}"
     if c.get("resnet"):
@@ -196,10 +271,11 @@ def save_preset(model, folder, metadata=None, readme=True):
         (None, 3)
     """
     from keras_vit import __version__
+    from keras_vit.models.bit import BiTResNet
     from keras_vit.models.vit import VisionTransformer
 
-    if not isinstance(model, VisionTransformer):
-        raise TypeError(f"save_preset expects a keras_vit VisionTransformer; got {type(model).__name__}.")
+    if not isinstance(model, (VisionTransformer, BiTResNet)):
+        raise TypeError(f"save_preset expects a keras_vit VisionTransformer or BiTResNet; got {type(model).__name__}.")
     folder = os.fspath(folder)
     os.makedirs(folder, exist_ok=True)
     metadata = dict(metadata or {})

@@ -9,7 +9,7 @@ from keras_vit.models.weight_tree import set_weight_tree, weight_variables
 FORMATS = ("npz", "timm", "transformers", "keras_preset", "keras", "keras_weights")
 
 _SUPPORTED = (
-    "an original .npz, a timm Hub folder (model.safetensors + config.json with 'architecture') or "
+    "an original .npz or BiT .npz, a timm Hub folder (model.safetensors + config.json with 'architecture') or "
     "timm .safetensors, a transformers ViT folder (config.json + model.safetensors), a Keras preset "
     "folder (config.json + model.weights.h5), a .keras file, or a .weights.h5 with config.json beside it"
 )
@@ -109,6 +109,8 @@ def read_checkpoint(path):
 
 def _read(path):
     """read_checkpoint, leaving safetensors weights lazy (read when assigned)."""
+    from keras_vit.checkpoints import bit
+
     path = os.fspath(path)
     fmt = detect_format(path)
     if fmt == "npz":
@@ -116,10 +118,14 @@ def _read(path):
 
         if os.path.isdir(path):
             path = os.path.join(path, next(f for f in os.listdir(path) if f.endswith(".npz")))
+        if bit.detect_bit_npz(path):
+            return bit.read_bit_npz(path)
         return read_npz(path)
     if fmt == "timm":
         from keras_vit.checkpoints.timm import read_timm
 
+        if bit.detect_timm_bit(path):
+            return bit.read_timm_bit(path, lazy=True)
         return read_timm(path, lazy=True)
     if fmt == "transformers":
         from keras_vit.checkpoints.transformers import read_transformers
@@ -163,8 +169,16 @@ def build_model(
         ValueError for impossible requests (e.g. no head in the checkpoint and classes=None).
     """
     from keras_vit.layers.init_scope import skip_random_init
+    from keras_vit.models.bit import is_bit_config
     from keras_vit.models.vit import VisionTransformer
 
+    if is_bit_config(config):
+        from keras_vit.checkpoints.bit import build_bit_model
+
+        return build_bit_model(
+            tree, config, image_size=image_size, include_top=include_top, classes=classes, pooling=pooling,
+            classifier_activation=classifier_activation, **overrides,
+        )
     kwargs = dict(config)
     ckpt_classes = kwargs.get("classes")
     fresh_head = False
@@ -236,7 +250,7 @@ def resolve(source, image_size=None):
 def load_checkpoint(
     source, *, image_size=None, include_top=True, classes=None, pooling=None, classifier_activation=None
 ):
-    """Load any supported checkpoint as a keras_vit VisionTransformer.
+    """Load any supported checkpoint as a keras_vit VisionTransformer (or BiTResNet, for BiT weights).
 
     The architecture and the source framework's numerics are read from the checkpoint itself.
 
