@@ -44,6 +44,7 @@ from keras_vit.checkpoints import (  # noqa: F401,E402
     save_preset,
     write_npz,
 )
+from keras_vit.flops import flops, pretraining_exaflops  # noqa: F401,E402
 from keras_vit.imagenet import decode_predictions, preprocess_input  # noqa: F401,E402
 from keras_vit.presets import list_presets  # noqa: F401,E402
 
