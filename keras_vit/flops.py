@@ -164,3 +164,24 @@ def pretraining_exaflops(architecture, epochs, images=JFT_IMAGES, image_size=224
         4262
     """
     return 3 * flops(architecture, image_size) * images * epochs / 1e18
+
+
+def constructor_table():
+    """Markdown table of every constructor: parameters (1000 classes, 224 px) and forward GFLOPs.
+    Builds each model once (without random initialisation) to count its parameters."""
+    import keras
+
+    from keras_vit import applications
+    from keras_vit.layers.init_scope import skip_random_init
+
+    lines = ["| constructor | model | parameters | GFLOPs (224 px) |", "|---|---|---:|---:|"]
+    for name, build in {**applications.CONSTRUCTORS, **applications.BIT_CONSTRUCTORS}.items():
+        with skip_random_init():
+            params = build(weights=None).count_params()
+        keras.utils.clear_session(free_memory=True)
+        lines.append(f"| `{name}` | {get_architecture(name).paper_name} | {params:,} | {flops(name) / 1e9:.1f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m keras_vit.flops: the README's table of constructors
+    print(constructor_table())
