@@ -249,7 +249,7 @@ result["type"] = type(m).__name__
 print("RESULT" + json.dumps(result))
 """
     with HubServer(root / "repos") as server:
-        out = run_hub_python(code, hub_env(server, tmp_path))
+        out = run_hub_python(code, hub_env(server, tmp_path), timeout=900)
     result = json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")][-1][len("RESULT"):])
     assert result["type"] == "BiTResNet"
     assert _rel_err(result["tiny"], timm_side["ref_x64"]) < 2e-5
