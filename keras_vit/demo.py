@@ -144,7 +144,8 @@ def main(argv=None):
     if args.quick:
         pre.update(steps=QUICK["pretrain_steps"], warmup=2)
         ft.update(steps=QUICK["finetune_steps"], warmup=2)
-    run.save_config({"model": MODEL, "pretrain": pre, "finetune": ft, "scratch": scratch, "augment": AUGMENT, "pretrain_augment": PRETRAIN_AUGMENT,
+    run.save_config({"model": MODEL, "pretrain": pre, "finetune": ft, "scratch": scratch, "augment": AUGMENT,
+                     "pretrain_augment": PRETRAIN_AUGMENT,
                      "pretrain_classes": PRETRAIN_CLASSES, "transfer_classes": TRANSFER_CLASSES,
                      "labels_per_class": LABELS_PER_CLASS, "quick": args.quick,
                      "backend": keras.backend.backend(), "seed": args.seed})

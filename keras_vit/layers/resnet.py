@@ -426,26 +426,24 @@ class PreActBottleneckUnit(keras.layers.Layer):
         self.group_norm_epsilon = float(group_norm_epsilon)
         self.std_conv_epsilon = float(std_conv_epsilon)
         self.std_conv_epsilon_inside_sqrt = bool(std_conv_epsilon_inside_sqrt)
-        f = self.features
-
-        def conv(filters, kernel, strides, name):
-            return StdConv2D(
-                filters, kernel, strides, self.std_conv_epsilon, self.std_conv_epsilon_inside_sqrt,
-                padding="symmetric", dtype=self.dtype_policy, name=name,
-            )
-
-        def norm(name):
-            return GroupNorm(32, self.group_norm_epsilon, relu=True, dtype=self.dtype_policy, name=name)
-
+        f, norm, conv = self.features, self._norm, self._conv
         self.a_norm, self.a_conv = norm("a_group_norm"), conv(f, 1, 1, "a_standardized_conv2d")
         self.b_norm, self.b_conv = norm("b_group_norm"), conv(f, 3, self.strides, "b_standardized_conv2d")
         self.c_norm, self.c_conv = norm("c_group_norm"), conv(4 * f, 1, 1, "c_standardized_conv2d")
-        self._make_proj = lambda: conv(4 * f, 1, self.strides, "a_proj")
         self.proj = None
+
+    def _conv(self, filters, kernel, strides, name):
+        return StdConv2D(
+            filters, kernel, strides, self.std_conv_epsilon, self.std_conv_epsilon_inside_sqrt,
+            padding="symmetric", dtype=self.dtype_policy, name=name,
+        )
+
+    def _norm(self, name):
+        return GroupNorm(32, self.group_norm_epsilon, relu=True, dtype=self.dtype_policy, name=name)
 
     def build(self, input_shape):
         if input_shape[-1] != 4 * self.features or self.strides != 1:
-            self.proj = self._make_proj()
+            self.proj = self._conv(4 * self.features, 1, self.strides, "a_proj")
             self.proj.build(input_shape)
         shape = input_shape
         for norm, conv in ((self.a_norm, self.a_conv), (self.b_norm, self.b_conv), (self.c_norm, self.c_conv)):

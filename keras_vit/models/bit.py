@@ -77,7 +77,9 @@ class BiTResNet(keras.Model):
         height, width = _image_shape(image_size)
         block_units = tuple(int(u) for u in block_units)
         if not block_units or any(u < 1 for u in block_units):
-            raise ValueError(f"block_units must be one or more positive unit counts, e.g. (3, 4, 6, 3); got {block_units!r}.")
+            raise ValueError(
+                f"block_units must be one or more positive unit counts, e.g. (3, 4, 6, 3); got {block_units!r}."
+            )
         if pooling not in _POOLING:
             raise ValueError(f"pooling must be one of None, 'avg' (alias 'gap') or 'max'; got {pooling!r}.")
         if include_top and (classes is None or int(classes) < 1):
