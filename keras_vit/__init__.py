@@ -15,11 +15,12 @@ def _import_public_api():
     keras.saving."""
     # === Models ===
     from keras_vit import layers  # noqa: F401
-    from keras_vit.applications import CONSTRUCTORS
-    from keras_vit.models import VisionTransformer, get_weight_tree, set_weight_tree  # noqa: F401
+    from keras_vit.applications import BIT_CONSTRUCTORS, CONSTRUCTORS
+    from keras_vit.models import BiTResNet, VisionTransformer, get_weight_tree, set_weight_tree  # noqa: F401
 
     # === Checkpoints, presets and loading ===
     from keras_vit.checkpoints import CheckpointError, read_checkpoint, save_preset, write_npz  # noqa: F401
+    from keras_vit.flops import flops, pretraining_exaflops  # noqa: F401
     from keras_vit.imagenet import decode_predictions, preprocess_input  # noqa: F401
     from keras_vit.loading import build_from_checkpoint as build_model  # noqa: F401
     from keras_vit.loading import load_checkpoint  # noqa: F401
@@ -29,8 +30,8 @@ def _import_public_api():
     from keras_vit import analysis, data, performance, training  # noqa: F401
     from keras_vit.distribution import get_layout_map  # noqa: F401
 
-    public = {k: v for k, v in locals().items() if k != "CONSTRUCTORS"}
-    globals().update(public, **CONSTRUCTORS)
+    public = {k: v for k, v in locals().items() if k not in ("CONSTRUCTORS", "BIT_CONSTRUCTORS")}
+    globals().update(public, **CONSTRUCTORS, **BIT_CONSTRUCTORS)
 
 
 def _started_as_command():

@@ -6,7 +6,8 @@ that `weights=` can load while models/ stays below checkpoints/.
 
 import keras
 
-from keras_vit.models.config import ARCHITECTURES, TABLE_FIELDS, UnknownArgumentError, ViTConfig, get_architecture, suggest
+from keras_vit.models.bit import BiTResNet
+from keras_vit.models.config import ARCHITECTURES, BIT_ARCHITECTURES, TABLE_FIELDS, UnknownArgumentError, ViTConfig, get_architecture, suggest
 from keras_vit.models.vit import VisionTransformer
 
 _DOC = """Instantiates the {paper_name} architecture{hybrid}.
@@ -152,4 +153,142 @@ def _make_constructor(arch):
 CONSTRUCTORS = {name: _make_constructor(arch) for name, arch in ARCHITECTURES.items()}
 globals().update(CONSTRUCTORS)
 
-__all__ = ["build_application", *CONSTRUCTORS]
+
+# === The paper's CNN baselines: BiT ResNet-v2 ===
+
+_BIT_DOC = """Instantiates the BiT {paper_name} architecture, one of the paper's CNN baselines.
+
+Reference: "Big Transfer (BiT): General Visual Representation Learning" (Kolesnikov et al.,
+ECCV 2020), compared against in "An Image is Worth 16x16 Words" (Dosovitskiy et al., ICLR 2021).
+A pre-activation ResNet-v2 with GroupNorm and weight-standardised convolutions: units per stage
+{block_units}, width x{width_factor}.{unreleased}
+
+Inputs are channels-last images scaled to [-1, 1] (see `keras_vit.preprocess_input`).
+
+Args:
+    include_top: whether to end in the classification head (GN+ReLU, average pool, 1x1 conv).
+    weights: None (random initialisation), a preset tag (see `keras_vit.list_presets("{name}")`;
+        aliases "imagenet" and "imagenet21k"), a local checkpoint path (a timm folder or
+        .safetensors, a BiT .npz, a Keras preset), or "hf://owner/repo".
+    input_tensor: optional Keras tensor to use as the image input.
+    input_shape: (height, width, 3); default (224, 224, 3). Any size, also (None, None, 3): the
+        network is fully convolutional.
+    pooling: with include_top=False: None returns the (batch, h, w, channels) features; "avg" or
+        "max" pool them to (batch, channels).
+    classes: classes of the head. With pretrained weights, a value other than the checkpoint's
+        attaches a fresh zero-initialised head.
+    classifier_activation: activation of the head; None returns logits.
+    name: model name.
+    **overrides: other `keras_vit.models.BiTResNet` arguments (numerics fields, dtype).
+
+Returns:
+    A `keras_vit.models.BiTResNet` (a `keras.Model`).
+
+Example:
+    >>> model = keras_vit.{name}(weights=None, input_shape=(224, 224, 3))
+"""
+
+
+def _bit_image_size(input_shape, input_tensor):
+    if input_tensor is not None and input_shape is None:
+        input_shape = tuple(input_tensor.shape[1:])
+    if input_shape is None:
+        return (224, 224), 3
+    shape = tuple(input_shape)
+    if len(shape) == 2:
+        shape = shape + (3,)
+    if len(shape) != 3 or shape[2] is None:
+        raise ValueError(f"input_shape must be (height, width, channels); got {input_shape!r}.")
+    return tuple(None if s is None else int(s) for s in shape[:2]), int(shape[2])
+
+
+def build_bit_application(
+    architecture,
+    include_top=True,
+    weights="imagenet",
+    input_tensor=None,
+    input_shape=None,
+    pooling=None,
+    classes=1000,
+    classifier_activation="softmax",
+    name=None,
+    **overrides,
+):
+    """Build the BiT constructor `architecture` (a name of the BiT table) as keras.applications does."""
+    arch = BIT_ARCHITECTURES[architecture]
+    allowed = set(BiTResNet.__init__.__kwdefaults__) - {
+        "block_units", "width_factor", "image_size", "include_top", "pooling", "classes", "classifier_activation", "name"
+    }
+    unknown = sorted(set(overrides) - allowed)
+    if unknown:
+        raise ValueError(
+            f"Unknown override(s) for {architecture}: {', '.join(map(repr, unknown))}. "
+            f"Valid overrides: {', '.join(sorted(allowed))}."
+        )
+    image_size, channels = _bit_image_size(input_shape, input_tensor)
+    kwargs = dict(arch.kwargs())
+    kwargs.update(overrides)
+    kwargs.update(
+        image_size=image_size,
+        num_channels=channels,
+        include_top=include_top,
+        pooling=pooling,
+        classes=classes,
+        classifier_activation=classifier_activation,
+        name=name or arch.name.lower(),
+    )
+    if weights is None:
+        model = BiTResNet(**kwargs)
+    else:
+        from keras_vit.loading import load
+
+        for key in arch.kwargs():
+            kwargs.pop(key, None)  # the checkpoint states the architecture; load() checks it is `arch`
+        model = load(weights, architecture=arch, **kwargs)
+    if input_tensor is not None:
+        inputs = keras.utils.get_source_inputs(input_tensor)
+        outputs = model(input_tensor)
+        return keras.Model(inputs, outputs, name=model.name)
+    return model
+
+
+def _make_bit_constructor(arch):
+    def constructor(
+        include_top=True,
+        weights="imagenet",
+        input_tensor=None,
+        input_shape=None,
+        pooling=None,
+        classes=1000,
+        classifier_activation="softmax",
+        name=None,
+        **overrides,
+    ):
+        return build_bit_application(
+            arch.name,
+            include_top=include_top,
+            weights=weights,
+            input_tensor=input_tensor,
+            input_shape=input_shape,
+            pooling=pooling,
+            classes=classes,
+            classifier_activation=classifier_activation,
+            name=name,
+            **overrides,
+        )
+
+    constructor.__name__ = constructor.__qualname__ = arch.name
+    constructor.__doc__ = _BIT_DOC.format(
+        name=arch.name,
+        paper_name=arch.paper_name.replace(" (BiT)", ""),
+        block_units=arch.block_units,
+        width_factor=arch.width_factor,
+        unreleased="" if arch.timm_name else " Its weights were never released: weights=None only.",
+    )
+    return constructor
+
+
+BIT_CONSTRUCTORS = {name: _make_bit_constructor(arch) for name, arch in BIT_ARCHITECTURES.items()}
+globals().update(BIT_CONSTRUCTORS)
+
+__all__ = ["build_application", "build_bit_application", *CONSTRUCTORS, *BIT_CONSTRUCTORS]

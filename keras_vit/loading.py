@@ -167,7 +167,7 @@ class HeadPlan:
 
 
 def plan_head(config, *, include_top=True, classes=None, pooling=None, keep_representation=True, fresh_head=False,
-              source=None, warn=True):
+              source=None, warn=True, head="head/", features_pooling=None):
     """The one head policy of every load.
 
     - include_top=None: the model as the checkpoint is: its head when it has one, otherwise
@@ -179,13 +179,15 @@ def plan_head(config, *, include_top=True, classes=None, pooling=None, keep_repr
       (unless `warn=False`): pass the checkpoint's classes to keep it.
     - fresh_head=True: a fresh head whatever the classes (training.for_finetuning).
     - keep_representation=False drops `pre_logits` (the paper drops it for fine-tuning).
+    `head` is the prefix of the head's weights in the tree; `features_pooling` how a headless
+    model is pooled "as it is" (default: its classifier's pooling).
     """
     ckpt_classes = config.get("classes")
     what = f" {source!r}" if source else ""
     if include_top is None:
         include_top = ckpt_classes is not None
         if not include_top and pooling is None:
-            pooling = config.get("classifier", "token")
+            pooling = features_pooling or config.get("classifier", "token")
     skip, allow_missing = [], []
     if include_top:
         if classes is None:
@@ -203,12 +205,12 @@ def plan_head(config, *, include_top=True, classes=None, pooling=None, keep_repr
                     f"classes={ckpt_classes} to keep the trained head.",
                     stacklevel=5,
                 )
-            skip.append("head/")
-            allow_missing.append("head/")
+            skip.append(head)
+            allow_missing.append(head)
     else:
-        skip.append("head/")
+        skip.append(head)
     args = dict(include_top=bool(include_top), classes=int(classes or ckpt_classes or 1000), pooling=pooling)
-    if not keep_representation:
+    if not keep_representation and "representation_size" in config:
         args["representation_size"] = None
         skip.append("pre_logits/")
     return HeadPlan(args, tuple(skip), tuple(allow_missing))
@@ -218,27 +220,60 @@ def plan_head(config, *, include_top=True, classes=None, pooling=None, keep_repr
 
 
 def _describe(config):
+    if config.get("block_units") is not None:
+        return f"BiT ResNet units {tuple(config['block_units'])}, width x{config.get('width_factor')}"
+    if config.get("hidden_size") is None:
+        return "another model family"
     text = (f"hidden {config['hidden_size']}, {config['num_layers']} layers, {config['num_heads']} heads, "
             f"patch {config['patch_size']}")
     return text + (f", ResNet {tuple(config['resnet'][0])}" if config.get("resnet") else "")
 
 
+def _comparable(key, value):
+    if key == "resnet" and value is not None:
+        return (tuple(value[0]), value[1])
+    if key == "block_units" and value is not None:
+        return tuple(value)
+    return value
+
+
 def check_architecture(architecture, config, source):
-    """Raise a ValueError when the checkpoint `config` is not the architecture-table row `architecture`."""
+    """Raise a ValueError when the checkpoint `config` is not the architecture-table row
+    `architecture` (a ViT `Architecture` or a `BiTArchitecture`)."""
     expected = dict(architecture.kwargs())
-    expected.setdefault("resnet", None)
-    got = {}
-    for key in expected:
-        value = config.get(key)
-        if key == "resnet" and value is not None:
-            value = (tuple(value[0]), value[1])
-        got[key] = value
+    if "patch_size" in expected:
+        expected.setdefault("resnet", None)
+    expected = {k: _comparable(k, v) for k, v in expected.items()}
+    got = {k: _comparable(k, config.get(k)) for k in expected}
     if got != expected:
         raise ValueError(
-            f"weights={source!r} hold a different architecture ({_describe(got)}) than {architecture.name} "
-            f"({_describe(expected)}). Use the matching constructor, or keras_vit.load_checkpoint(), which builds "
-            "whatever architecture the checkpoint holds."
+            f"weights={source!r} hold a different architecture ({_describe(config)}) than {architecture.name} "
+            f"({_describe(dict(architecture.kwargs()))}). Use the matching constructor, or keras_vit.load_checkpoint(), "
+            "which builds whatever architecture the checkpoint holds."
         )
+
+
+@dataclasses.dataclass(frozen=True)
+class _Family:
+    """What the loading path needs to know of a model family."""
+
+    model: str  # "module:Class" of the keras.Model
+    head: str  # prefix of the head's weights in the canonical tree
+    features_pooling: str  # how "the checkpoint as it is" pools a headless model (None: its classifier)
+
+    def model_class(self):
+        import importlib
+
+        module, name = self.model.split(":")
+        return getattr(importlib.import_module(module), name)
+
+
+_VIT = _Family("keras_vit.models.vit:VisionTransformer", "head/", None)
+_BIT = _Family("keras_vit.models.bit:BiTResNet", "resnet/head/", "avg")
+
+
+def _family(config):
+    return _BIT if "block_units" in config else _VIT
 
 
 def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, classes=None, pooling=None,
@@ -261,11 +296,12 @@ def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, cl
     import keras
 
     from keras_vit.layers.init_scope import skip_random_init
-    from keras_vit.models.vit import VisionTransformer
     from keras_vit.models.weight_tree import set_weight_tree, weight_variables
 
+    family = _family(config)
     plan = plan_head(config, include_top=include_top, classes=classes, pooling=pooling,
-                     keep_representation=keep_representation, fresh_head=fresh_head, source=source, warn=warn)
+                     keep_representation=keep_representation, fresh_head=fresh_head, source=source, warn=warn,
+                     head=family.head, features_pooling=family.features_pooling)
     kwargs = dict(config)
     kwargs.update(plan.model_args, classifier_activation=classifier_activation)
     if image_size is not None:
@@ -275,15 +311,15 @@ def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, cl
     # checkpoint tensor its variable's initial value, read from the file when the scope ends and
     # initialises them one at a time. A fresh head starts at zero; nothing random is drawn.
     with skip_random_init(), keras.StatelessScope():
-        model = VisionTransformer(**kwargs)
+        model = family.model_class()(**kwargs)
         if hasattr(tree, "bind"):
             tree = tree.bind(model)
         present = {k.split("/", 1)[0] for k in weight_variables(model)}
-        skip = plan.skip + tuple(f"{p}/" for p in ("head", "pre_logits") if p not in present)
+        skip = plan.skip + tuple(f"{p}/" for p in ("head", "pre_logits") if p not in present and family is _VIT)
         set_weight_tree(
             model,
             tree,
-            source_grid=source_grid(config),
+            source_grid=source_grid(config) if family is _VIT else None,
             resize_rule=config.get("position_embedding_resize"),
             skip=skip,
             allow_missing=plan.allow_missing,

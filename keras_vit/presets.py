@@ -21,7 +21,11 @@ the requested input size is used (224 vs 384); position embeddings are resized f
 import dataclasses
 import difflib
 
-from keras_vit.models.config import ARCHITECTURES, all_architectures
+from keras_vit.models.config import ARCHITECTURES, BIT_ARCHITECTURES, all_architectures
+
+
+def _known(architecture):
+    return architecture in all_architectures() or architecture in BIT_ARCHITECTURES
 
 _GS = "gs://vit_models/"
 
@@ -170,12 +174,37 @@ _TRANSFORMERS_ROWS = [
     ("ViTH14", "google_in21k", 224, 0, None, "google/vit-huge-patch14-224-in21k", "imagenet21k/ViT-H_14.npz"),
 ]
 
+# The paper's CNN baselines: timm's ports of the BiT ResNet-v2 weights (google-research/big_transfer).
+# (constructor, tag, resolution, classes, ImageNet-1k top-1 from timm's results-imagenet.csv, Hub repo)
+_TIMM_BIT_ROWS = [
+    ("BiTResNet50x1", "goog_in21k_ft_in1k", 448, 1000, 80.340, "timm/resnetv2_50x1_bit.goog_in21k_ft_in1k"),
+    ("BiTResNet50x1", "goog_distilled_in1k", 224, 1000, 82.820, "timm/resnetv2_50x1_bit.goog_distilled_in1k"),
+    ("BiTResNet50x1", "goog_in21k", 224, 21843, None, "timm/resnetv2_50x1_bit.goog_in21k"),
+    ("BiTResNet50x3", "goog_in21k_ft_in1k", 448, 1000, 84.020, "timm/resnetv2_50x3_bit.goog_in21k_ft_in1k"),
+    ("BiTResNet50x3", "goog_in21k", 224, 21843, None, "timm/resnetv2_50x3_bit.goog_in21k"),
+    ("BiTResNet101x1", "goog_in21k_ft_in1k", 448, 1000, 82.342, "timm/resnetv2_101x1_bit.goog_in21k_ft_in1k"),
+    ("BiTResNet101x1", "goog_in21k", 224, 21843, None, "timm/resnetv2_101x1_bit.goog_in21k"),
+    ("BiTResNet101x3", "goog_in21k_ft_in1k", 448, 1000, 84.438, "timm/resnetv2_101x3_bit.goog_in21k_ft_in1k"),
+    ("BiTResNet101x3", "goog_in21k", 224, 21843, None, "timm/resnetv2_101x3_bit.goog_in21k"),
+    ("BiTResNet152x2", "goog_in21k_ft_in1k", 448, 1000, 84.510, "timm/resnetv2_152x2_bit.goog_in21k_ft_in1k"),
+    ("BiTResNet152x2", "goog_teacher_in21k_ft_in1k", 224, 1000, 82.876,
+     "timm/resnetv2_152x2_bit.goog_teacher_in21k_ft_in1k"),
+    ("BiTResNet152x2", "goog_teacher_in21k_ft_in1k_384", 384, 1000, 83.834,
+     "timm/resnetv2_152x2_bit.goog_teacher_in21k_ft_in1k_384"),
+    ("BiTResNet152x2", "goog_in21k", 224, 21843, None, "timm/resnetv2_152x2_bit.goog_in21k"),
+    ("BiTResNet152x4", "goog_in21k_ft_in1k", 480, 1000, 84.916, "timm/resnetv2_152x4_bit.goog_in21k_ft_in1k"),
+    ("BiTResNet152x4", "goog_in21k", 224, 21843, None, "timm/resnetv2_152x4_bit.goog_in21k"),
+]
+
 #: Every preset, keyed by its Hub repository, in table order. Extend it with `register_preset`.
 PRESETS = {
     repo: Preset(a, t, r, c, top1, repo, _GS + orig if orig else None, source=source)
     for rows, source in ((_TIMM_ROWS, "timm"), (_TRANSFORMERS_ROWS, "transformers"))
     for a, t, r, c, top1, repo, orig in rows
 }
+PRESETS.update(
+    (repo, Preset(a, t, r, c, top1, repo, source="timm")) for a, t, r, c, top1, repo in _TIMM_BIT_ROWS
+)
 #: The presets by repository name without the owner (timm's "<architecture>.<tag>" names).
 _BY_REPO_NAME = {repo.split("/", 1)[-1]: p for repo, p in PRESETS.items()}
 
@@ -190,8 +219,8 @@ def register_preset(architecture, tag, resolution, repo, *, classes, top1=None, 
         >>> register_preset("ViTB16", "my_pets", 384, "me/vit-b16-pets", classes=37)  # doctest: +SKIP
         >>> model = keras_vit.ViTB16(weights="my_pets", input_shape=(384, 384, 3), classes=37)  # doctest: +SKIP
     """
-    if architecture not in all_architectures():
-        raise ValueError(f"Unknown architecture {architecture!r}; known: {', '.join(ARCHITECTURES)}.")
+    if not _known(architecture):
+        raise ValueError(f"Unknown architecture {architecture!r}; known: {', '.join([*ARCHITECTURES, *BIT_ARCHITECTURES])}.")
     if tag in ALIASES:
         raise ValueError(f"{tag!r} is an alias ({', '.join(ALIASES)}); choose another tag.")
     preset = Preset(architecture, tag, int(resolution), int(classes), top1, repo, **fields)
@@ -214,10 +243,11 @@ def list_presets(architecture=None):
         >>> [(p.tag, p.resolution) for p in list_presets("ViTL32")]
         [('orig_in21k_ft_in1k', 384), ('orig_in21k', 224), ('google_in21k_ft_in1k', 384), ('google_in21k', 224)]
     """
-    if architecture is not None and architecture not in all_architectures():
-        close = difflib.get_close_matches(str(architecture), list(ARCHITECTURES), n=3)
+    if architecture is not None and not _known(architecture):
+        known = [*ARCHITECTURES, *BIT_ARCHITECTURES]
+        close = difflib.get_close_matches(str(architecture), known, n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(f"Unknown architecture {architecture!r}.{hint} Known: {', '.join(ARCHITECTURES)}.")
+        raise ValueError(f"Unknown architecture {architecture!r}.{hint} Known: {', '.join(known)}.")
     return [p for p in PRESETS.values() if architecture is None or p.architecture == architecture]
 
 
@@ -253,7 +283,7 @@ def _alias_rows(architecture, alias, image_size):
         best = max(at_size, key=lambda p: (p.top1 or 0.0, p.source == "timm"))
         return [p for p in in1k if p.tag == best.tag]
     # "imagenet21k" (and "imagenet" where nothing was fine-tuned): AugReg's trained 21k head first.
-    for tag in ("augreg_in21k", "orig_in21k", "google_in21k"):
+    for tag in ("augreg_in21k", "orig_in21k", "google_in21k", "goog_in21k"):
         chosen = [p for p in in21k if p.tag == tag]
         if chosen:
             return chosen
@@ -294,7 +324,7 @@ def preset_by_name(name, image_size=None):
         ValueError for a known constructor with an unknown tag (naming the valid ones).
     """
     arch, _, tag = str(name).partition(".")
-    if arch in all_architectures():
+    if _known(arch):
         return find_preset(arch, tag, image_size)
     return _BY_REPO_NAME.get(name)
 

@@ -19,6 +19,10 @@ def test_presets_table(capsys):
     assert "ViTB16" not in out
     line = next(ln for ln in out.splitlines() if "augreg_in21k_ft_in1k  224" in ln)
     assert "imagenet" in line  # the alias marks the default (224) choice
+    assert "GFLOPS" in out and " 123.1 " in line  # ViT-L/16 at 224: 123.1 GFLOPs per image (keras_vit.flops)
+    assert main(["presets", "BiTResNet50x1"]) == 0
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if "goog_distilled_in1k" in ln)
+    assert " 8.2 " in line and "imagenet" in line
 
 
 def test_presets_json_and_unknown_architecture(capsys):

@@ -1,4 +1,5 @@
-"""`make demo` (python -m keras_vit.demo) in its quick mode: run folder and final line."""
+"""`make demo` (python -m keras_vit.demo): pre-training on the digits 0-4 transfers to the digits 5-9
+with few labels at a higher resolution, and beats the same ViT trained from scratch."""
 
 import json
 import os
@@ -12,23 +13,42 @@ from keras_vit import demo
 
 
 @pytest.mark.slow
-def test_demo_quick_mode(tmp_path, capsys):
-    demo.main(["--quick", "--out", str(tmp_path), "--verbose", "0"])
+def test_demo_transfer_beats_training_from_scratch(tmp_path, capsys):
+    fine_tuned, scratch = demo.main(["--out", str(tmp_path), "--verbose", "0", "--seed", "0"])
     lines = capsys.readouterr().out.strip().splitlines()
-    assert re.fullmatch(r"test accuracy: [01]\.\d{4}", lines[-1]), lines[-3:]
+    match = re.fullmatch(r"test accuracy: ([01]\.\d{4}) \(from scratch: ([01]\.\d{4})\)", lines[-1])
+    assert match, lines[-3:]
+    assert (float(match.group(1)), float(match.group(2))) == (round(fine_tuned, 4), round(scratch, 4))
+    # Five classes: chance is 0.2, and a model that did not learn (or a broken transfer) stays far
+    # below 0.7; the pre-trained one must beat the one trained from scratch by 5 points.
+    assert fine_tuned >= 0.7
+    assert fine_tuned > scratch + 0.05
     assert any("position embeddings resized (4, 4) -> (8, 8)" in line for line in lines)
     files = set(os.listdir(tmp_path))
     assert {"config.json", "metrics.json", "metrics.csv", "history.csv", "curves.png", "attention_rollout.png",
-            "pretrained.keras", "model.keras"} <= files
+            "pretrained.keras", "model.keras", "scratch.keras"} <= files
     metrics = json.loads((tmp_path / "metrics.json").read_text())
-    assert metrics["quick"] and metrics["test_examples"] == 360
-    assert f"{metrics['test_accuracy']:.4f}" == lines[-1].split(": ")[1]
+    assert metrics["labelled_examples"] == 5 * demo.LABELS_PER_CLASS
+    assert metrics["test_examples"] == 167  # the test images of the digits 5-9
     stages = [row.split(",")[0] for row in (tmp_path / "history.csv").read_text().splitlines()[1:]]
-    assert stages == ["pretrain"] * 3 + ["finetune"] * 3
+    assert stages == ["pretrain"] * 2 + ["finetune"] * 2 + ["scratch"] * 2
     pretrained = keras.saving.load_model(tmp_path / "pretrained.keras")
     finetuned = keras.saving.load_model(tmp_path / "model.keras")
     assert isinstance(finetuned, keras_vit.VisionTransformer)
     assert pretrained.image_size == (16, 16) and finetuned.image_size == (32, 32) and finetuned.grid_size == (8, 8)
+    assert pretrained.classes == 5 and finetuned.classes == 5
+
+
+def test_few_labels_are_drawn_per_class_and_relabelled():
+    import numpy as np
+
+    labels = np.array([5, 6, 7, 8, 9, 0, 1] * 20)
+    images = np.arange(len(labels))
+    x, y = demo.select(images, labels, demo.TRANSFER_CLASSES, per_class=10, seed=3)
+    assert len(x) == 50 and sorted(set(y.tolist())) == [0, 1, 2, 3, 4]
+    assert all(labels[x][y == i].tolist() == [c] * 10 for i, c in enumerate(demo.TRANSFER_CLASSES))
+    again, _ = demo.select(images, labels, demo.TRANSFER_CLASSES, per_class=10, seed=3)
+    assert again.tolist() == x.tolist()
 
 
 def test_demo_runs_as_a_module_with_make():

@@ -36,13 +36,21 @@ WEIGHTS_FILE = "model.weights.h5"
 README_FILE = "README.md"
 
 
+_BIT_FIELDS = ("image_size", "block_units", "width_factor", "classes", "num_channels", "group_norm_epsilon",
+               "std_conv_epsilon", "std_conv_epsilon_inside_sqrt")
+
+
 def _unwrap(config, source):
     if not isinstance(config, dict):
         raise CheckpointError(f"{source}: config.json does not hold a JSON object.")
     if "class_name" in config and "config" in config:  # keras.saving.serialize_keras_object form
-        if config["class_name"] != "VisionTransformer":
-            raise CheckpointError(f"{source}: config.json describes a {config['class_name']}, not a VisionTransformer.")
+        if config["class_name"] not in ("VisionTransformer", "BiTResNet"):
+            raise CheckpointError(
+                f"{source}: config.json describes a {config['class_name']}, not a VisionTransformer or BiTResNet."
+            )
         config = config["config"]
+    if isinstance(config, dict) and "block_units" in config:  # a BiTResNet
+        return config
     if not isinstance(config, dict) or not {"patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim"} <= set(config):
         raise CheckpointError(
             f"{source}: config.json is not a keras_vit VisionTransformer config (it lacks patch_size, "
@@ -126,18 +134,29 @@ def _checked(model_config, source):
     `source` (checked before any model is built from it)."""
     from keras_vit.models.config import ViTConfig
 
-    with reading(source):
-        ViTConfig.from_dict(model_config)
+    if not _is_bit(model_config):
+        with reading(source):
+            ViTConfig.from_dict(model_config)
     return model_config
+
+
+def _is_bit(config):
+    return "block_units" in config
 
 
 def checkpoint_config(model_config):
     """The checkpoint config (architecture + numerics, as the other readers infer it) of a
-    VisionTransformer `get_config()`: `classes` None when the file has no head, and
-    `representation_size` None when it has no `pre_logits` layer."""
-    config = {k: model_config[k] for k in ARCHITECTURE_FIELDS if k in model_config}
+    VisionTransformer (or BiTResNet) `get_config()`: `classes` None when the file has no head,
+    and `representation_size` None when it has no `pre_logits` layer."""
+    fields = _BIT_FIELDS if _is_bit(model_config) else ARCHITECTURE_FIELDS
+    config = {k: model_config[k] for k in fields if k in model_config}
     size = config["image_size"]
     config["image_size"] = (size, size) if isinstance(size, int) else tuple(size)
+    if _is_bit(config):
+        config["block_units"] = tuple(config["block_units"])
+        if not model_config.get("include_top", True):
+            config["classes"] = None
+        return config
     if config.get("resnet") is not None:
         config["resnet"] = (tuple(config["resnet"][0]), config["resnet"][1])
     include_top = model_config.get("include_top", True)
@@ -207,7 +226,7 @@ class KerasWeights:
             optional = key.startswith(_MAY_DIFFER)
             dataset = handle.get(path)
             if dataset is None or not hasattr(dataset, "shape"):
-                if not key.startswith(("head/", "pre_logits/")):
+                if not key.startswith(("head/", "pre_logits/", "resnet/head/")):
                     problems.append(f"no weight for {key}")
                 continue
             if not optional and tuple(dataset.shape) != tuple(variables[key].shape):
@@ -224,15 +243,16 @@ class KerasWeights:
     def materialize(self, config):
         """{canonical key: array} of the file, through a model of `config` (read_checkpoint only)."""
         from keras_vit.layers.init_scope import skip_random_init
+        from keras_vit.models.bit import BiTResNet
         from keras_vit.models.vit import VisionTransformer
 
         with skip_random_init():
-            model = VisionTransformer(**_model_kwargs(config))
+            model = (BiTResNet if _is_bit(config) else VisionTransformer)(**_model_kwargs(config))
         return materialize(self.bind(model))
 
 
 #: Weights whose shape a load may change: the position embedding (resized) and the head (replaced).
-_MAY_DIFFER = ("Transformer/posembed_input/", "head/")
+_MAY_DIFFER = ("Transformer/posembed_input/", "head/", "resnet/head/")
 
 
 def _read_dataset(handle, path, source):
@@ -248,7 +268,11 @@ def _model_kwargs(config):
     kwargs = dict(config)
     kwargs["include_top"] = config.get("classes") is not None
     kwargs["classes"] = config.get("classes") or 1000
-    kwargs["pooling"] = None if kwargs["include_top"] else (config["classifier"] if config.get("representation_size") else None)
+    if _is_bit(config):
+        kwargs["pooling"] = None
+    else:
+        kwargs["pooling"] = None if kwargs["include_top"] else (
+            config["classifier"] if config.get("representation_size") else None)
     return kwargs
 
 
@@ -267,7 +291,8 @@ def read_weights_h5(path, config_path=None):
         size = os.path.getsize(path)
         if size == 0:
             raise corrupt_file_error(path, EOFError("empty file"))
-        check_config_fits(config, size, config_path)
+        if not _is_bit(config):
+            check_config_fits(config, size, config_path)
         _scan_h5(path, size, path)
         return KerasWeights(lambda: path, path), checkpoint_config(_checked(config, config_path))
 
@@ -331,7 +356,8 @@ def _check_keras_archive(path):
         if not isinstance(config, dict):
             raise corrupt_file_error(path, ValueError("config.json is not a JSON object"))
         weights_bytes = infos["model.weights.h5"].file_size
-        check_config_fits(_unwrap(config, path), weights_bytes, path)
+        if not _is_bit(_unwrap(config, path)):
+            check_config_fits(_unwrap(config, path), weights_bytes, path)
         with archive.open("model.weights.h5") as weights:
             _scan_h5(weights, weights_bytes, path)
 
@@ -423,7 +449,63 @@ model = keras_vit.load_checkpoint("{source}")
 """
 
 
+def _bit_model_card(model, metadata, folder):
+    c = model.get_config()
+    text = _BIT_CARD.format(
+        title=metadata.get("name") or os.path.basename(os.path.abspath(folder)),
+        units=tuple(c["block_units"]),
+        width=c["width_factor"],
+        image_size="x".join(str(s) for s in c["image_size"]),
+        classes=c["classes"] if c["include_top"] else "none (feature extractor)",
+        params=model.count_params(),
+        gn=c["group_norm_epsilon"],
+        ws=c["std_conv_epsilon"],
+        extra="".join(
+            f"| {k} | {v} |\n" for k, v in metadata.items() if isinstance(v, (str, int, float)) and k != "description"
+        ),
+        source=metadata.get("hub_id", os.path.abspath(folder)),
+    )
+    if metadata.get("description"):
+        text += "\n" + str(metadata["description"]).strip() + "\n"
+    return text
+
+
+_BIT_CARD = """---
+library_name: keras
+tags:
+- keras_vit
+- bit
+- resnet
+- image-classification
+---
+# {title}
+
+BiT ResNet-v2 weights for keras_vit (Keras 3: JAX, TensorFlow, PyTorch), the CNN baselines of
+"An Image is Worth 16x16 Words" (Dosovitskiy et al., ICLR 2021) from "Big Transfer (BiT)"
+(Kolesnikov et al., 2020).
+
+| | |
+|---|---|
+| architecture | BiT ResNet-v2, units per stage {units}, width x{width} |
+| image size | {image_size} |
+| classes | {classes} |
+| parameters | {params:,} |
+| numerics | GroupNorm eps {gn:g}, weight standardisation eps {ws:g} |
+{extra}
+## Usage
+
+```python
+import keras_vit
+
+model = keras_vit.load_checkpoint("{source}")
+# inputs: channels-last images scaled to [-1, 1] (keras_vit.preprocess_input)
+```
+"""
+
+
 def _model_card(model, metadata, folder):
+    if "block_units" in model.get_config():
+        return _bit_model_card(model, metadata, folder)
     c = model.get_config()
     arch = f"hidden {c['hidden_size']}, {c['num_layers']} layers, {c['num_heads']} heads, MLP {c['mlp_dim']}, patch {c['patch_size']}"
     if c.get("resnet"):
@@ -472,10 +554,11 @@ def save_preset(model, folder, metadata=None, readme=True):
         (None, 3)
     """
     from keras_vit import __version__
+    from keras_vit.models.bit import BiTResNet
     from keras_vit.models.vit import VisionTransformer
 
-    if not isinstance(model, VisionTransformer):
-        raise TypeError(f"save_preset expects a keras_vit VisionTransformer; got {type(model).__name__}.")
+    if not isinstance(model, (VisionTransformer, BiTResNet)):
+        raise TypeError(f"save_preset expects a keras_vit VisionTransformer or BiTResNet; got {type(model).__name__}.")
     folder = os.fspath(folder)
     os.makedirs(folder, exist_ok=True)
     metadata = dict(metadata or {})

@@ -24,6 +24,7 @@ from keras_vit.models.config import NUMERICS
 #: declaring FORMAT = CheckpointFormat(...), plus one line here.
 _MODULES = (
     "keras_format",
+    "bit",
     "timm",
     "transformers",
     "npz",

@@ -4,7 +4,7 @@
 def add_parser(subparsers):
     parser = subparsers.add_parser(
         "presets",
-        help="list the published weights (tags, resolutions, classes, ImageNet top-1, Hub repos)",
+        help="list the published weights (tags, resolutions, classes, ImageNet top-1, GFLOPs, Hub repos)",
         description="List the pretrained weights of every constructor, or of ARCH only. "
         "Load one with keras_vit.ARCH(weights=TAG) or keras_vit.load_checkpoint('ARCH.TAG').",
     )
@@ -25,6 +25,7 @@ def run(args):
     import json
 
     from keras_vit import presets
+    from keras_vit.flops import flops
 
     rows = presets.list_presets(args.architecture)
     if args.json:
@@ -45,11 +46,13 @@ def run(args):
             p.resolution,
             p.classes or "-",
             f"{p.top1:.2f}" if p.top1 is not None else "-",
+            f"{flops(p.architecture, p.resolution, classes=p.classes) / 1e9:.1f}",
             ", ".join(aliases.get((p.architecture, p.tag), [])),
             p.repo,
         )
         for p in rows
     ]
-    print(format_table(table, ("ARCH", "TAG", "RES", "CLASSES", "TOP-1", "ALIAS", "HUB REPO")))
-    print(f"\n{len(rows)} presets. Top-1: ImageNet-1k accuracy reported by the source; CLASSES '-': no head.")
+    print(format_table(table, ("ARCH", "TAG", "RES", "CLASSES", "TOP-1", "GFLOPS", "ALIAS", "HUB REPO")))
+    print(f"\n{len(rows)} presets. Top-1: ImageNet-1k accuracy reported by the source; CLASSES '-': no head. "
+          "GFLOPS: forward FLOPs per image at RES (keras_vit.flops).")
     return 0

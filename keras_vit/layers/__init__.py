@@ -11,7 +11,18 @@ from keras_vit.layers.position import (
 )
 from keras_vit.layers.quantized import Dense, Int8AttentionMixin, int8_matmul, integer_matmul
 from keras_vit.layers.resize import RESIZE_RULES, resize_position_embedding
-from keras_vit.layers.resnet import BottleneckUnit, GroupNorm, MaxPoolSame, ResNetStage, StdConv2D, same_padding
+from keras_vit.layers.resnet import (
+    BottleneckUnit,
+    GroupNorm,
+    MaxPoolSame,
+    MaxPoolZeroPad,
+    PreActBottleneckUnit,
+    PreActResNetStage,
+    ResNetStage,
+    StdConv2D,
+    same_padding,
+    symmetric_padding,
+)
 from keras_vit.layers.transformer import (
     ClassToken,
     EncoderBlock,

@@ -1,8 +1,12 @@
-"""The BiT ResNet that feeds the R+ViT hybrids, written once against keras.ops.
+"""The BiT ResNets, written once against keras.ops: the one that feeds the R+ViT hybrids and the
+pre-activation ResNet-v2 of the paper's CNN baselines (keras_vit.models.bit).
 
-Weight-standardised convolutions and GroupNorm, with TF-style SAME padding done explicitly
-(pad, then VALID), so that every backend computes the same thing. Names follow the original
-Flax modules: conv_root, gn_root, block{s}/unit{u}/{conv1,gn1,...,conv_proj,gn_proj}.
+Weight-standardised convolutions and GroupNorm, with padding done explicitly (pad, then VALID),
+so that every backend computes the same thing. The hybrids pad TF-style SAME and name their
+layers after the original Flax modules (conv_root, gn_root, block{s}/unit{u}/{conv1,gn1,...});
+the BiT baselines pad symmetrically, as timm's port of big_transfer does, and their units
+(`PreActBottleneckUnit`) name their weights as the big_transfer .npz files do
+(a/group_norm/gamma, a/standardized_conv2d/kernel, a/proj/standardized_conv2d/kernel, ...).
 """
 
 import keras
@@ -20,6 +24,27 @@ def same_padding(size, kernel, stride):
     return total // 2, total - total // 2
 
 
+def symmetric_padding(kernel):
+    """Symmetric padding (before, after) of one spatial axis: (kernel - 1) // 2 on each side, as
+    PyTorch convolutions pad (timm's BiT port); the output then has floor((n + 2p - k) / s) + 1."""
+    p = (int(kernel) - 1) // 2
+    return p, p
+
+
+def _symmetric_output(size, kernel, stride):
+    if size is None:
+        return None
+    p = symmetric_padding(kernel)[0]
+    return (size + 2 * p - kernel) // stride + 1
+
+
+def _pad_symmetric(x, kernel, value=0.0):
+    p = symmetric_padding(kernel)
+    if p == (0, 0):
+        return x
+    return ops.pad(x, ((0, 0), p, p, (0, 0)), constant_values=value)
+
+
 def _pad_same(x, kernel, stride, value=0.0):
     h, w = x.shape[1], x.shape[2]
     ph, pw = same_padding(h, kernel, stride), same_padding(w, kernel, stride)
@@ -34,15 +59,22 @@ class StdConv2D(keras.layers.Layer):
 
     `epsilon_inside_sqrt=False` is the original form (w - mean) / (std + epsilon);
     True is timm's (w - mean) / sqrt(var + epsilon). The eps differs per source too.
+    `padding`: "same" (TF-style SAME, the extra pixel after: the ViT hybrids) or "symmetric"
+    ((kernel - 1) // 2 on each side: the BiT baselines as timm runs them).
     """
 
-    def __init__(self, filters, kernel_size, strides=1, epsilon=1e-5, epsilon_inside_sqrt=False, **kwargs):
+    def __init__(
+        self, filters, kernel_size, strides=1, epsilon=1e-5, epsilon_inside_sqrt=False, padding="same", **kwargs
+    ):
         super().__init__(**kwargs)
+        if padding not in ("same", "symmetric"):
+            raise ValueError(f"StdConv2D padding must be 'same' or 'symmetric'; got {padding!r}.")
         self.filters = int(filters)
         self.kernel_size = int(kernel_size)
         self.strides = int(strides)
         self.epsilon = float(epsilon)
         self.epsilon_inside_sqrt = bool(epsilon_inside_sqrt)
+        self.padding = padding
 
     def build(self, input_shape):
         k = self.kernel_size
@@ -64,12 +96,17 @@ class StdConv2D(keras.layers.Layer):
 
     def call(self, x):
         w = ops.cast(self.standardized_kernel(), x.dtype)
-        x = _pad_same(x, self.kernel_size, self.strides)
+        if self.padding == "symmetric":
+            x = _pad_symmetric(x, self.kernel_size)
+        else:
+            x = _pad_same(x, self.kernel_size, self.strides)
         return ops.conv(x, w, strides=self.strides, padding="valid", data_format="channels_last")
 
     def compute_output_shape(self, input_shape):
         b, h, w, _ = input_shape
-        s = self.strides
+        k, s = self.kernel_size, self.strides
+        if self.padding == "symmetric":
+            return (b, _symmetric_output(h, k, s), _symmetric_output(w, k, s), self.filters)
         return (b, None if h is None else -(-h // s), None if w is None else -(-w // s), self.filters)
 
     def weight_tree_variables(self):
@@ -83,6 +120,7 @@ class StdConv2D(keras.layers.Layer):
             strides=self.strides,
             epsilon=self.epsilon,
             epsilon_inside_sqrt=self.epsilon_inside_sqrt,
+            padding=self.padding,
         )
         return config
 
@@ -158,6 +196,39 @@ class MaxPoolSame(keras.layers.Layer):
     def get_config(self):
         config = super().get_config()
         config.update(pool_size=self.pool_size, strides=self.strides)
+        return config
+
+
+@register
+class MaxPoolZeroPad(keras.layers.Layer):
+    """Max-pool after symmetric zero padding: BiT's stem (timm's `ConstantPad2d(1, 0.)` then
+    `MaxPool2d(3, 2)`). Zero, not -inf: the pool sees raw conv outputs, and a zero border wins
+    over negative values."""
+
+    def __init__(self, pool_size=3, strides=2, padding=1, **kwargs):
+        super().__init__(**kwargs)
+        self.pool_size = int(pool_size)
+        self.strides = int(strides)
+        self.padding = int(padding)
+
+    def call(self, x):
+        p = self.padding
+        if p:
+            x = ops.pad(x, ((0, 0), (p, p), (p, p), (0, 0)), constant_values=0.0)
+        return ops.max_pool(x, self.pool_size, self.strides, padding="valid", data_format="channels_last")
+
+    def compute_output_shape(self, input_shape):
+        b, h, w, c = input_shape
+        k, s, p = self.pool_size, self.strides, self.padding
+
+        def out(n):
+            return None if n is None else (n + 2 * p - k) // s + 1
+
+        return (b, out(h), out(w), c)
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(pool_size=self.pool_size, strides=self.strides, padding=self.padding)
         return config
 
 
@@ -285,6 +356,165 @@ class ResNetStage(keras.layers.Layer):
                 self.std_conv_epsilon_inside_sqrt,
                 dtype=self.dtype_policy,
                 name=f"unit{i + 1}",
+            )
+            for i in range(self.num_units)
+        ]
+
+    def build(self, input_shape):
+        shape = input_shape
+        for unit in self.units:
+            unit.build(shape)
+            shape = unit.compute_output_shape(shape)
+
+    def call(self, x):
+        for unit in self.units:
+            x = unit(x)
+        return x
+
+    def compute_output_shape(self, input_shape):
+        shape = input_shape
+        for unit in self.units:
+            shape = unit.compute_output_shape(shape)
+        return shape
+
+    def weight_tree_variables(self):
+        tree = {}
+        for unit in self.units:
+            tree.update({f"{unit.name}/{k}": v for k, v in unit.weight_tree_variables().items()})
+        return tree
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            num_units=self.num_units,
+            features=self.features,
+            first_stride=self.first_stride,
+            group_norm_epsilon=self.group_norm_epsilon,
+            std_conv_epsilon=self.std_conv_epsilon,
+            std_conv_epsilon_inside_sqrt=self.std_conv_epsilon_inside_sqrt,
+        )
+        return config
+
+
+# === Pre-activation (v2) units and stages: the BiT baselines ===
+
+
+@register
+class PreActBottleneckUnit(keras.layers.Layer):
+    """BiT's pre-activation bottleneck: GN+ReLU on the input, then 1x1 -> GN+ReLU -> 3x3 (stride)
+    -> GN+ReLU -> 1x1 (4x features), plus the shortcut. The shortcut is the raw input, or, when
+    the channels or the stride change, a 1x1 projection (with the stride) of the *pre-activated*
+    input.
+
+    Sub-layers are named after the big_transfer weights: `a_group_norm`, `a_standardized_conv2d`,
+    `a_proj`, `b_...`, `c_...`; `weight_tree_variables()` gives their .npz names
+    (`a/group_norm/gamma`, `a/proj/standardized_conv2d/kernel`, ...).
+    """
+
+    def __init__(
+        self,
+        features,
+        strides=1,
+        group_norm_epsilon=1e-5,
+        std_conv_epsilon=1e-8,
+        std_conv_epsilon_inside_sqrt=True,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.features = int(features)
+        self.strides = int(strides)
+        self.group_norm_epsilon = float(group_norm_epsilon)
+        self.std_conv_epsilon = float(std_conv_epsilon)
+        self.std_conv_epsilon_inside_sqrt = bool(std_conv_epsilon_inside_sqrt)
+        f, norm, conv = self.features, self._norm, self._conv
+        self.a_norm, self.a_conv = norm("a_group_norm"), conv(f, 1, 1, "a_standardized_conv2d")
+        self.b_norm, self.b_conv = norm("b_group_norm"), conv(f, 3, self.strides, "b_standardized_conv2d")
+        self.c_norm, self.c_conv = norm("c_group_norm"), conv(4 * f, 1, 1, "c_standardized_conv2d")
+        self.proj = None
+
+    def _conv(self, filters, kernel, strides, name):
+        return StdConv2D(
+            filters, kernel, strides, self.std_conv_epsilon, self.std_conv_epsilon_inside_sqrt,
+            padding="symmetric", dtype=self.dtype_policy, name=name,
+        )
+
+    def _norm(self, name):
+        return GroupNorm(32, self.group_norm_epsilon, relu=True, dtype=self.dtype_policy, name=name)
+
+    def build(self, input_shape):
+        if input_shape[-1] != 4 * self.features or self.strides != 1:
+            self.proj = self._conv(4 * self.features, 1, self.strides, "a_proj")
+            self.proj.build(input_shape)
+        shape = input_shape
+        for norm, conv in ((self.a_norm, self.a_conv), (self.b_norm, self.b_conv), (self.c_norm, self.c_conv)):
+            norm.build(shape)
+            conv.build(shape)
+            shape = conv.compute_output_shape(shape)
+
+    def call(self, x):
+        preact = self.a_norm(x)
+        shortcut = x if self.proj is None else self.proj(preact)
+        y = self.b_conv(self.b_norm(self.a_conv(preact)))
+        y = self.c_conv(self.c_norm(y))
+        return y + shortcut
+
+    def compute_output_shape(self, input_shape):
+        return self.b_conv.compute_output_shape(input_shape)[:-1] + (4 * self.features,)
+
+    def weight_tree_variables(self):
+        tree = {}
+        for part, norm, conv in (("a", self.a_norm, self.a_conv), ("b", self.b_norm, self.b_conv),
+                                 ("c", self.c_norm, self.c_conv)):
+            tree[f"{part}/group_norm/gamma"] = norm.scale
+            tree[f"{part}/group_norm/beta"] = norm.bias
+            tree[f"{part}/standardized_conv2d/kernel"] = conv.kernel
+        if self.proj is not None:
+            tree["a/proj/standardized_conv2d/kernel"] = self.proj.kernel
+        return tree
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(
+            features=self.features,
+            strides=self.strides,
+            group_norm_epsilon=self.group_norm_epsilon,
+            std_conv_epsilon=self.std_conv_epsilon,
+            std_conv_epsilon_inside_sqrt=self.std_conv_epsilon_inside_sqrt,
+        )
+        return config
+
+
+@register
+class PreActResNetStage(keras.layers.Layer):
+    """`num_units` pre-activation units `unit01..unitNN` (big_transfer's names); the first carries
+    the stage's stride (and the projection)."""
+
+    def __init__(
+        self,
+        num_units,
+        features,
+        first_stride=1,
+        group_norm_epsilon=1e-5,
+        std_conv_epsilon=1e-8,
+        std_conv_epsilon_inside_sqrt=True,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.num_units = int(num_units)
+        self.features = int(features)
+        self.first_stride = int(first_stride)
+        self.group_norm_epsilon = float(group_norm_epsilon)
+        self.std_conv_epsilon = float(std_conv_epsilon)
+        self.std_conv_epsilon_inside_sqrt = bool(std_conv_epsilon_inside_sqrt)
+        self.units = [
+            PreActBottleneckUnit(
+                self.features,
+                self.first_stride if i == 0 else 1,
+                self.group_norm_epsilon,
+                self.std_conv_epsilon,
+                self.std_conv_epsilon_inside_sqrt,
+                dtype=self.dtype_policy,
+                name=f"unit{i + 1:02d}",
             )
             for i in range(self.num_units)
         ]

@@ -1,17 +1,21 @@
-"""The architecture table, the VisionTransformer builder and the canonical weight tree."""
+"""The architecture table, the VisionTransformer and BiTResNet builders and the canonical weight tree."""
 
 from keras_vit.models.config import (
     ARCHITECTURES,
+    BIT_ARCHITECTURES,
+    BIT_NUMERICS,
     EXTRA_ARCHITECTURES,
     NUMERICS,
     POSITION_EMBEDDINGS,
     Architecture,
+    BiTArchitecture,
     ViTConfig,
     get_architecture,
 )
 
 #: Names imported on first use, so that reading the architecture table does not load Keras.
 _LAZY = {
+    "BiTResNet": "keras_vit.models.bit",
     "VisionTransformer": "keras_vit.models.vit",
     "WeightTreeError": "keras_vit.models.weight_tree",
     "get_weight_tree": "keras_vit.models.weight_tree",

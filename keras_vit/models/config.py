@@ -1,4 +1,5 @@
-"""One table of every architecture: the paper's ViTs and the released R+ViT hybrids.
+"""One table of every architecture: the paper's ViTs, the released R+ViT hybrids and the paper's
+CNN baselines, the BiT ResNet-v2s.
 
 Every constructor, converter, test and benchmark reads this table; nothing else states a width,
 a depth or a head count.
@@ -131,9 +132,53 @@ def all_architectures():
     return {**ARCHITECTURES, **EXTRA_ARCHITECTURES}
 
 
+# === The paper's CNN baselines: BiT ResNet-v2 (Kolesnikov et al., 2020) ===
+
+#: The numerics BiT weights run with (timm's port of big_transfer: weight standardisation with
+#: eps 1e-8 inside the square root, GroupNorm eps 1e-5).
+BIT_NUMERICS = {k: NUMERICS["timm"][k] for k in ("group_norm_epsilon", "std_conv_epsilon", "std_conv_epsilon_inside_sqrt")}
+
+
+@dataclasses.dataclass(frozen=True)
+class BiTArchitecture:
+    """One BiT ResNet-v2: units per stage and the width factor (stage widths 64 * w * 2^i)."""
+
+    name: str  # the constructor's name, e.g. "BiTResNet50x1"
+    paper_name: str  # e.g. "ResNet-50x1 (BiT)"
+    block_units: tuple
+    width_factor: int
+    timm_name: str = None  # timm's architecture name, e.g. "resnetv2_50x1_bit"
+
+    def kwargs(self):
+        """The BiTResNet keyword arguments of this architecture."""
+        return dict(block_units=self.block_units, width_factor=self.width_factor)
+
+    @property
+    def stride(self):
+        """Input pixels per output-feature position (stem 4, x2 for each later stage)."""
+        return 4 * 2 ** (len(self.block_units) - 1)
+
+
+_R50, _R101, _R152, _R200 = (3, 4, 6, 3), (3, 4, 23, 3), (3, 8, 36, 3), (3, 24, 36, 3)
+
+BIT_ARCHITECTURES = {
+    a.name: a
+    for a in [
+        BiTArchitecture("BiTResNet50x1", "ResNet-50x1 (BiT)", _R50, 1, "resnetv2_50x1_bit"),
+        BiTArchitecture("BiTResNet50x3", "ResNet-50x3 (BiT)", _R50, 3, "resnetv2_50x3_bit"),
+        BiTArchitecture("BiTResNet101x1", "ResNet-101x1 (BiT)", _R101, 1, "resnetv2_101x1_bit"),
+        BiTArchitecture("BiTResNet101x3", "ResNet-101x3 (BiT)", _R101, 3, "resnetv2_101x3_bit"),
+        BiTArchitecture("BiTResNet152x2", "ResNet-152x2 (BiT)", _R152, 2, "resnetv2_152x2_bit"),
+        BiTArchitecture("BiTResNet152x4", "ResNet-152x4 (BiT)", _R152, 4, "resnetv2_152x4_bit"),
+        # Trained for the paper's Table 6 but never released: architecture only.
+        BiTArchitecture("BiTResNet200x3", "ResNet-200x3 (BiT)", _R200, 3),
+    ]
+}
+
+
 def get_architecture(name):
-    """The Architecture row called `name` (constructor name, e.g. "ViTB16")."""
-    table = all_architectures()
+    """The Architecture (or BiTArchitecture) row called `name` (constructor name, e.g. "ViTB16")."""
+    table = {**all_architectures(), **BIT_ARCHITECTURES}
     if name not in table:
         import difflib
 

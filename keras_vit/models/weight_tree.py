@@ -26,7 +26,8 @@ def _layer_prefix(name):
 
 
 def weight_variables(model):
-    """{canonical key: keras.Variable} for every weight of a keras_vit model."""
+    """{canonical key: keras.Variable} for every weight of a keras_vit model (a model that defines
+    `weight_tree_variables()`, such as BiTResNet, states its own tree)."""
     quantized = {
         layer.path: layer.quantization_mode
         for layer in model._flatten_layers()
@@ -39,6 +40,8 @@ def weight_variables(model):
             "float weights in the original layout, which a quantized model no longer has. Convert, "
             "export or load the float model, then quantize."
         )
+    if hasattr(model, "weight_tree_variables"):  # a model with its own layout (BiTResNet)
+        return dict(model.weight_tree_variables())
     out = {}
     for layer in model.layers:
         prefix = _layer_prefix(layer.name)

@@ -1,0 +1,301 @@
+"""BiT ResNet-v2 weights: timm's resnetv2_*_bit Hub repos and the original big_transfer .npz files.
+
+Both are read into one canonical tree, the big_transfer .npz layout (flat '/'-joined keys, HWIO
+kernels, (C,) GroupNorm parameters), which is also what `write_bit_npz` writes back and what
+timm's `resnetv2._load_weights` reads:
+
+    resnet/root_block/standardized_conv2d/kernel            (7, 7, 3, 64w)
+    resnet/block{s}/unit{uu}/{a,b,c}/standardized_conv2d/kernel
+    resnet/block{s}/unit{uu}/{a,b,c}/group_norm/{gamma,beta}
+    resnet/block{s}/unit01/a/proj/standardized_conv2d/kernel
+    resnet/group_norm/{gamma,beta}
+    resnet/head/conv2d/{kernel,bias}                         (1, 1, C, classes)
+
+The config is the `keras_vit.models.bit.BiTResNet` keyword arguments, inferred from the shapes,
+with timm's BiT numerics (weight standardisation eps 1e-8 inside the square root, GroupNorm eps
+1e-5): timm runs both kinds of file with them.
+
+Two formats of the registry: "timm_bit" (timm folders and .safetensors) and "bit_npz"
+(big_transfer .npz, with a writer); keras_vit.loading builds the BiTResNet.
+"""
+
+import os
+import re
+import zipfile
+from collections.abc import Mapping
+
+import numpy as np
+
+from keras_vit.checkpoints.common import (
+    CheckpointError,
+    corrupt_file_error,
+    describe_keys,
+    materialize,
+    open_safetensors,
+    read_json,
+    safetensors_in_folder,
+)
+from keras_vit.checkpoints.registry import CheckpointFormat
+from keras_vit.models.config import BIT_NUMERICS
+
+PREFIX = "resnet/"
+_ROOT = PREFIX + "root_block/standardized_conv2d/kernel"
+_UNIT = re.compile(r"^resnet/block(\d+)/unit(\d+)/")
+
+
+
+# === Config inference ===
+
+
+def infer_bit_config(tree, *, source="checkpoint", image_size=None):
+    """BiTResNet kwargs of a canonical BiT `tree` (units, width, classes, channels) + timm's numerics."""
+    if _ROOT not in tree:
+        raise CheckpointError(f"{source}: no {_ROOT!r}; this is not a BiT ResNet checkpoint.")
+    root = tree[_ROOT]
+    if len(root.shape) != 4 or root.shape[:2] != (7, 7):
+        raise CheckpointError(f"{source}: {_ROOT} has shape {tuple(root.shape)}; expected (7, 7, in, 64 * width).")
+    width = root.shape[-1] / 64
+    width = int(width) if float(width).is_integer() else width
+    units = {}
+    for key in tree:
+        m = _UNIT.match(key)
+        if m:
+            s, u = int(m.group(1)), int(m.group(2))
+            units[s] = max(units.get(s, 0), u)
+    if not units or sorted(units) != list(range(1, len(units) + 1)):
+        raise CheckpointError(f"{source}: BiT stages {sorted(units)} are not numbered block1..blockN.")
+    head = tree.get(PREFIX + "head/conv2d/kernel")
+    if image_size is not None and not isinstance(image_size, int):
+        image_size = tuple(image_size)
+    config = dict(
+        image_size=image_size if image_size is not None else (224, 224),
+        block_units=tuple(units[s] for s in sorted(units)),
+        width_factor=width,
+        classes=int(head.shape[-1]) if head is not None else None,
+        num_channels=int(root.shape[2]),
+    )
+    config.update(BIT_NUMERICS)
+    return config
+
+
+# === timm (resnetv2_*_bit: model.safetensors + config.json) ===
+
+_TIMM_UNIT = {
+    "norm1.weight": "a/group_norm/gamma",
+    "norm1.bias": "a/group_norm/beta",
+    "conv1.weight": "a/standardized_conv2d/kernel",
+    "norm2.weight": "b/group_norm/gamma",
+    "norm2.bias": "b/group_norm/beta",
+    "conv2.weight": "b/standardized_conv2d/kernel",
+    "norm3.weight": "c/group_norm/gamma",
+    "norm3.bias": "c/group_norm/beta",
+    "conv3.weight": "c/standardized_conv2d/kernel",
+    "downsample.conv.weight": "a/proj/standardized_conv2d/kernel",
+}
+_TIMM_STAGE = re.compile(r"^stages\.(\d+)\.blocks\.(\d+)\.(.+)$")
+
+
+def _conv(w):
+    """PyTorch conv weight (out, in, kh, kw) -> HWIO (a lazy view)."""
+    return w.transpose(2, 3, 1, 0)
+
+
+def _timm_files(path):
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        return open_safetensors(safetensors_in_folder(path, "save the model with safe_serialization=True"))
+    return open_safetensors(path)
+
+
+def _timm_config(path):
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    config_path = os.path.join(folder, "config.json")
+    config = read_json(config_path) if os.path.exists(config_path) else {}
+    return config if "architecture" in config else {}
+
+
+def detect_timm_bit(path):
+    """Whether `path` (a timm Hub folder or .safetensors) holds a timm BiT ResNet-v2: config.json's
+    `architecture` starts with "resnetv2_", or (a bare file) its tensors are a pre-activation
+    ResNet-v2's (`stem.conv.weight`, `stages.0.blocks.0.norm1.weight`, no ViT parts)."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        return False
+    config = _timm_config(path)
+    if config:
+        return str(config.get("architecture", "")).startswith("resnetv2_")
+    if os.path.isdir(path) or not path.endswith((".safetensors", ".safetensors.index.json")):
+        return False
+    try:
+        keys = set(_timm_files(path))
+    except (CheckpointError, OSError):
+        return False
+    return "stem.conv.weight" in keys and "stages.0.blocks.0.norm1.weight" in keys and "patch_embed.proj.weight" not in keys
+
+
+def timm_bit_state_to_tree(files, *, source="checkpoint"):
+    """The canonical BiT tree from timm ResNetV2 tensors `files` ({timm key: SafetensorsFile})."""
+    tree, used = {}, set()
+
+    def get(key):
+        if key not in files:
+            raise CheckpointError(f"{source}: missing weight {key!r} (timm resnetv2 layout).")
+        used.add(key)
+        return files[key].lazy(key)
+
+    tree[_ROOT] = _conv(get("stem.conv.weight"))
+    for key in files:
+        m = _TIMM_STAGE.match(key)
+        if not m or m.group(3) not in _TIMM_UNIT:
+            continue
+        s, u, part = int(m.group(1)), int(m.group(2)), m.group(3)
+        value = get(key)
+        name = _TIMM_UNIT[part]
+        tree[f"{PREFIX}block{s + 1}/unit{u + 1:02d}/{name}"] = _conv(value) if name.endswith("kernel") else value
+    tree[PREFIX + "group_norm/gamma"] = get("norm.weight")
+    tree[PREFIX + "group_norm/beta"] = get("norm.bias")
+    if "head.fc.weight" in files:
+        weight = get("head.fc.weight")
+        if len(weight.shape) != 4:
+            raise CheckpointError(
+                f"{source}: head.fc.weight has shape {weight.shape}; BiT's head is a 1x1 convolution (classes, C, 1, 1)."
+            )
+        tree[PREFIX + "head/conv2d/kernel"] = _conv(weight)
+        tree[PREFIX + "head/conv2d/bias"] = get("head.fc.bias")
+    unused = [k for k in files if k not in used]
+    if unused:
+        raise CheckpointError(
+            f"{source}: unexpected weights {describe_keys(unused)}; this timm ResNetV2 has parts BiT does not "
+            "(a deep stem, a non-pre-activation block, BatchNorm, ...), so it is not a BiT model."
+        )
+    return tree
+
+
+def read_timm_bit(path, lazy=False):
+    """Read a timm resnetv2_*_bit Hub folder (model.safetensors + config.json) or .safetensors.
+
+    Returns (canonical BiT tree, BiTResNet kwargs with timm's numerics); the resolution is the
+    repository's `pretrained_cfg.input_size` (224 for a bare file). With `lazy=True` the tree holds
+    LazyArrays, read from the file when converted with np.asarray.
+
+    Example:
+        >>> tree, config = read_timm_bit("resnetv2_50x1_bit.goog_in21k/")  # doctest: +SKIP
+        >>> config["block_units"], config["classes"]
+        ((3, 4, 6, 3), 21843)
+    """
+    path = os.fspath(path)
+    config = _timm_config(path)
+    arch = str(config.get("architecture", ""))
+    if arch and not arch.startswith("resnetv2_"):
+        raise CheckpointError(f"{path}: timm architecture {arch!r} is not a ResNetV2 (resnetv2_*_bit).")
+    args = config.get("model_args") or {}
+    if args.get("stem_type") not in (None, "fixed"):
+        raise CheckpointError(f"{path}: timm stem_type={args['stem_type']!r}; BiT's stem is 'fixed' (zero pad + max pool).")
+    if args.get("global_pool") not in (None, "", "avg"):
+        raise CheckpointError(f"{path}: timm global_pool={args['global_pool']!r}; BiT pools by averaging ('avg').")
+    tree = timm_bit_state_to_tree(_timm_files(path), source=path)
+    size = (config.get("pretrained_cfg") or {}).get("input_size")
+    image_size = tuple(int(s) for s in size[1:]) if size and len(size) == 3 else None
+    out = infer_bit_config(tree, source=path, image_size=image_size)
+    return (tree if lazy else materialize(tree)), out
+
+
+# === big_transfer .npz ===
+
+
+def _npz_keys(path):
+    with zipfile.ZipFile(path) as z:
+        return [n[: -len(".npy")] if n.endswith(".npy") else n for n in z.namelist()]
+
+
+def detect_bit_npz(path):
+    """Whether `path` is a big_transfer .npz (it holds `resnet/root_block/standardized_conv2d/kernel`)."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        return False
+    try:
+        return _ROOT in _npz_keys(path)
+    except (zipfile.BadZipFile, OSError):
+        return False
+
+
+def read_bit_npz(path):
+    """Read an original BiT .npz (google-research/big_transfer, e.g. BiT-M-R50x1.npz) into
+    (canonical tree, BiTResNet kwargs). GroupNorm parameters stored as (1, 1, 1, C) are flattened.
+
+    Example:
+        >>> tree, config = read_bit_npz("BiT-M-R50x1.npz")  # doctest: +SKIP
+        >>> config["block_units"], config["width_factor"]
+        ((3, 4, 6, 3), 1)
+    """
+    path = os.fspath(path)
+    tree = {}
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            for key in data.files:
+                if not key.startswith(PREFIX):
+                    continue  # optimizer state, global step, ...
+                value = np.asarray(data[key])
+                if value.dtype.kind != "f":
+                    raise CheckpointError(f"{path}: weight {key!r} has dtype {value.dtype}; expected floats.")
+                value = value.astype(np.float32, copy=False)
+                if "/group_norm/" in key and value.ndim == 4 and value.shape[:3] == (1, 1, 1):
+                    value = value.reshape(value.shape[-1])
+                tree[key] = value
+    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as err:
+        if isinstance(err, (CheckpointError, FileNotFoundError)):
+            raise
+        raise corrupt_file_error(path, err) from None
+    return tree, infer_bit_config(tree, source=path)
+
+
+def write_bit_npz(tree, path):
+    """Write a canonical BiT tree (or a BiTResNet's weights) as a big_transfer .npz.
+
+    The file loads in timm (`resnetv2._load_weights`, which needs the head: write a model built
+    with include_top=True) and back with `read_bit_npz` / `keras_vit.load_checkpoint`.
+
+    Example:
+        >>> model = keras_vit.models.BiTResNet(image_size=64, block_units=(1, 1), width_factor=0.5, classes=3)
+        >>> write_bit_npz(model, "/tmp/bit_tiny.npz")
+        '/tmp/bit_tiny.npz'
+    """
+    if not isinstance(tree, Mapping):
+        from keras_vit.models.weight_tree import get_weight_tree
+
+        tree = get_weight_tree(tree)
+    if _ROOT not in tree:
+        raise ValueError(f"Not a BiT weight tree: it has no {_ROOT!r}. Use keras_vit.write_npz for ViT trees.")
+    path = os.fspath(path)
+    arrays = {key: np.asarray(value, dtype=np.float32) for key, value in tree.items()}
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        np.savez(f, **arrays)
+    os.replace(tmp, path)
+    return path
+
+
+# === Building ===
+
+
+# === Formats ===
+
+FORMATS = (
+    CheckpointFormat(
+        name="timm_bit",
+        description="a timm BiT ResNet-v2 Hub folder or .safetensors (architecture resnetv2_*)",
+        detect=detect_timm_bit,
+        read=lambda path: read_timm_bit(path, lazy=True),
+        numerics="timm",
+        hub_files=("*.safetensors", "*.safetensors.index.json"),
+    ),
+    CheckpointFormat(
+        name="bit_npz",
+        description="an original google-research/big_transfer .npz (BiT-M-R50x1.npz, ...)",
+        detect=detect_bit_npz,
+        read=read_bit_npz,
+        write=write_bit_npz,
+        numerics="timm",
+        hub_files=("*.npz",),
+    ),
+)

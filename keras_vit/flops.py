@@ -1,0 +1,187 @@
+"""Compute, counted from the config: forward FLOPs per image and the paper's pre-training exaFLOPs.
+
+The convention of the paper's Table 6: every matmul and convolution counts 2 FLOPs per
+multiply-add, attention's QK^T and AV included; norms, activations, softmax, pooling and
+additions are left out. Pre-training costs 3x the forward pass (forward + backward) per image
+per epoch, at 224 px, with JFT-300M's 303M images.
+
+    >>> round(flops("ViTB16") / 1e9, 1)
+    35.1
+    >>> round(pretraining_exaflops("ViTB16", epochs=7))
+    224
+"""
+
+from keras_vit.models.config import BiTArchitecture, get_architecture, resnet_stride
+
+#: Images in JFT-300M as the paper counts them for Table 6.
+JFT_IMAGES = 303e6
+
+
+def _pair(image_size):
+    if isinstance(image_size, int):
+        return image_size, image_size
+    h, w = (int(s) for s in image_size)
+    return h, w
+
+
+def _conv(h, w, kernel, c_in, c_out):
+    """FLOPs of a convolution producing an (h, w, c_out) map."""
+    return 2 * h * w * kernel * kernel * c_in * c_out
+
+
+# === BiT ResNets ===
+
+
+def _sym(n, kernel, stride):
+    return (n + 2 * ((kernel - 1) // 2) - kernel) // stride + 1
+
+
+def _same(n, stride):
+    return -(-n // stride)
+
+
+def _resnet_flops(h, w, units, width_factor, channels, preact):
+    """The ResNet trunk: the 7x7/2 root, the 3x3/2 pool, bottleneck stages (stride on the 3x3).
+    `preact` (BiT baselines) pads symmetrically; the hybrids pad TF-SAME. Same convolutions."""
+    root = int(64 * width_factor)
+    out = (lambda n, k, s: _sym(n, k, s)) if preact else (lambda n, k, s: _same(n, s))
+    h, w = out(h, 7, 2), out(w, 7, 2)
+    total = _conv(h, w, 7, channels, root)
+    h, w = (_sym(h, 3, 2), _sym(w, 3, 2)) if preact else (_same(h, 2), _same(w, 2))
+    c = root
+    for i, n in enumerate(units):
+        f = root * 2**i
+        for u in range(n):
+            stride = 2 if (i > 0 and u == 0) else 1
+            ho, wo = out(h, 3, stride), out(w, 3, stride)
+            total += _conv(h, w, 1, c, f)  # conv1 / a
+            total += _conv(ho, wo, 3, f, f)  # conv2 / b (the stride)
+            total += _conv(ho, wo, 1, f, 4 * f)  # conv3 / c
+            if c != 4 * f or stride != 1:
+                total += _conv(ho, wo, 1, c, 4 * f)  # projection
+            h, w, c = ho, wo, 4 * f
+    return total, (h, w, c)
+
+
+def _bit_flops(block_units, width_factor, image_size, classes, channels=3):
+    h, w = _pair(image_size)
+    total, (_, _, c) = _resnet_flops(h, w, block_units, width_factor, channels, preact=True)
+    return total + (2 * c * classes if classes else 0)
+
+
+# === Vision Transformers ===
+
+
+def _vit_flops(config, image_size, classes):
+    h, w = _pair(image_size)
+    channels = config.get("num_channels", 3)
+    total = 0
+    resnet = config.get("resnet")
+    if resnet is not None:
+        units, width_factor = resnet
+        trunk, (h, w, channels) = _resnet_flops(h, w, tuple(units), width_factor, channels, preact=False)
+        total += trunk
+    p, d = config["patch_size"], config["hidden_size"]
+    gh, gw = h // p, w // p
+    tokens = gh * gw
+    total += _conv(gh, gw, p, channels, d)  # patch embedding
+    t = tokens + (1 if config.get("classifier", "token") == "token" else 0)
+    m = config["mlp_dim"]
+    per_layer = (
+        2 * t * d * 3 * d  # query, key, value
+        + 2 * t * t * d  # QK^T
+        + 2 * t * t * d  # AV
+        + 2 * t * d * d  # out projection
+        + 2 * 2 * t * d * m  # MLP
+    )
+    total += config["num_layers"] * per_layer
+    rep = config.get("representation_size")
+    if rep:
+        total += 2 * d * rep
+        d = rep
+    if classes:
+        total += 2 * d * classes
+    return total
+
+
+# === Public API ===
+
+
+def _describe(model_or_architecture):
+    """(kind, config, default image size) of a constructor name, a table row or a keras_vit model."""
+    obj = model_or_architecture
+    if isinstance(obj, str):
+        obj = get_architecture(obj)
+    if isinstance(obj, BiTArchitecture):
+        return "bit", dict(block_units=obj.block_units, width_factor=obj.width_factor), None
+    if hasattr(obj, "kwargs") and hasattr(obj, "patch_size"):  # an Architecture row
+        return "vit", obj.kwargs(), None
+    if hasattr(obj, "get_config"):  # a BiTResNet or VisionTransformer
+        config = obj.get_config()
+        size = tuple(config["image_size"])
+        size = None if None in size else size
+        classes = config["classes"] if config.get("include_top") else 0
+        config = dict(config, classes=classes)
+        return ("bit" if "block_units" in config else "vit"), config, size
+    raise TypeError(
+        f"flops() takes a constructor name (e.g. 'ViTB16', 'BiTResNet50x1'), an architecture row or a keras_vit "
+        f"model; got {type(model_or_architecture).__name__}."
+    )
+
+
+def flops(model_or_architecture, image_size=None, classes=None):
+    """Forward FLOPs per image (2 per multiply-add; matmuls, attention and convolutions).
+
+    Args:
+        model_or_architecture: a constructor name ("ViTB16", "R50ViTB32", "BiTResNet152x2", ...),
+            a row of the architecture table, or a keras_vit model (VisionTransformer, BiTResNet).
+        image_size: int or (height, width); default the model's input size, 224 for a name.
+        classes: head size; default the model's (none when include_top=False), 1000 for a name.
+
+    Example:
+        >>> round(flops("ViTL16") / 1e9, 1), round(flops("BiTResNet50x1") / 1e9, 2)
+        (123.1, 8.18)
+    """
+    kind, config, own_size = _describe(model_or_architecture)
+    size = image_size or own_size or 224
+    if classes is None:
+        classes = config.get("classes", 1000)
+    if kind == "bit":
+        return int(_bit_flops(config["block_units"], config["width_factor"], size, classes, config.get("num_channels", 3)))
+    h, w = _pair(size)
+    stride = config["patch_size"] * resnet_stride(config.get("resnet"))
+    if h % stride or w % stride:
+        raise ValueError(f"Image size {(h, w)} is not divisible by the architecture's stride {stride}.")
+    return int(_vit_flops(config, (h, w), classes))
+
+
+def pretraining_exaflops(architecture, epochs, images=JFT_IMAGES, image_size=224):
+    """Pre-training compute in exaFLOPs as the paper's Table 6 counts it: 3 x forward FLOPs per
+    image x images x epochs (JFT-300M: 303M images, at 224 px).
+
+    Example:
+        >>> round(pretraining_exaflops("ViTH14", epochs=14))
+        4262
+    """
+    return 3 * flops(architecture, image_size) * images * epochs / 1e18
+
+
+def constructor_table():
+    """Markdown table of every constructor: parameters (1000 classes, 224 px) and forward GFLOPs.
+    Builds each model once (without random initialisation) to count its parameters."""
+    import keras
+
+    from keras_vit import applications
+    from keras_vit.layers.init_scope import skip_random_init
+
+    lines = ["| constructor | model | parameters | GFLOPs (224 px) |", "|---|---|---:|---:|"]
+    for name, build in {**applications.CONSTRUCTORS, **applications.BIT_CONSTRUCTORS}.items():
+        with skip_random_init():
+            params = build(weights=None).count_params()
+        keras.utils.clear_session(free_memory=True)
+        lines.append(f"| `{name}` | {get_architecture(name).paper_name} | {params:,} | {flops(name) / 1e9:.1f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":  # python -m keras_vit.flops: the README's table of constructors
+    print(constructor_table())

@@ -1,0 +1,85 @@
+"""Forward FLOPs and pre-training exaFLOPs (keras_vit.flops) against the paper's Table 6 and against
+an independent count: timm's models run under torch.utils.flop_counter.FlopCounterMode."""
+
+import importlib.util
+import json
+import subprocess
+import sys
+
+import pytest
+
+import keras_vit
+from keras_vit.models.config import ARCHITECTURES, BIT_ARCHITECTURES
+
+# The paper's Table 6 (v2): pre-training on JFT-300M (303M images) at 224 px, in exaFLOPs.
+TABLE_6 = [
+    ("BiTResNet50x1", 7, 50),
+    ("ViTB32", 7, 55),
+    ("R50ViTB32", 7, 106),
+    ("ViTB16", 7, 224),
+    ("BiTResNet152x2", 7, 563),
+    ("ViTL16", 14, 1567),
+    ("R50ViTL16", 14, 1668),
+    ("BiTResNet200x3", 14, 3306),
+    ("ViTH14", 14, 4262),
+]
+
+
+@pytest.mark.parametrize("name,epochs,exaflops", TABLE_6, ids=[r[0] for r in TABLE_6])
+def test_table_6_within_5_percent(name, epochs, exaflops):
+    assert abs(keras_vit.pretraining_exaflops(name, epochs) / exaflops - 1) < 0.05
+
+
+def test_the_convention_by_hand():
+    # ViT-B/16 at 224: 197 tokens, 12 layers; 2 FLOPs per multiply-add, head 768 x 1000.
+    t, d, m = 197, 768, 3072
+    layer = 2 * (4 * t * d * d + 2 * t * t * d + 2 * t * d * m)
+    expected = 12 * layer + 2 * 196 * 16 * 16 * 3 * d + 2 * d * 1000
+    assert keras_vit.flops("ViTB16") == expected
+    assert keras_vit.pretraining_exaflops("ViTB16", 7) == pytest.approx(3 * expected * 303e6 * 7 / 1e18)
+    # Larger images: more tokens, the same weights; no head without include_top.
+    assert keras_vit.flops("ViTB16", 384) > 3 * keras_vit.flops("ViTB16")
+    model = keras_vit.ViTTi16(weights=None, include_top=False, input_shape=(64, 64, 3))
+    assert keras_vit.flops(model) == keras_vit.flops("ViTTi16", 64, classes=0)
+    with pytest.raises(ValueError, match="stride"):
+        keras_vit.flops("ViTB16", 200)
+    with pytest.raises(TypeError, match="constructor name"):
+        keras_vit.flops(3.5)
+
+
+# timm's definitions of the same computations, at 64 px so that the forward passes are cheap.
+_TIMM = """
+import json, os
+os.environ["TIMM_FUSED_ATTN"] = "0"  # explicit q @ k^T and attn @ v matmuls, which the counter sees
+import torch, timm
+from torch.utils.flop_counter import FlopCounterMode
+out = {}
+for ours, name, kwargs in [("ViTTi16", "vit_tiny_patch16_224", {"img_size": 64}),
+                           ("ViTS32", "vit_small_patch32_224", {"img_size": 64}),
+                           ("RViTTi16", "vit_tiny_r_s16_p8_224", {"img_size": 64}),
+                           ("R26ViTS32", "vit_small_r26_s32_224", {"img_size": 64}),
+                           ("BiTResNet50x1", "resnetv2_50x1_bit", {})]:
+    with torch.device("meta"):  # shapes only: the counter needs no values
+        model = timm.create_model(name, pretrained=False, **kwargs).eval()
+        counter = FlopCounterMode(display=False)
+        with counter, torch.no_grad():
+            model(torch.zeros(1, 3, 64, 64))
+    out[ours] = counter.get_total_flops()
+print(json.dumps(out))
+"""
+
+
+def test_agrees_with_torch_flop_counter_on_timm_models():
+    if importlib.util.find_spec("timm") is None:
+        pytest.skip("timm is not installed")
+    run = subprocess.run([sys.executable, "-c", _TIMM], capture_output=True, text=True, check=True, timeout=600)
+    counted = json.loads(run.stdout.strip().splitlines()[-1])
+    for name, reference in counted.items():
+        # Both count 2 FLOPs per multiply-add of every matmul and convolution: they agree exactly
+        # (the tolerance only guards against a counter that starts counting bias additions).
+        assert keras_vit.flops(name, 64) == pytest.approx(reference, rel=1e-3), name
+
+
+def test_every_constructor_has_a_count():
+    for name in [*ARCHITECTURES, *BIT_ARCHITECTURES]:
+        assert keras_vit.flops(name) > 5e8
