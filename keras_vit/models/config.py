@@ -388,9 +388,10 @@ class ViTConfig:
                 what = f"patch size {self.patch_size}" + (
                     f" times the ResNet stride {resnet_stride(self.resnet)}" if self.resnet is not None else ""
                 )
+                examples = f"{lower} or {upper}" if lower else f"{upper}"
                 raise ValueError(
                     f"Image {axis} {size} is not divisible by the {what} (= {stride}). "
-                    f"Resize the images to a multiple of {stride}, e.g. {lower or stride} or {upper}."
+                    f"Resize the images to a multiple of {stride}, e.g. {examples}."
                 )
 
     def _check_choice(self, key, choices, described=None):
