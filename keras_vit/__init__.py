@@ -40,6 +40,9 @@ from keras_vit.checkpoints import (  # noqa: F401,E402
 from keras_vit.imagenet import decode_predictions, preprocess_input  # noqa: F401,E402
 from keras_vit.presets import list_presets  # noqa: F401,E402
 
+# === Deployment ===
+from keras_vit.export import export_model, export_models  # noqa: F401,E402  (TensorFlow loads on use)
+
 # === Data and training ===
 from keras_vit import data  # noqa: F401,E402  (tf.data pipelines; TensorFlow loads on first use)
 from keras_vit import training  # noqa: F401,E402  (schedules, optimizers, callbacks, few-shot, pilot)

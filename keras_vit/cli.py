@@ -7,7 +7,7 @@ import os
 import sys
 
 #: Subcommand modules under keras_vit.commands, in the order `keras-vit --help` lists them.
-COMMANDS = ["explain", "finetune", "evaluate", "fewshot", "presets", "convert"]
+COMMANDS = ["explain", "finetune", "evaluate", "fewshot", "presets", "convert", "export"]
 
 
 def build_parser():

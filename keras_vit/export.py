@@ -25,9 +25,16 @@ Artefacts (`images` is the input name everywhere):
   `with_preprocessing=True`, uint8 images of any size (batch, height, width, 3), resized
   (bilinear) to the model's size and scaled to [-1, 1] inside the artefact, as
   `keras_vit.preprocess_input` and the evaluation pipeline of `keras_vit.data` do.
-- `int8=True`: the model's int8 quantization (`VisionTransformer.quantize("int8")`: int8 kernels
-  with per-channel scales, inputs quantized per token) is exported, so every format computes
-  what the int8 Keras model computes. An already quantized model is exported as it is.
+- `int8=True`: int8 weights, each format in its runtime's own int8 form, applied to the float
+  model's transformer matmuls (the patch embedding and the hybrid's ResNet stay float):
+  SavedModel: keras_vit's int8 (`VisionTransformer.quantize("int8")`: int8 kernels with
+  per-output-channel scales, inputs quantized per token), so it computes what the int8 Keras
+  model computes. ONNX: onnxruntime's dynamic quantization (`quantize_dynamic`: per-channel
+  int8 weights, MatMulInteger with inputs quantized per call). LiteRT: the TFLite converter's
+  dynamic-range quantization (int8 weights, hybrid int8 kernels).
+- A model already quantized in Keras (int8) exports as it is to every format and computes its
+  int8 numerics; ONNX and LiteRT fold its int8 kernels into float32 constants (no smaller file).
+  int8=True for ONNX or LiteRT needs the float model (ExportError otherwise).
 """
 
 import json
@@ -50,6 +57,7 @@ FORMATS = {
 REQUIREMENTS = {
     "tf_saved_model": [("tensorflow", "tensorflow")],
     "onnx": [("tensorflow", "tensorflow"), ("tf2onnx", "tf2onnx"), ("onnx", "onnx")],
+    "onnx_int8": [("onnxruntime", "onnxruntime")],
     "litert": [("tensorflow", "tensorflow")],
 }
 TOP_K = 5
@@ -75,7 +83,8 @@ def export_model(
         path: the artefact: a folder for "tf_saved_model", a file for "onnx" (`.onnx`) and
             "litert" (`.tflite`).
         format: "tf_saved_model" (alias "saved_model"), "onnx" or "litert" (alias "tflite").
-        int8: export the model's int8 quantization (the model itself is not changed).
+        int8: int8 weights in the format's own int8 form (see the module docstring); the model
+            itself is not changed.
         image_size: int or (height, width): export at this input size (position embeddings
             resized by the model's rule). Default: the model's size.
         with_preprocessing: the artefact takes uint8 images of any size and resizes and scales
@@ -157,27 +166,60 @@ def _quantization_mode(model):
     return "/".join(sorted(modes)) or None
 
 
+def check_options(path, format, *, int8=False, image_size=None):
+    """The checks that need no model: a known format whose packages are installed, a path that
+    suits it, a sane image size. Returns (path, format) normalised.
+
+    Raises:
+        ExportError naming the problem and the fix.
+    """
+    fmt = _normalise_format(format)
+    path = os.fspath(path)
+    _size_pair(image_size)
+    if fmt == "onnx" and not path.endswith(".onnx"):
+        raise ExportError(f"An ONNX artefact is a file ending in '.onnx'; got {path!r}.")
+    if fmt == "litert" and not path.endswith(".tflite"):
+        raise ExportError(f"A LiteRT artefact is a file ending in '.tflite'; got {path!r}.")
+    if fmt == "tf_saved_model" and path.endswith((".onnx", ".tflite", ".keras")):
+        raise ExportError(f"A SavedModel is a folder; {path!r} looks like a file. Pick a folder name or another format.")
+    if fmt == "tf_saved_model" and os.path.isdir(path) and os.listdir(path) and not _is_saved_model(path):
+        raise ExportError(f"{path!r} is a folder with other files in it; a SavedModel needs an empty or new folder.")
+    if fmt != "tf_saved_model" and os.path.isdir(path):
+        raise ExportError(f"{path!r} is a folder; the {fmt} artefact is a file.")
+    _check_requirements(fmt)
+    if fmt == "onnx" and int8:
+        _check_requirements("onnx_int8")
+    return path, fmt
+
+
+def _is_saved_model(path):
+    return os.path.isfile(os.path.join(path, "saved_model.pb"))
+
+
 def _checked_job(model, job):
     job = dict(job)
     unknown = set(job) - {"path", "format", "int8", "image_size", "with_preprocessing"}
     if unknown:
         raise ExportError(f"Unknown export option(s) {sorted(unknown)}: use int8, image_size, with_preprocessing.")
-    fmt = _normalise_format(job.get("format", "tf_saved_model"))
-    path = os.fspath(job["path"])
     int8 = bool(job.get("int8", False))
+    path, fmt = check_options(job["path"], job.get("format", "tf_saved_model"), int8=int8,
+                              image_size=job.get("image_size"))
     size = _size_pair(job.get("image_size"))
     with_preprocessing = bool(job.get("with_preprocessing", False))
     mode = _quantization_mode(model)
-    if fmt == "onnx" and not path.endswith(".onnx"):
-        raise ExportError(f"An ONNX artefact is a file ending in '.onnx'; got {path!r}.")
-    if fmt == "litert" and not path.endswith(".tflite"):
-        raise ExportError(f"A LiteRT artefact is a file ending in '.tflite'; got {path!r}.")
     if mode is not None and mode != "int8":
         raise ExportError(
             f"The model is {mode}-quantized; only float and int8 models can be exported. Export the float "
             "model (with int8=True for int8)."
         )
-    if int8 and not hasattr(model, "quantize"):
+    if int8 and mode is not None and fmt != "tf_saved_model":
+        raise ExportError(
+            f"int8=True for {fmt} quantizes the float model with the runtime's own int8 "
+            f"({'onnxruntime quantize_dynamic' if fmt == 'onnx' else 'the TFLite converter'}), but this model "
+            "is already int8-quantized in Keras. Export the float model with int8=True, or this model "
+            "without int8 (its int8 numerics, with float32-sized weights)."
+        )
+    if int8 and fmt == "tf_saved_model" and mode is None and not hasattr(model, "quantize"):
         raise ExportError(f"int8=True needs a model with a quantize() method; got {type(model).__name__}.")
     if size is not None:
         if mode is not None:
@@ -185,8 +227,7 @@ def _checked_job(model, job):
                 "image_size cannot change a quantized model (its float position embeddings are gone). Export "
                 "the float model with image_size=... and int8=True instead."
             )
-        config = model.get_config()
-        if "image_size" not in config:
+        if "image_size" not in model.get_config():
             raise ExportError(f"image_size is only for models built at a fixed size; {type(model).__name__} is not.")
         stride = getattr(model, "stride", None)
         if stride and (size[0] % stride or size[1] % stride):
@@ -194,7 +235,6 @@ def _checked_job(model, job):
                 f"image_size {size[0]}x{size[1]} is not divisible by the model's stride {stride} (patch size "
                 "times the ResNet's stride). Pick a multiple of it."
             )
-    _check_requirements(fmt)
     return dict(path=path, format=fmt, int8=int8, image_size=size, with_preprocessing=with_preprocessing)
 
 
@@ -339,15 +379,25 @@ def _write_saved_model(model, path, with_preprocessing, for_litert=False):
     archive.write_out(path, verbose=False)
 
 
-def _write_onnx(model, path, with_preprocessing):
+def _write_onnx(model, path, with_preprocessing, int8=False):
     import tensorflow as tf
     import tf2onnx
 
     spec = _input_spec(model, with_preprocessing)
     forward = tf.function(_forward(model, with_preprocessing), input_signature=[spec])
     _patch_tf2onnx_for_numpy2()
-    tf2onnx.convert.from_function(forward, input_signature=[spec], output_path=path)
-    _name_onnx_output(path)
+    with tempfile.TemporaryDirectory(prefix="keras_vit_onnx_") as tmp:
+        float_path = os.path.join(tmp, "float.onnx") if int8 else path
+        tf2onnx.convert.from_function(forward, input_signature=[spec], output_path=float_path)
+        _name_onnx_output(float_path)
+        if int8:
+            from onnxruntime.quantization import QuantType, quantize_dynamic
+
+            # The weight matmuls only (as keras_vit's int8): attention's activation products stay float.
+            quantize_dynamic(
+                float_path, path, weight_type=QuantType.QInt8, per_channel=True,
+                op_types_to_quantize=["MatMul", "Gemm"], extra_options={"MatMulConstBOnly": True},
+            )
 
 
 def _patch_tf2onnx_for_numpy2():
@@ -377,7 +427,7 @@ def _name_onnx_output(path):
     onnx.save(graph_model, path)
 
 
-def _write_litert(model, path, with_preprocessing):
+def _write_litert(model, path, with_preprocessing, int8=False):
     import tensorflow as tf
 
     with tempfile.TemporaryDirectory(prefix="keras_vit_litert_") as tmp:
@@ -385,6 +435,8 @@ def _write_litert(model, path, with_preprocessing):
         converter = tf.lite.TFLiteConverter.from_saved_model(tmp, signature_keys=["serve"])
         # Builtin ops only: ai-edge-litert's Interpreter has no Flex (TensorFlow-op) delegate.
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS]
+        if int8:  # dynamic-range quantization: int8 weights, hybrid int8 kernels
+            converter.optimizations = [tf.lite.Optimize.DEFAULT]
         try:
             flatbuffer = converter.convert()
         except Exception as error:  # the converter raises ConverterError and friends
@@ -394,17 +446,17 @@ def _write_litert(model, path, with_preprocessing):
 
 
 def _export_on_tensorflow(model, path, format, int8=False, image_size=None, with_preprocessing=False):
-    prepared = _prepared_model(model, int8, image_size)
+    prepared = _prepared_model(model, int8 and format == "tf_saved_model", image_size)
     parent = os.path.dirname(os.path.abspath(path))
     os.makedirs(parent, exist_ok=True)
     if format == "tf_saved_model":
-        if os.path.isdir(path):
+        if _is_saved_model(path):  # an earlier export (check_options refuses other folders)
             shutil.rmtree(path)
         _write_saved_model(prepared, path, with_preprocessing)
     elif format == "onnx":
-        _write_onnx(prepared, path, with_preprocessing)
+        _write_onnx(prepared, path, with_preprocessing, int8=int8)
     else:
-        _write_litert(prepared, path, with_preprocessing)
+        _write_litert(prepared, path, with_preprocessing, int8=int8)
     return path
 
 
