@@ -26,12 +26,14 @@ Artefacts (`images` is the input name everywhere):
   (bilinear) to the model's size and scaled to [-1, 1] inside the artefact, as
   `keras_vit.preprocess_input` and the evaluation pipeline of `keras_vit.data` do.
 - `int8=True`: int8 weights, each format in its runtime's own int8 form, applied to the float
-  model's transformer matmuls (the patch embedding and the hybrid's ResNet stay float):
-  SavedModel: keras_vit's int8 (`VisionTransformer.quantize("int8")`: int8 kernels with
-  per-output-channel scales, inputs quantized per token), so it computes what the int8 Keras
-  model computes. ONNX: onnxruntime's dynamic quantization (`quantize_dynamic`: per-channel
-  int8 weights, MatMulInteger with inputs quantized per call). LiteRT: the TFLite converter's
-  dynamic-range quantization (int8 weights, hybrid int8 kernels).
+  model. SavedModel: keras_vit's int8 (`VisionTransformer.quantize("int8")`: every transformer
+  matmul, pre_logits and the head with int8 kernels and per-output-channel scales, inputs
+  quantized per token), so it computes what the int8 Keras model computes. ONNX: onnxruntime's
+  dynamic quantization (`quantize_dynamic`) of the same weight matmuls: per-channel int8
+  weights, MatMulInteger with inputs quantized per call. LiteRT: the TFLite converter's
+  dynamic-range quantization: every constant weight tensor of over 1024 elements (the
+  converter's rule: also the patch embedding) stored int8, run by hybrid int8 kernels. The
+  hybrid's ResNet stays float everywhere (its standardised kernels are computed, not stored).
 - A model already quantized in Keras (int8) exports as it is to every format and computes its
   int8 numerics; ONNX and LiteRT fold its int8 kernels into float32 constants (no smaller file).
   int8=True for ONNX or LiteRT needs the float model (ExportError otherwise).
