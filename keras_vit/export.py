@@ -346,14 +346,11 @@ def _serving_outputs(model, outputs):
 
     if not getattr(model, "include_top", True) or len(outputs.shape) != 2:
         return {"features": outputs}
-    activation = getattr(model, "classifier_activation", "softmax")
-    name = activation if isinstance(activation, str) else getattr(activation, "get", lambda k: None)("config")
-    if name in ("softmax", None):
-        probabilities = outputs
-    elif name == "linear":
+    # VisionTransformer keeps the serialised activation name: "softmax", or "linear" for logits.
+    if getattr(model, "classifier_activation", "softmax") == "linear":
         probabilities = tf.nn.softmax(outputs, axis=-1)
     else:
-        probabilities = outputs  # e.g. sigmoid scores: ranked as they are
+        probabilities = outputs  # softmax (or e.g. sigmoid scores, ranked as they are)
     k = min(TOP_K, int(outputs.shape[-1]))
     top = tf.math.top_k(probabilities, k=k)
     return {
