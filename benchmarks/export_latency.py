@@ -44,7 +44,8 @@ def runners(paths, threads):
     for name, path in paths.items():
         if name.startswith("saved_model"):
             loaded = tf.saved_model.load(path)
-            out[name] = (lambda serve: lambda x: serve(tf.constant(x)).numpy())(loaded.serve)
+            # Hold the loaded object: its variables die with it, not with the bound endpoint.
+            out[name] = (lambda m: lambda x: m.serve(tf.constant(x)).numpy())(loaded)
         elif name.startswith("onnx"):
             options = ort.SessionOptions()
             options.intra_op_num_threads = threads
