@@ -1,0 +1,269 @@
+"""Deployment exports: SavedModel, ONNX and LiteRT artefacts of a tiny ViT and a tiny R+ViT
+hybrid, run by their own runtimes (tf.saved_model, onnxruntime, ai-edge-litert) against Keras'
+predict on the same inputs; int8 artefacts against the float model; the CLI; clear errors.
+
+On JAX and PyTorch the artefacts come from a TensorFlow subprocess, so each model's artefacts
+are written in one `export_models` call (one rebuild)."""
+
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+from keras_vit.export import ExportError, export_model, export_models
+from tests.conftest import BACKEND, TINY, TINY_HYBRID, randomize
+
+tf = pytest.importorskip("tensorflow")
+ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("tf2onnx")
+litert = pytest.importorskip("ai_edge_litert.interpreter")
+
+# SavedModel of a model built on TensorFlow: the same graph, so rounding alone (none seen).
+SAVED_MODEL_BAR = 1e-6 if BACKEND == "tensorflow" else 1e-5
+BAR = 1e-5
+
+# The ViT: class token, pre_logits, logits out. The hybrid: ResNet stem + stages, gap.
+# Wide enough that every transformer kernel has over 1024 elements, the least the TFLite
+# converter quantizes.
+VIT = dict(TINY, hidden_size=48, mlp_dim=96, representation_size=32, classifier_activation=None)
+HYBRID = dict(TINY_HYBRID, classifier="gap")
+
+
+def relative_error(actual, expected):
+    actual, expected = np.asarray(actual, np.float64), np.asarray(expected, np.float64)
+    return float(np.abs(actual - expected).max() / np.abs(expected).max())
+
+
+def softmax(x):
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def run_saved_model(path, images):
+    loaded = tf.saved_model.load(path)
+    return loaded.serve(tf.constant(images)).numpy(), {
+        k: v.numpy() for k, v in loaded.signatures["serving_default"](images=tf.constant(images)).items()
+    }
+
+
+def run_onnx(path, images):
+    session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    assert [i.name for i in session.get_inputs()] == ["images"]
+    return session.run(["predictions"], {"images": images})[0]
+
+
+def run_litert(path, images):
+    interpreter = litert.Interpreter(model_path=path)
+    runner = interpreter.get_signature_runner("serve")
+    return runner(images=images)["predictions"]
+
+
+def float_images(n, size, seed):
+    return np.random.default_rng(seed).uniform(-1, 1, (n, *size, 3)).astype("float32")
+
+
+@pytest.fixture(scope="module")
+def vit_exports(tmp_path_factory):
+    out = tmp_path_factory.mktemp("vit")
+    model = randomize(keras_vit.VisionTransformer(**VIT), seed=1)
+    jobs = {
+        "saved_model": dict(path=str(out / "sm"), format="tf_saved_model"),
+        "onnx": dict(path=str(out / "vit.onnx"), format="onnx"),
+        "litert": dict(path=str(out / "vit.tflite"), format="litert"),
+        "saved_model_int8": dict(path=str(out / "sm_int8"), format="saved_model", int8=True),
+        "onnx_int8": dict(path=str(out / "vit_int8.onnx"), format="onnx", int8=True),
+        "litert_int8": dict(path=str(out / "vit_int8.tflite"), format="litert", int8=True),
+        "litert_pre": dict(path=str(out / "vit_pre.tflite"), format="litert", with_preprocessing=True),
+    }
+    export_models(model, list(jobs.values()))
+    return model, {k: v["path"] for k, v in jobs.items()}
+
+
+@pytest.fixture(scope="module")
+def hybrid_exports(tmp_path_factory):
+    out = tmp_path_factory.mktemp("hybrid")
+    model = randomize(keras_vit.VisionTransformer(**HYBRID), seed=2, scale=0.3)
+    paths = {"saved_model": str(out / "sm"), "onnx": str(out / "hybrid.onnx"), "litert": str(out / "hybrid.tflite")}
+    export_models(model, [dict(path=p, format=f) for f, p in paths.items()])
+    return model, paths
+
+
+# === Float parity ===
+
+
+@pytest.mark.parametrize("which", ["vit", "hybrid"])
+def test_float_artefacts_match_keras_predict(which, vit_exports, hybrid_exports):
+    model, paths = vit_exports if which == "vit" else hybrid_exports
+    images = float_images(4, model.image_size, seed=3)
+    expected = model.predict(images, verbose=0)
+
+    served, signature = run_saved_model(paths["saved_model"], images)
+    assert relative_error(served, expected) <= SAVED_MODEL_BAR
+    assert relative_error(run_onnx(paths["onnx"], images), expected) <= BAR
+    assert relative_error(run_litert(paths["litert"], images), expected) <= BAR
+
+    # serving_default: probabilities (softmax of the ViT's logits; the hybrid's own softmax) and
+    # the top-5 classes, checked with NumPy.
+    probabilities = softmax(expected) if which == "vit" else expected
+    np.testing.assert_allclose(signature["probabilities"], probabilities, rtol=1e-5, atol=1e-7)
+    top5 = np.argsort(-probabilities, axis=-1)[:, :5]
+    np.testing.assert_array_equal(signature["top5_classes"], top5)
+    np.testing.assert_allclose(
+        signature["top5_probabilities"], np.take_along_axis(probabilities, top5, -1), rtol=1e-5, atol=1e-7
+    )
+    assert signature["top5_classes"].dtype == np.int32
+
+
+def test_with_preprocessing_takes_uint8_images_of_any_size(vit_exports):
+    model, paths = vit_exports
+    pixels = np.random.default_rng(4).integers(0, 256, (3, 45, 37, 3)).astype("uint8")
+    # The reference: keras_vit.data's evaluation resize (bilinear), preprocess_input, predict.
+    resized = tf.image.resize(pixels.astype("float32"), model.image_size, method="bilinear").numpy()
+    expected = model.predict(keras_vit.preprocess_input(resized), verbose=0)
+    interpreter = litert.Interpreter(model_path=paths["litert_pre"])
+    assert interpreter.get_signature_runner("serve").get_input_details()["images"]["dtype"] == np.uint8
+    assert relative_error(run_litert(paths["litert_pre"], pixels), expected) <= 1e-5
+    other = np.random.default_rng(5).integers(0, 256, (1, 64, 80, 3)).astype("uint8")
+    resized = tf.image.resize(other.astype("float32"), model.image_size, method="bilinear").numpy()
+    expected = model.predict(keras_vit.preprocess_input(resized), verbose=0)
+    assert relative_error(run_litert(paths["litert_pre"], other), expected) <= 1e-5
+
+
+# === int8 ===
+
+
+def test_int8_artefacts(vit_exports):
+    model, paths = vit_exports
+    images = float_images(256, model.image_size, seed=6)  # the fixed synthetic set
+    float_logits = model.predict(images, verbose=0, batch_size=64)
+    artefacts = {
+        "saved_model": run_saved_model(paths["saved_model_int8"], images)[0],
+        "onnx": run_onnx(paths["onnx_int8"], images),
+        "litert": run_litert(paths["litert_int8"], images),
+    }
+    # The SavedModel computes the int8 Keras model. Another backend's float rounding of
+    # x * scale can send an input element to the neighbouring int8 step in a few images; the
+    # typical image agrees to float32 rounding.
+    quantized = keras_vit.VisionTransformer.from_config(model.get_config())
+    quantized.set_weights(model.get_weights())
+    quantized.quantize("int8")
+    int8_logits = quantized.predict(images, verbose=0, batch_size=64)
+    per_image = np.abs(artefacts["saved_model"] - int8_logits).max(-1) / np.abs(int8_logits).max()
+    assert np.median(per_image) <= 1e-5 and per_image.max() <= 1e-2
+
+    spread = float(np.ptp(float_logits))
+    for name, logits in artefacts.items():
+        agreement = float(np.mean(logits.argmax(-1) == float_logits.argmax(-1)))
+        change = float(np.abs(logits - float_logits).max())
+        print(f"int8 {name}: top-1 agreement {agreement:.3f}, largest logit change {change:.4f} (logit range {spread:.2f})")
+        assert agreement >= 0.9, name
+        assert change <= 0.1 * spread, name
+    # LiteRT: the block kernels (q, k, v, out, Dense_0, Dense_1) and pre_logits are int8 (the
+    # head has under 1024 weights), in a smaller file. ONNX: every weight matmul (those and the
+    # head) runs as MatMulInteger on int8 weights (at this tiny size the scales and zero points
+    # outweigh the saving in bytes).
+    interpreter = litert.Interpreter(model_path=paths["litert_int8"])
+    int8_kernels = [t for t in interpreter.get_tensor_details() if t["dtype"] == np.int8 and len(t["shape"]) == 2]
+    assert len(int8_kernels) == 6 * VIT["num_layers"] + 1
+    assert os.path.getsize(paths["litert_int8"]) < 0.6 * os.path.getsize(paths["litert"])
+    import onnx
+
+    graph = onnx.load(paths["onnx_int8"]).graph
+    assert sum(node.op_type == "MatMulInteger" for node in graph.node) == 6 * VIT["num_layers"] + 2
+    int8_weights = [i for i in graph.initializer if i.data_type == onnx.TensorProto.INT8 and len(i.dims) == 2]
+    assert len(int8_weights) == 6 * VIT["num_layers"] + 2
+
+
+# === CLI ===
+
+
+@pytest.fixture(scope="module")
+def tiny_preset(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("preset") / "tiny"
+    model = randomize(keras_vit.VisionTransformer(**TINY), seed=7)
+    keras_vit.save_preset(model, folder, metadata={"source": "random"})
+    return str(folder)
+
+
+def test_cli_exports_onnx_with_preprocessing_at_a_new_size(tiny_preset, tmp_path):
+    out = tmp_path / "tiny.onnx"
+    result = subprocess.run(
+        [sys.executable, "-m", "keras_vit.cli", "export", tiny_preset, str(out), "--format", "onnx",
+         "--image-size", "48", "40", "--with-preprocessing"],
+        capture_output=True, text=True, env=dict(os.environ, KERAS_BACKEND=BACKEND), timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "wrote onnx artefact" in result.stdout
+    model = keras_vit.load_checkpoint(tiny_preset, image_size=(48, 40))
+    pixels = np.random.default_rng(8).integers(0, 256, (2, 30, 50, 3)).astype("uint8")
+    resized = tf.image.resize(pixels.astype("float32"), (48, 40), method="bilinear").numpy()
+    expected = model.predict(keras_vit.preprocess_input(resized), verbose=0)
+    assert relative_error(run_onnx(str(out), pixels), expected) <= 1e-5
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--format", "litert"], "A LiteRT artefact is a file ending in '.tflite'"),
+        (["--format", "saved_model"], "looks like a file"),
+        (["--format", "onnx", "--image-size", "30"], "not divisible by the patch size 8"),
+        (["--format", "onnx", "--image-size", "32", "32", "32"], "--image-size takes H or H W"),
+    ],
+)
+def test_cli_errors_are_one_line(argv, message, tiny_preset, tmp_path, capsys):
+    from keras_vit import cli
+
+    assert cli.main(["export", tiny_preset, str(tmp_path / "out.onnx"), *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("keras-vit export: error: ") and message in err
+    assert "Traceback" not in err
+    assert not os.path.exists(tmp_path / "out.onnx")
+
+
+def test_cli_rejects_an_unknown_format(tiny_preset, tmp_path, capsys):
+    from keras_vit import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["export", tiny_preset, str(tmp_path / "m"), "--format", "openvino"])
+    assert exit_info.value.code == 2
+    assert "keras-vit export: error: argument --format: invalid choice: 'openvino'" in capsys.readouterr().err
+
+
+# === API errors (raised before any export work) ===
+
+
+@pytest.fixture
+def tiny_model():
+    return keras_vit.VisionTransformer(**TINY)
+
+
+def test_model_export_refuses_what_cannot_work(tiny_model, tmp_path):
+    with pytest.raises(ExportError, match="Unknown export format 'torchscript'"):
+        export_model(tiny_model, tmp_path / "m", format="torchscript")
+    with pytest.raises(ExportError, match="ending in '.onnx'"):
+        tiny_model.export(str(tmp_path / "m.tflite"), format="onnx")
+    with pytest.raises(ExportError, match="own input signature"):
+        tiny_model.export(str(tmp_path / "m.onnx"), format="onnx", input_signature=[keras.InputSpec(shape=(1, 32, 32, 3))])
+    with pytest.raises(ExportError, match="not divisible by the model's stride 8"):
+        export_model(tiny_model, tmp_path / "m.onnx", format="onnx", image_size=(40, 36))
+    (tmp_path / "taken").mkdir()
+    (tmp_path / "taken" / "notes.txt").write_text("mine")
+    with pytest.raises(ExportError, match="a folder with other files in it"):
+        tiny_model.export(str(tmp_path / "taken"), format="tf_saved_model")
+    assert (tmp_path / "taken" / "notes.txt").read_text() == "mine"
+
+
+def test_quantized_models_export_only_as_int8_at_their_size(tiny_model, tmp_path):
+    int4 = keras_vit.VisionTransformer(**TINY)
+    int4.quantize("int4")
+    with pytest.raises(ExportError, match="int4-quantized; only float and int8"):
+        export_model(int4, tmp_path / "m.onnx", format="onnx")
+    tiny_model.quantize("int8")
+    with pytest.raises(ExportError, match="image_size cannot change a quantized model"):
+        export_model(tiny_model, tmp_path / "m.onnx", format="onnx", image_size=64)
+    with pytest.raises(ExportError, match="already int8-quantized in Keras"):
+        tiny_model.export(str(tmp_path / "m.tflite"), format="litert", int8=True)
