@@ -264,7 +264,7 @@ def fetch(repo_id, revision=None, *, sha256=None, weights_file=None, what=None, 
     checked against the hash the Hub stores it under (and `sha256`, when given, against
     `weights_file`) the first time; the sizes, modification times and inodes seen then are
     recorded under `cache_dir()/verified/`, and a later load re-hashes only files whose record
-    changed. A file that no longer matches (a bit flip, a truncation) is removed from the cache
+    changed (KERAS_VIT_VERIFY=always re-hashes every file on every load). A file that no longer matches (a bit flip, a truncation) is removed from the cache
     and downloaded again; offline, the error names the file and the fix.
 
     Concurrent loads of one repository (threads or processes) take turns on a file lock, so the
@@ -278,7 +278,8 @@ def fetch(repo_id, revision=None, *, sha256=None, weights_file=None, what=None, 
     with _lock(repo_id):
         folder, commit = download(repo_id, revision, what=what, allow_patterns=allow_patterns)
         marker_path = _marker_path(repo_id, commit)
-        if _unchanged_since_verified(folder, _read_marker(marker_path), sha256):
+        always = os.environ.get("KERAS_VIT_VERIFY", "").lower() == "always"
+        if not always and _unchanged_since_verified(folder, _read_marker(marker_path), sha256):
             return folder, commit
         try:
             verify_snapshot(folder, repo_id, sha256=sha256, weights_file=weights_file)
