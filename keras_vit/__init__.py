@@ -46,8 +46,13 @@ def _started_as_command():
 if _started_as_command():
 
     def __getattr__(name):  # the public API, imported on first use (PEP 562)
+        import importlib
+        import importlib.util
+
         if name.startswith("__"):
             raise AttributeError(name)
+        if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a submodule: that one only
+            return importlib.import_module(f"{__name__}.{name}")
         _import_public_api()
         try:
             return globals()[name]

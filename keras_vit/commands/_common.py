@@ -152,13 +152,14 @@ def load_model(args, *, image_size=None, include_top=True, classes=None, pooling
 
 def load_as_is(args, *, image_size=None):
     """The model as its checkpoint holds it: with its head when it has one, else its features
-    (pooled as its classifier pools them); --arch, when given, must be the checkpoint's."""
+    (pooled as its classifier pools them); --arch, when given, must be the checkpoint's. With
+    --weights none, a randomly initialised --arch."""
     from keras_vit import loading
 
     check_model_args(args)
     weights = weights_argument(args)
-    if weights is None:
-        raise ValueError("There is no checkpoint to load with --weights none; name one with --weights or --preset.")
+    if weights is None:  # --weights none: a randomly initialised --arch
+        return load_model(args, image_size=image_size)
     return loading.load(weights, architecture=getattr(args, "arch", None) or None, image_size=image_size,
                         include_top=None)
 

@@ -12,7 +12,6 @@ artefacts and their signatures are described in keras_vit/export.py and docs/dep
 import os
 import sys
 
-from keras_vit.commands import _common
 
 FORMATS = ("saved_model", "onnx", "litert")
 
@@ -41,7 +40,7 @@ def run(args):
     # on another backend (then keras_vit.export rebuilds it on TensorFlow in a subprocess).
     if "keras" not in sys.modules:
         os.environ["KERAS_BACKEND"] = "tensorflow"
-    return _common.run_command(export, args)
+    return export(args)  # keras_vit.cli turns bad input into one "keras-vit export: error: ..." line
 
 
 def _image_size(values):

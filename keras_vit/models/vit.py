@@ -152,7 +152,9 @@ class VisionTransformer(TorchOnBatchInputs, keras.Model):
         else:
             raise TypeError(f"VisionTransformer takes a ViTConfig or keyword arguments; got {type(config).__name__}.")
         activation = config.classifier_activation
-        if activation is not None and not isinstance(activation, str):
+        if activation is None:
+            config = config.replace(classifier_activation="linear")  # Keras' name for no activation
+        elif not isinstance(activation, str):
             # A callable is stored by name. Strings stay as they are: serialising one would import
             # TensorFlow on every backend (keras.saving checks whether it is installed).
             activation = keras.activations.serialize(keras.activations.get(activation))
