@@ -159,7 +159,8 @@ def test_npz_round_trip_through_timms_own_loader(timm_side):
     expected = keras_vit.get_weight_tree(model)
     assert set(tree) == set(expected) and all(np.array_equal(tree[k], expected[k]) for k in tree)
     again = keras_vit.load_checkpoint(str(root / "BiT-M-R50x1.npz"), image_size=64, classifier_activation=None)
-    np.testing.assert_array_equal(again.predict(timm_side["x64"], verbose=0), ours)
+    # The same weights (checked exactly above); the forward pass may pick another kernel (torch).
+    assert _rel_err(again.predict(timm_side["x64"], verbose=0), ours) < 2e-5
 
 
 # === The model itself ===

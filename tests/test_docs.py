@@ -166,6 +166,9 @@ def test_the_docs_have_code_blocks():
 
 @pytest.mark.parametrize("path", FILES)
 def test_python_blocks_run(path, tmp_path):
+    if BACKEND == "torch" and path.endswith("TPU.md"):
+        pytest.skip("the TPU guide's blocks run tf.distribute and JAX, which the JAX and TensorFlow passes cover; "
+                    "TensorFlow imported beside PyTorch crashes the interpreter")
     blocks, skipped = runnable(parse_blocks(path), PYTHON_LANGUAGES)
     if not blocks:
         pytest.skip(f"{path}: no python block to run ({len(skipped)} marked as needing: "
