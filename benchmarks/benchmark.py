@@ -461,7 +461,7 @@ def machine_description():
     except Exception:
         pass
     return dict(cpu=cpu, cores=os.cpu_count(), isa=isa, memory=mem, python=platform.python_version(),
-                versions=versions, gpu="none (no accelerator in this session)")
+                versions=versions, gpu="none")
 
 
 def summarise(speed_runs, specs, tasks):
