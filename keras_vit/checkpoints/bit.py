@@ -29,11 +29,13 @@ import numpy as np
 from keras_vit.checkpoints.common import (
     CheckpointError,
     corrupt_file_error,
+    count_units,
     describe_keys,
     materialize,
     open_safetensors,
     read_json,
     safetensors_in_folder,
+    width_factor,
 )
 from keras_vit.checkpoints.registry import CheckpointFormat
 from keras_vit.models.config import BIT_NUMERICS
@@ -54,14 +56,8 @@ def infer_bit_config(tree, *, source="checkpoint", image_size=None):
     root = tree[_ROOT]
     if len(root.shape) != 4 or root.shape[:2] != (7, 7):
         raise CheckpointError(f"{source}: {_ROOT} has shape {tuple(root.shape)}; expected (7, 7, in, 64 * width).")
-    width = root.shape[-1] / 64
-    width = int(width) if float(width).is_integer() else width
-    units = {}
-    for key in tree:
-        m = _UNIT.match(key)
-        if m:
-            s, u = int(m.group(1)), int(m.group(2))
-            units[s] = max(units.get(s, 0), u)
+    width = width_factor(root.shape[-1])
+    units = count_units(tree, _UNIT)
     if not units or sorted(units) != list(range(1, len(units) + 1)):
         raise CheckpointError(f"{source}: BiT stages {sorted(units)} are not numbered block1..blockN.")
     head = tree.get(PREFIX + "head/conv2d/kernel")

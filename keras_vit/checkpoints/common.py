@@ -95,18 +95,29 @@ def _require(tree, key, source):
     return tree[key]
 
 
+def width_factor(channels):
+    """The width factor of a ResNet whose root convolution has `channels` outputs (64 per unit)."""
+    width = channels / 64
+    return int(width) if float(width).is_integer() else width
+
+
+def count_units(tree, pattern):
+    """{stage: units} from the keys of `tree` that `pattern` matches (groups: stage, unit)."""
+    units = {}
+    for key in tree:
+        m = pattern.match(key)
+        if m:
+            s, u = int(m.group(1)), int(m.group(2))
+            units[s] = max(units.get(s, 0), u)
+    return units
+
+
 def infer_resnet(tree, source="checkpoint"):
     """(stage_units, width_factor) of the hybrid ResNet in `tree`, or None for a plain ViT."""
     if "conv_root/kernel" not in tree:
         return None
-    width = tree["conv_root/kernel"].shape[-1] / 64
-    width = int(width) if float(width).is_integer() else width
-    units = {}
-    for key in tree:
-        m = _UNIT.match(key)
-        if m:
-            s, u = int(m.group(1)), int(m.group(2))
-            units[s] = max(units.get(s, 0), u)
+    width = width_factor(tree["conv_root/kernel"].shape[-1])
+    units = count_units(tree, _UNIT)
     if units and sorted(units) != list(range(1, len(units) + 1)):
         raise CheckpointError(f"{source}: ResNet stages {sorted(units)} are not numbered 1..{len(units)}.")
     return tuple(units[s] for s in sorted(units)), width
