@@ -249,6 +249,33 @@ def _unchanged_since_verified(folder, marker, sha256):
         return False
 
 
+def _remove_orphaned_partials(repo_id):
+    """Delete the partial downloads of `repo_id` that no process is writing any more.
+
+    huggingface_hub writes each download to a file named `<etag>.<random>.incomplete` next to the
+    blob and renames it when complete; a process killed mid-download leaves that file behind and
+    no later download reuses it. A partial file is orphaned when huggingface_hub's own per-blob
+    lock (`.locks/<repo folder>/<etag>.lock`, held for the whole download) can be taken at once.
+    """
+    from filelock import FileLock, Timeout
+    from huggingface_hub import constants
+
+    repo_folder = "models--" + repo_id.replace("/", "--")
+    blobs = os.path.join(constants.HF_HUB_CACHE, repo_folder, "blobs")
+    try:
+        partials = [n for n in os.listdir(blobs) if n.endswith(".incomplete")]
+    except OSError:
+        return
+    for name in partials:
+        etag = name.split(".", 1)[0]
+        lock = FileLock(os.path.join(constants.HF_HUB_CACHE, ".locks", repo_folder, f"{etag}.lock"))
+        try:
+            with lock.acquire(timeout=0):
+                os.unlink(os.path.join(blobs, name))
+        except (Timeout, OSError):
+            continue
+
+
 def _lock(repo_id):
     from filelock import FileLock
 
@@ -277,6 +304,7 @@ def fetch(repo_id, revision=None, *, sha256=None, weights_file=None, what=None, 
     names.validate_revision(revision)
     with _lock(repo_id):
         folder, commit = download(repo_id, revision, what=what, allow_patterns=allow_patterns)
+        _remove_orphaned_partials(repo_id)
         marker_path = _marker_path(repo_id, commit)
         always = os.environ.get("KERAS_VIT_VERIFY", "").lower() == "always"
         if not always and _unchanged_since_verified(folder, _read_marker(marker_path), sha256):
