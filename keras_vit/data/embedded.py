@@ -49,11 +49,17 @@ def load_digits():
     return images[:n], labels[:n], images[n:], labels[n:]
 
 
-def make_shapes(num_images, seed=0, size=32):
-    """`num_images` generated images (uint8, (N, size, size, 3)) of SHAPE_CLASSES and their labels."""
+def make_shapes(num_images, seed=0, size=32, return_masks=False):
+    """`num_images` generated images (uint8, (N, size, size, 3)) of SHAPE_CLASSES and their labels.
+
+    With `return_masks=True` also the segmentation of each image, uint8 (N, size, size): 0 for
+    the background and 1 + the shape's class index on the shape's pixels (the same images and
+    labels as without).
+    """
     rng = np.random.default_rng(seed)
     yy, xx = np.mgrid[0:size, 0:size].astype("float32") + 0.5
     images = np.empty((num_images, size, size, 3), "uint8")
+    masks = np.zeros((num_images, size, size), "uint8") if return_masks else None
     labels = rng.integers(0, len(SHAPE_CLASSES), num_images).astype("int64")
     for i, label in enumerate(labels):
         radius = rng.uniform(0.18, 0.32) * size
@@ -71,7 +77,9 @@ def make_shapes(num_images, seed=0, size=32):
         foreground = (background + rng.uniform(90, 165, 3) * rng.choice([-1, 1], 3)) % 256
         image = np.where(mask[..., None], foreground, background) + rng.normal(0, 8, (size, size, 3))
         images[i] = np.clip(image, 0, 255).astype("uint8")
-    return images, labels
+        if return_masks:
+            masks[i][mask] = label + 1
+    return (images, labels, masks) if return_masks else (images, labels)
 
 
 def load_embedded(name, split="train", *, num_train=1000, num_test=300):
