@@ -185,3 +185,29 @@ def test_the_registry_declares_every_format():
     patterns = registry.hub_file_patterns()
     assert {"*.safetensors", "*.npz", "model.weights.h5", "*.keras", "*.json"} <= set(patterns)
     assert not any(p.endswith((".bin", ".msgpack", ".pt")) for p in patterns)
+
+
+_COMPILE_CACHE = """
+import os, jax, keras_vit
+user_dir = os.environ.get("USER_XLA_DIR")
+if user_dir:
+    jax.config.update("jax_compilation_cache_dir", user_dir)
+keras_vit.VisionTransformer(image_size=32, patch_size=8, hidden_size=24, num_layers=1, num_heads=3, mlp_dim=48)
+print("DIR", jax.config.jax_compilation_cache_dir)
+"""
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="JAX's persistent compilation cache")
+@pytest.mark.parametrize("setting", ["default", "off", "user"])
+def test_jax_compilation_cache_is_turned_on_unless_configured_or_refused(tmp_path, setting):
+    from conftest import run_python
+
+    env = {"KERAS_VIT_CACHE": str(tmp_path / "kv")}
+    if setting == "off":
+        env["KERAS_VIT_COMPILATION_CACHE"] = "0"
+    if setting == "user":
+        env["USER_XLA_DIR"] = str(tmp_path / "mine")
+    line = [ln for ln in run_python(_COMPILE_CACHE, env).splitlines() if ln.startswith("DIR")][0]
+    expected = {"default": str(tmp_path / "kv" / "xla"), "off": "None", "user": str(tmp_path / "mine")}[setting]
+    assert line == f"DIR {expected}"
+    assert (tmp_path / "kv" / "xla").is_dir() == (setting == "default")

@@ -13,6 +13,8 @@ for the ViTs.
 
 import keras
 
+from keras_vit import xla_cache
+
 from keras_vit.layers.resnet import GroupNorm, MaxPoolZeroPad, PreActResNetStage, StdConv2D
 from keras_vit.models.config import BIT_NUMERICS
 
@@ -118,6 +120,7 @@ class BiTResNet(keras.Model):
             x = keras.layers.GlobalAveragePooling2D(dtype=dtype, name="pool")(x)
         elif pooling == "max":
             x = keras.layers.GlobalMaxPooling2D(dtype=dtype, name="pool")(x)
+        xla_cache.enable()
         super().__init__(inputs=images, outputs=x, name=name or "bit_resnet", **kwargs)
 
         # === Config ===

@@ -4,6 +4,8 @@ import inspect
 
 import keras
 
+from keras_vit import xla_cache
+
 from keras_vit.backend_workarounds import TorchOnBatchInputs
 from keras_vit.layers.heads import MAPHead
 from keras_vit.layers.init_scope import initializer as _init
@@ -160,6 +162,7 @@ class VisionTransformer(TorchOnBatchInputs, keras.Model):
             activation = keras.activations.serialize(keras.activations.get(activation))
             config = config.replace(classifier_activation=activation)
         inputs, outputs = _graph(config, dtype)
+        xla_cache.enable()
         super().__init__(inputs=inputs, outputs=outputs, name=name or "vision_transformer", trainable=trainable)
         self._vit_config = config.replace(quantization=None)
         if config.quantization:
