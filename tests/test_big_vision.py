@@ -193,7 +193,8 @@ def test_old_checkpoint_layouts(tmp_path):
 def test_writer_round_trip_and_keras_save(tmp_path):
     """A keras_vit model written in big_vision's layout (scanned, under params/) reads back with
     equal logits; the original layout's class-token embedding row is folded into `cls`. A
-    model loaded from big_vision saves as .keras and reloads with equal logits."""
+    model loaded from big_vision writes back to the original layout, and saves as .keras and
+    reloads, with equal logits."""
     with skip_random_init():  # random values follow (on JAX, random initialisers compile per shape)
         model = randomize(keras_vit.VisionTransformer(
             image_size=IMAGE, patch_size=PATCH, hidden_size=WIDTH, num_layers=DEPTH, num_heads=HEADS, mlp_dim=MLP,
@@ -207,6 +208,11 @@ def test_writer_round_trip_and_keras_save(tmp_path):
     x = images()
     want = model(x)
     assert relative_error(loaded(x), want) < TOL
+
+    # Back to the original layout: the class token's embedding row is written as zeros.
+    original = keras_vit.load_checkpoint(write_npz(loaded, str(tmp_path / "original.npz")))
+    assert original.config.class_token_position_embedding
+    assert relative_error(original(x), want) < TOL
 
     loaded.save(tmp_path / "m.keras")
     with skip_random_init():  # the saved weights follow

@@ -216,7 +216,9 @@ class NpzMembers:
 def write_npz(tree, path, *, prefix="", group_norm_shape="flat"):
     """Write a canonical weight tree (or a keras_vit model's weights) as an original-layout .npz.
 
-    The file loads in google-research/vision_transformer and in timm's .npz loader.
+    The file loads in google-research/vision_transformer and in timm's .npz loader. A model
+    whose class token has no position embedding (`class_token_position_embedding=False`, as
+    loaded from big_vision) is written with a zero row for it, which computes the same.
 
     Args:
         tree: {canonical key: array}, or a keras_vit VisionTransformer.
@@ -232,7 +234,10 @@ def write_npz(tree, path, *, prefix="", group_norm_shape="flat"):
     if not isinstance(tree, Mapping):
         from keras_vit.models.weight_tree import get_weight_tree
 
+        config = getattr(tree, "config", None)
         tree = get_weight_tree(tree)
+        if config is not None and config.classifier == "token" and not config.class_token_position_embedding:
+            tree = _with_class_token_row(tree)
     if group_norm_shape not in ("flat", "legacy"):
         raise ValueError(f"group_norm_shape must be 'flat' or 'legacy'; got {group_norm_shape!r}.")
     path = os.fspath(path)
@@ -248,6 +253,19 @@ def write_npz(tree, path, *, prefix="", group_norm_shape="flat"):
         np.savez(f, **arrays)
     os.replace(tmp, path)
     return path
+
+
+def _with_class_token_row(tree):
+    """The tree of a model whose class token has no position embedding (big_vision's), in the
+    original layout, where the embedding covers the class token: its row is zeros (the same sum)."""
+    tree = dict(tree)
+    pos = "Transformer/posembed_input/pos_embedding"
+    if pos in tree:
+        tree[pos] = np.concatenate([np.zeros_like(tree[pos][:, :1]), tree[pos]], axis=1)
+    x = "Transformer/posembed_input/x_embedding"
+    if x in tree:
+        tree["Transformer/posembed_input/prefix_embedding"] = np.zeros((1, tree[x].shape[-1] * 2), np.float32)
+    return tree
 
 
 FORMAT = CheckpointFormat(
