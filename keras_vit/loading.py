@@ -300,7 +300,10 @@ def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, cl
     from keras_vit.models.weight_tree import set_weight_tree, weight_variables
 
     family = _family(config)
-    plan = plan_head(config, include_top=include_top, classes=classes, pooling=pooling,
+    # A classifier named by the caller (big_vision's "0" and "none" look like "gap" in the file)
+    # also decides how a headless model is pooled.
+    head_config = dict(config, **{k: v for k, v in overrides.items() if k == "classifier"})
+    plan = plan_head(head_config, include_top=include_top, classes=classes, pooling=pooling,
                      keep_representation=keep_representation, fresh_head=fresh_head, source=source, warn=warn,
                      head=family.head, features_pooling=family.features_pooling)
     kwargs = dict(config)

@@ -124,6 +124,8 @@ CASES = {
     "scanned_map": ("map", {}, {}, "scan"),
     "scanned_tok_pre_logits": ("tok", dict(rep_size=24), {}, "scan"),
     "params_prefix_tok": ("tok", {}, {}, "params/"),
+    # No head: the model as the file is (include_top=None) pools as the named classifier does.
+    "0_features": ("0", dict(classes=None), dict(classifier="first", include_top=None), "plain"),
 }
 
 
@@ -134,7 +136,8 @@ def test_forward_matches_big_vision(case, tmp_path):
     stored = scanned(params) if layout == "scan" else params
     path = save(stored, tmp_path / "bv.npz", prefix=layout if layout.endswith("/") else "")
     assert detect_format(path).name == "big_vision"
-    _, err = check(path, lambda x: big_vision_forward(params, x, pool_type=pool_type), **load_kw)
+    head = param_kw.get("classes", CLASSES) is not None
+    _, err = check(path, lambda x: big_vision_forward(params, x, pool_type=pool_type, include_head=head), **load_kw)
     print(f"{case}: max relative error {err:.2e}")
 
 
@@ -185,6 +188,31 @@ def test_old_checkpoint_layouts(tmp_path):
     path = save(inlined, tmp_path / "old_map.npz")
     _, err = check(path, lambda x: big_vision_forward(params, x, pool_type="map"))
     print(f"old inlined MAP head: max relative error {err:.2e}")
+
+
+def test_reading_is_lazy_and_unscans_per_layer(tmp_path):
+    """The reader's tree holds LazyArrays (shapes known, nothing read); a scanned file gives each
+    block its slice of the stacked arrays, stored or compressed, and what else a training
+    checkpoint holds beside `params/` (optimizer state) is left alone."""
+    from keras_vit.checkpoints.common import LazyArray
+    from keras_vit.checkpoints.registry import get_format
+
+    params = big_vision_params(pool_type="map")
+    stacked = scanned(params)
+    extra = {"opt/state/mu/embedding/kernel": np.zeros(3, np.float32), "step": np.zeros((), np.float32)}
+    for name, writer in (("stored", np.savez), ("compressed", np.savez_compressed)):
+        path = str(tmp_path / f"{name}.npz")
+        writer(path, **{f"params/{k}": v for k, v in stacked.items()}, **extra)
+        tree, config = get_format("big_vision").read(path)
+        assert all(isinstance(v, LazyArray) for v in tree.values())
+        assert (config["num_layers"], config["num_heads"], config["mlp_dim"], config["classifier"]) == (DEPTH, HEADS, MLP,
+                                                                                                        "map")
+        key = "Transformer/encoderblock_1/MultiHeadDotProductAttention_1/query/kernel"
+        assert tree[key].shape == (WIDTH, HEADS, WIDTH // HEADS)
+        np.testing.assert_array_equal(np.asarray(tree[key]),
+                                      params["Transformer/encoderblock_1/MultiHeadDotProductAttention_0/query/kernel"])
+        np.testing.assert_array_equal(np.asarray(tree["Transformer/encoderblock_0/MlpBlock_3/Dense_1/bias"]),
+                                      params["Transformer/encoderblock_0/MlpBlock_0/Dense_1/bias"])
 
 
 # === Writing, saving and the model options ===
