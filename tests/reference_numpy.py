@@ -266,7 +266,8 @@ def big_vision_forward(params, images, *, pool_type, include_head=True):
         m = _sub(t, "MAPHead_0/")
         probe = np.broadcast_to(m["probe"], (b, 1, d))
         x = _flax_attention(_sub(m, "MultiHeadDotProductAttention_0/"), probe, x)
-        x = (x + _flax_mlp(_sub(m, "MlpBlock_0/"), layer_norm(x, m["LayerNorm_0/scale"], m["LayerNorm_0/bias"], 1e-6)))[:, 0]
+        y = layer_norm(x, m["LayerNorm_0/scale"], m["LayerNorm_0/bias"], 1e-6)
+        x = (x + _flax_mlp(_sub(m, "MlpBlock_0/"), y))[:, 0]
     elif pool_type == "gap":
         x = x.mean(axis=1)
     elif pool_type in ("0", "tok"):

@@ -48,7 +48,8 @@ def big_vision_params(seed=0, *, pool_type="tok", posemb="learn", rep_size=None,
         return {f"{p}/Dense_0/kernel": normal(WIDTH, MLP), f"{p}/Dense_0/bias": normal(MLP, scale=0.1),
                 f"{p}/Dense_1/kernel": normal(MLP, WIDTH), f"{p}/Dense_1/bias": normal(WIDTH, scale=0.1)}
 
-    params = {"embedding/kernel": normal(PATCH, PATCH, 3, WIDTH, scale=0.05), "embedding/bias": normal(WIDTH, scale=0.1)}
+    params = {"embedding/kernel": normal(PATCH, PATCH, 3, WIDTH, scale=0.05),
+              "embedding/bias": normal(WIDTH, scale=0.1)}
     if posemb == "learn":
         params["pos_embedding"] = normal(1, grid * grid, WIDTH, scale=0.5)
     if pool_type == "tok":
@@ -76,7 +77,8 @@ def scanned(params):
     out = {k: v for k, v in params.items() if not k.startswith("Transformer/encoderblock_")}
     for key in [k for k in params if k.startswith("Transformer/encoderblock_0/")]:
         sub = key.split("/", 2)[2]
-        out[f"Transformer/encoderblock/{sub}"] = np.stack([params[f"Transformer/encoderblock_{i}/{sub}"] for i in range(DEPTH)])
+        layers = [params[f"Transformer/encoderblock_{i}/{sub}"] for i in range(DEPTH)]
+        out[f"Transformer/encoderblock/{sub}"] = np.stack(layers)
     return out
 
 
@@ -205,8 +207,8 @@ def test_reading_is_lazy_and_unscans_per_layer(tmp_path):
         writer(path, **{f"params/{k}": v for k, v in stacked.items()}, **extra)
         tree, config = get_format("big_vision").read(path)
         assert all(isinstance(v, LazyArray) for v in tree.values())
-        assert (config["num_layers"], config["num_heads"], config["mlp_dim"], config["classifier"]) == (DEPTH, HEADS, MLP,
-                                                                                                        "map")
+        inferred = config["num_layers"], config["num_heads"], config["mlp_dim"], config["classifier"]
+        assert inferred == (DEPTH, HEADS, MLP, "map")
         key = "Transformer/encoderblock_1/MultiHeadDotProductAttention_1/query/kernel"
         assert tree[key].shape == (WIDTH, HEADS, WIDTH // HEADS)
         np.testing.assert_array_equal(np.asarray(tree[key]),
@@ -299,7 +301,7 @@ def test_damaged_files_raise_clear_errors(tmp_path):
         keras_vit.load_checkpoint(missing)
     query = "Transformer/encoderblock_0/MultiHeadDotProductAttention_0/query/kernel"
     missing = save({k: v for k, v in params.items() if k != query}, tmp_path / "m2.npz")
-    with pytest.raises(CheckpointError, match="missing weight 'Transformer/encoderblock_0/MultiHeadDotProductAttention_1"):
+    with pytest.raises(CheckpointError, match=f"missing weight '{query}'"):
         keras_vit.load_checkpoint(missing)
 
     stacked = scanned(params)

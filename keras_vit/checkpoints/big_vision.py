@@ -173,10 +173,11 @@ def canonical_from_big_vision(members, source="checkpoint"):
             tree[f"MAPHead_0/{key}"] = _lazy(members, name)
         elif m:
             i, part, rest = m.groups()
-            tree[f"Transformer/encoderblock_{int(i)}/{_canonical_block(part, rest, name, source)}"] = _lazy(members, name)
+            sub = _canonical_block(part, rest, name, source)
+            tree[f"Transformer/encoderblock_{int(i)}/{sub}"] = _lazy(members, name)
         elif key.startswith(_SCANNED):
             part, _, rest = key[len(_SCANNED):].partition("/")
-            scanned[f"{_canonical_block(part, rest, name, source)}"] = name
+            scanned[_canonical_block(part, rest, name, source)] = name
         else:
             unexpected.append(name)
     if unexpected:
@@ -203,6 +204,14 @@ def canonical_from_big_vision(members, source="checkpoint"):
         for sub, name in scanned.items():
             for i in range(depth):
                 tree[f"Transformer/encoderblock_{i}/{sub}"] = _lazy(members, name, i)
+
+    for part in ("MultiHeadDotProductAttention_0/query/kernel", "MlpBlock_0/Dense_0/kernel"):
+        sub = _canonical_block(*part.split("/", 1), part, source)
+        if f"Transformer/encoderblock_0/{sub}" not in tree:  # what config inference reads
+            raise CheckpointError(
+                f"{source}: missing weight '{prefix}Transformer/encoderblock_0/{part}' (or its scanned form under "
+                f"'{prefix}Transformer/encoderblock/'); this is not a complete big_vision ViT checkpoint."
+            )
 
     class_token_position_embedding = False
     if _POS in tree:

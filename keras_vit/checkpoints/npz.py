@@ -174,7 +174,8 @@ class NpzMembers:
             local = f.read(30)  # the local file header; its name and extra field lengths end it
             if len(local) != 30 or local[:4] != b"PK\x03\x04":
                 raise ValueError(f"member {info.filename!r} has no valid local header")
-            start = info.header_offset + 30 + int.from_bytes(local[26:28], "little") + int.from_bytes(local[28:30], "little")
+            name_length, extra_length = (int.from_bytes(local[i : i + 2], "little") for i in (26, 28))
+            start = info.header_offset + 30 + name_length + extra_length
             f.seek(start + offset + index * row)
             if f.readinto(memoryview(array.reshape(-1).view(np.uint8))) != row:
                 raise EOFError(f"member {info.filename!r} is cut short")

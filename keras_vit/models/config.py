@@ -363,7 +363,8 @@ class ViTConfig:
             set_(key, value)
         for key in ("layer_norm_epsilon", "group_norm_epsilon", "std_conv_epsilon"):
             set_(key, float(getattr(self, key)))
-        for key in ("gelu_approximate", "std_conv_epsilon_inside_sqrt", "include_top", "class_token_position_embedding"):
+        flags = ("gelu_approximate", "std_conv_epsilon_inside_sqrt", "include_top", "class_token_position_embedding")
+        for key in flags:
             set_(key, bool(getattr(self, key)))
         self._check_choice(
             "classifier", CLASSIFIERS,
