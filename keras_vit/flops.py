@@ -96,11 +96,12 @@ def _vit_flops(config, image_size, classes):
     )
     total += config["num_layers"] * per_layer
     rep = config.get("representation_size")
+    heads = t if config.get("classifier") == "none" else 1  # "none": pre_logits and head on every token
     if rep:
-        total += 2 * d * rep
+        total += heads * 2 * d * rep
         d = rep
     if classes:
-        total += 2 * d * classes
+        total += heads * 2 * d * classes
     return total
 
 

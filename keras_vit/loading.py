@@ -188,6 +188,7 @@ def plan_head(config, *, include_top=True, classes=None, pooling=None, keep_repr
         include_top = ckpt_classes is not None
         if not include_top and pooling is None:
             pooling = features_pooling or config.get("classifier", "token")
+            pooling = None if pooling == "none" else pooling  # no pooling: the token sequence
     skip, allow_missing = [], []
     if include_top:
         if classes is None:
@@ -299,7 +300,10 @@ def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, cl
     from keras_vit.models.weight_tree import set_weight_tree, weight_variables
 
     family = _family(config)
-    plan = plan_head(config, include_top=include_top, classes=classes, pooling=pooling,
+    # A classifier named by the caller (big_vision's "0" and "none" look like "gap" in the file)
+    # also decides how a headless model is pooled.
+    head_config = dict(config, **{k: v for k, v in overrides.items() if k == "classifier"})
+    plan = plan_head(head_config, include_top=include_top, classes=classes, pooling=pooling,
                      keep_representation=keep_representation, fresh_head=fresh_head, source=source, warn=warn,
                      head=family.head, features_pooling=family.features_pooling)
     kwargs = dict(config)
@@ -374,8 +378,9 @@ def load_checkpoint(source, *, image_size=None, include_top=True, classes=None, 
     framework's numerics are read from the checkpoint itself.
 
     Args:
-        source: an original .npz, a timm folder or .safetensors, a transformers folder, a Keras
-            preset folder, a .keras or .weights.h5 file, a training run folder;
+        source: an original .npz, a big_vision .npz, a timm folder or .safetensors, a
+            transformers folder, a Keras preset folder, a .keras or .weights.h5 file, a training
+            run folder;
             "hf://owner/repo[@revision]"; or a preset name ("ViTB16.augreg_in21k",
             "vit_base_patch16_224.augreg2_in21k_ft_in1k").
         image_size: int or (height, width) to run at; position embeddings are resized with the
@@ -384,9 +389,12 @@ def load_checkpoint(source, *, image_size=None, include_top=True, classes=None, 
             it has one, else pooled features).
         classes: None keeps the checkpoint's head; another number attaches a fresh
             zero-initialised head (with a warning when that discards a trained one).
-        pooling: with include_top=False: None, "token", "gap" or "max" (see VisionTransformer).
+        pooling: with include_top=False: None, "token", "gap", "max" or "first" (see VisionTransformer).
         classifier_activation: activation of the head; None (default) returns logits.
-        **overrides: other VisionTransformer arguments (dropout_rate, dtype, name, ...).
+        **overrides: other VisionTransformer arguments (dropout_rate, dtype, name, ...). Where
+            the weights cannot tell the read-out apart, name it: a big_vision file without a
+            class token or MAP head loads as classifier="gap"; pass classifier="first" or
+            "none" for its pool_type "0" or "none".
 
     Example:
         >>> model = keras_vit.load_checkpoint("ViT-B_16.npz", image_size=384)   # doctest: +SKIP

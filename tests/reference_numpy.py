@@ -217,3 +217,65 @@ def map_head(t, x, layer_norm_epsilon, gelu_approximate):
     z = gelu(z @ t[m + "MlpBlock_0/Dense_0/kernel"] + t[m + "MlpBlock_0/Dense_0/bias"], gelu_approximate)
     y = y + z @ t[m + "MlpBlock_0/Dense_1/kernel"] + t[m + "MlpBlock_0/Dense_1/bias"]
     return y[:, 0]
+
+
+# === big_vision (google-research/big_vision, models/vit.py) ===
+
+
+def _flax_attention(p, queries, tokens):
+    """flax.linen.MultiHeadDotProductAttention under prefix `p` (big_vision's weight names)."""
+    q = np.einsum("btd,dhk->bhtk", queries, p["query/kernel"]) + p["query/bias"][None, :, None, :]
+    k = np.einsum("btd,dhk->bhtk", tokens, p["key/kernel"]) + p["key/bias"][None, :, None, :]
+    v = np.einsum("btd,dhk->bhtk", tokens, p["value/kernel"]) + p["value/bias"][None, :, None, :]
+    w = softmax(q @ k.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1]))
+    return np.einsum("bhtk,hkd->btd", w @ v, p["out/kernel"]) + p["out/bias"]
+
+
+def _flax_mlp(p, x):
+    return gelu(x @ p["Dense_0/kernel"] + p["Dense_0/bias"], True) @ p["Dense_1/kernel"] + p["Dense_1/bias"]
+
+
+def _sub(params, prefix):
+    return {k[len(prefix):]: v for k, v in params.items() if k.startswith(prefix)}
+
+
+def big_vision_forward(params, images, *, pool_type, include_head=True):
+    """big_vision's `_Model.__call__` (posemb "learn" when `pos_embedding` is present, else
+    "sincos2d") on its own flat '/'-joined parameters (per-layer blocks), in float64: patch
+    embedding, position embedding on the patch grid, then the class token ("tok"), the encoder
+    (Flax counters per class: LayerNorm_0, MultiHeadDotProductAttention_0, LayerNorm_1,
+    MlpBlock_0), pooling ("tok", "gap", "map", "0", "none"), `pre_logits` (Dense + tanh) and
+    `head`. LayerNorm eps 1e-6 and flax.linen's tanh GELU, as flax's defaults are."""
+    t = {k: np.asarray(v, np.float64) for k, v in params.items()}
+    x = conv2d(np.asarray(images, np.float64), t["embedding/kernel"], t["embedding/kernel"].shape[0], "VALID")
+    x = x + t["embedding/bias"]
+    b, h, w, d = x.shape
+    x = x.reshape(b, h * w, d)
+    x = x + (t["pos_embedding"] if "pos_embedding" in t else sincos2d(h, w, d)[None])
+    if pool_type == "tok":
+        x = np.concatenate([np.broadcast_to(t["cls"], (b, 1, d)), x], axis=1)
+    depth = len({k.split("/")[1] for k in t if k.startswith("Transformer/encoderblock_")})
+    for i in range(depth):
+        p = _sub(t, f"Transformer/encoderblock_{i}/")
+        y = layer_norm(x, p["LayerNorm_0/scale"], p["LayerNorm_0/bias"], 1e-6)
+        x = x + _flax_attention(_sub(p, "MultiHeadDotProductAttention_0/"), y, y)
+        y = layer_norm(x, p["LayerNorm_1/scale"], p["LayerNorm_1/bias"], 1e-6)
+        x = x + _flax_mlp(_sub(p, "MlpBlock_0/"), y)
+    x = layer_norm(x, t["Transformer/encoder_norm/scale"], t["Transformer/encoder_norm/bias"], 1e-6)
+    if pool_type == "map":
+        m = _sub(t, "MAPHead_0/")
+        probe = np.broadcast_to(m["probe"], (b, 1, d))
+        x = _flax_attention(_sub(m, "MultiHeadDotProductAttention_0/"), probe, x)
+        y = layer_norm(x, m["LayerNorm_0/scale"], m["LayerNorm_0/bias"], 1e-6)
+        x = (x + _flax_mlp(_sub(m, "MlpBlock_0/"), y))[:, 0]
+    elif pool_type == "gap":
+        x = x.mean(axis=1)
+    elif pool_type in ("0", "tok"):
+        x = x[:, 0]
+    elif pool_type != "none":
+        raise ValueError(pool_type)
+    if "pre_logits/kernel" in t:
+        x = np.tanh(x @ t["pre_logits/kernel"] + t["pre_logits/bias"])
+    if include_head:
+        x = x @ t["head/kernel"] + t["head/bias"]
+    return x

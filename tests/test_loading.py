@@ -179,8 +179,10 @@ def test_the_registry_declares_every_format():
     from keras_vit.checkpoints import registry
 
     table = registry.formats()
-    assert list(table) == ["keras_preset", "keras", "keras_weights", "timm_bit", "bit_npz", "timm", "transformers", "npz"]
+    assert list(table) == ["keras_preset", "keras", "keras_weights", "timm_bit", "bit_npz", "timm", "transformers",
+                           "big_vision", "npz"]
     assert table["timm"].resize_rule == "bicubic_antialias" and table["npz"].resize_rule == "original"
+    assert table["big_vision"].resize_rule == "original"  # big_vision's resample_posemb: ndimage.zoom order=1
     assert table["npz"].write is keras_vit.write_npz
     patterns = registry.hub_file_patterns()
     assert {"*.safetensors", "*.npz", "model.weights.h5", "*.keras", "*.json"} <= set(patterns)

@@ -8,6 +8,7 @@ format, listed in a registry (keras_vit.checkpoints.registry).
 Loading into a model (one build, weights streamed from the file) is keras_vit.load_checkpoint.
 """
 
+from keras_vit.checkpoints.big_vision import read_big_vision, write_big_vision_npz
 from keras_vit.checkpoints.bit import read_bit_npz, read_timm_bit, write_bit_npz
 from keras_vit.checkpoints.common import CheckpointError
 from keras_vit.checkpoints.keras_format import save_preset

@@ -123,12 +123,16 @@ def infer_resnet(tree, source="checkpoint"):
     return tuple(units[s] for s in sorted(units)), width
 
 
-def infer_config(tree, numerics, *, source="checkpoint", image_size=None, num_heads=None, num_channels=None):
+def infer_config(tree, numerics, *, source="checkpoint", image_size=None, num_heads=None, num_channels=None,
+                 class_token_position_embedding=True, position_embedding="learned"):
     """VisionTransformer kwargs of the canonical `tree`, plus the `numerics` (a NUMERICS row or dict).
 
     `image_size` (height, width) is the checkpoint's resolution when its config states one;
     otherwise the position-embedding grid is taken as square. `num_heads` is needed only when
     the tree cannot tell (it always can: the query kernel is (hidden, heads, head_dim)).
+    `class_token_position_embedding=False` says the stored embedding covers the patch grid
+    alone (big_vision's layout); a `position_embedding` without weights ("sincos2d") leaves
+    the resolution to `image_size` (default: the multiple of the patch nearest 224).
     """
     embed = _require(tree, "embedding/kernel", source)
     if embed.ndim != 4 or embed.shape[0] != embed.shape[1]:
@@ -140,18 +144,21 @@ def infer_config(tree, numerics, *, source="checkpoint", image_size=None, num_he
     query = _require(tree, _QUERY, source)
     heads = int(query.shape[1]) if query.ndim == 3 else num_heads
     mlp = int(_require(tree, "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel", source).shape[-1])
-    classifier = "token" if "cls" in tree else "gap"
-    prefix = 1 if classifier == "token" else 0
+    classifier = "token" if "cls" in tree else "map" if "MAPHead_0/probe" in tree else "gap"
+    prefix = 1 if classifier == "token" and class_token_position_embedding else 0
     resnet = infer_resnet(tree, source)
     stride = patch * resnet_stride(resnet)
-    pos = _require(tree, _POS, source)
-    tokens = int(pos.shape[-2]) - prefix
+    tokens = None
+    if position_embedding == "learned":
+        tokens = int(_require(tree, _POS, source).shape[-2]) - prefix
     if image_size is not None:
         h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(int(s) for s in image_size)
-        if min(h, w) < stride or (h // stride) * (w // stride) != tokens:
+        if min(h, w) < stride or (tokens is not None and (h // stride) * (w // stride) != tokens):
             # The stated size does not fit the stored grid: trust the weights.
             image_size = None
-    if image_size is None:
+    if image_size is None and tokens is None:
+        h = w = max(1, round(224 / stride)) * stride
+    elif image_size is None:
         side = int(round(tokens**0.5))
         if side * side != tokens:
             raise CheckpointError(
@@ -172,6 +179,10 @@ def infer_config(tree, numerics, *, source="checkpoint", image_size=None, num_he
         resnet=resnet,
         num_channels=int(num_channels or (tree["conv_root/kernel"] if resnet else embed).shape[2]),
     )
+    if position_embedding != "learned":
+        config["position_embedding"] = position_embedding
+    if not class_token_position_embedding:
+        config["class_token_position_embedding"] = False
     config.update({k: numerics[k] for k in NUMERICS_FIELDS})
     return config
 

@@ -150,21 +150,59 @@ class NpzMembers:
     def keys(self):
         return list(self._members)
 
+    def shape(self, key):
+        """The declared shape of member `key` (no data is read)."""
+        return self._members[key][1]
+
+    def dtype(self, key):
+        """The declared dtype of member `key`."""
+        return self._members[key][3]
+
+    def read_index(self, key, index):
+        """`self[key][index]` (one entry of the leading axis), reading only its bytes where the
+        member is stored uncompressed in C order (a scanned checkpoint's per-layer slice), and
+        from a zip file that is opened for the read when this object is closed."""
+        info, shape, fortran, dtype, offset = self._members[key]
+        if not shape or not 0 <= index < shape[0]:
+            raise IndexError(f"index {index} is out of range for weight {key!r} of shape {shape}")
+        if fortran or info.compress_type != zipfile.ZIP_STORED:
+            return np.ascontiguousarray(self[key][index])
+        row = dtype.itemsize * math.prod(shape[1:])
+        array = np.empty(shape[1:], dtype=dtype)
+        with open(self.path, "rb") as f:
+            f.seek(info.header_offset)
+            local = f.read(30)  # the local file header; its name and extra field lengths end it
+            if len(local) != 30 or local[:4] != b"PK\x03\x04":
+                raise ValueError(f"member {info.filename!r} has no valid local header")
+            name_length, extra_length = (int.from_bytes(local[i : i + 2], "little") for i in (26, 28))
+            start = info.header_offset + 30 + name_length + extra_length
+            f.seek(start + offset + index * row)
+            if f.readinto(memoryview(array.reshape(-1).view(np.uint8))) != row:
+                raise EOFError(f"member {info.filename!r} is cut short")
+        return array
+
     def __getitem__(self, key):
         info, shape, fortran, dtype, offset = self._members[key]
         array = np.empty(math.prod(shape), dtype=dtype)
+        if self._zip.fp is None:  # closed after the headers were read: reopen for this read
+            with zipfile.ZipFile(self.path) as z, z.open(info) as f:
+                return self._read_into(f, info, array, offset).reshape(shape, order="F" if fortran else "C")
         with self._zip.open(info) as f:
-            f.seek(offset)
-            view = memoryview(array.view(np.uint8))
-            got = 0
-            while got < len(view):
-                n = f.readinto(view[got:])
-                if not n:
-                    raise EOFError(f"member {info.filename!r} is cut short")
-                got += n
-            if f.read(1):
-                raise ValueError(f"member {info.filename!r} holds more data than its header declares")
-        return array.reshape(shape, order="F" if fortran else "C")
+            return self._read_into(f, info, array, offset).reshape(shape, order="F" if fortran else "C")
+
+    @staticmethod
+    def _read_into(f, info, array, offset):
+        f.seek(offset)
+        view = memoryview(array.view(np.uint8))
+        got = 0
+        while got < len(view):
+            n = f.readinto(view[got:])
+            if not n:
+                raise EOFError(f"member {info.filename!r} is cut short")
+            got += n
+        if f.read(1):
+            raise ValueError(f"member {info.filename!r} holds more data than its header declares")
+        return array
 
     def close(self):
         self._zip.close()
@@ -179,7 +217,9 @@ class NpzMembers:
 def write_npz(tree, path, *, prefix="", group_norm_shape="flat"):
     """Write a canonical weight tree (or a keras_vit model's weights) as an original-layout .npz.
 
-    The file loads in google-research/vision_transformer and in timm's .npz loader.
+    The file loads in google-research/vision_transformer and in timm's .npz loader. A model
+    whose class token has no position embedding (`class_token_position_embedding=False`, as
+    loaded from big_vision) is written with a zero row for it, which computes the same.
 
     Args:
         tree: {canonical key: array}, or a keras_vit VisionTransformer.
@@ -195,7 +235,10 @@ def write_npz(tree, path, *, prefix="", group_norm_shape="flat"):
     if not isinstance(tree, Mapping):
         from keras_vit.models.weight_tree import get_weight_tree
 
+        config = getattr(tree, "config", None)
         tree = get_weight_tree(tree)
+        if config is not None and config.classifier == "token" and not config.class_token_position_embedding:
+            tree = _with_class_token_row(tree)
     if group_norm_shape not in ("flat", "legacy"):
         raise ValueError(f"group_norm_shape must be 'flat' or 'legacy'; got {group_norm_shape!r}.")
     path = os.fspath(path)
@@ -211,6 +254,19 @@ def write_npz(tree, path, *, prefix="", group_norm_shape="flat"):
         np.savez(f, **arrays)
     os.replace(tmp, path)
     return path
+
+
+def _with_class_token_row(tree):
+    """The tree of a model whose class token has no position embedding (big_vision's), in the
+    original layout, where the embedding covers the class token: its row is zeros (the same sum)."""
+    tree = dict(tree)
+    pos = "Transformer/posembed_input/pos_embedding"
+    if pos in tree:
+        tree[pos] = np.concatenate([np.zeros_like(tree[pos][:, :1]), tree[pos]], axis=1)
+    x = "Transformer/posembed_input/x_embedding"
+    if x in tree:
+        tree["Transformer/posembed_input/prefix_embedding"] = np.zeros((1, tree[x].shape[-1] * 2), np.float32)
+    return tree
 
 
 FORMAT = CheckpointFormat(

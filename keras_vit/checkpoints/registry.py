@@ -27,6 +27,7 @@ _MODULES = (
     "bit",
     "timm",
     "transformers",
+    "big_vision",  # before "npz": both are .npz files, big_vision's told apart by its member names
     "npz",
 )
 

@@ -449,20 +449,22 @@ def relative_resize_error(what):
 
 @register
 class TokenPooling(keras.layers.Layer):
-    """Pools the token sequence: "token" takes the class token, "gap" averages the patch tokens.
+    """Pools the token sequence: "token" takes the class token, "first" the first token (of a
+    model without a class token: big_vision's pool_type "0"), "gap" averages the patch tokens,
+    "max" takes their maximum.
 
     `num_prefix_tokens` tokens at the front are left out of the average ("gap" models have none).
     """
 
     def __init__(self, mode="token", num_prefix_tokens=1, **kwargs):
         super().__init__(**kwargs)
-        if mode not in ("token", "gap", "max"):
-            raise ValueError(f"TokenPooling mode must be 'token', 'gap' or 'max'; got {mode!r}.")
+        if mode not in ("token", "first", "gap", "max"):
+            raise ValueError(f"TokenPooling mode must be 'token', 'first', 'gap' or 'max'; got {mode!r}.")
         self.mode = mode
         self.num_prefix_tokens = int(num_prefix_tokens)
 
     def call(self, tokens):
-        if self.mode == "token":
+        if self.mode in ("token", "first"):
             return tokens[:, 0]
         patches = tokens[:, self.num_prefix_tokens :]
         if self.mode == "max":

@@ -28,6 +28,16 @@ NUMERICS = {
         std_conv_epsilon_inside_sqrt=True,
         position_embedding_resize="bicubic_antialias",
     ),
+    # google-research/big_vision: the original Flax numerics (flax.linen defaults) and resize rule
+    # (`resample_posemb`: scipy.ndimage.zoom, order=1).
+    "big_vision": dict(
+        layer_norm_epsilon=1e-6,
+        gelu_approximate=True,
+        group_norm_epsilon=1e-6,
+        std_conv_epsilon=1e-5,
+        std_conv_epsilon_inside_sqrt=False,
+        position_embedding_resize="original",
+    ),
     "transformers": dict(
         layer_norm_epsilon=1e-12,
         gelu_approximate=False,
@@ -192,8 +202,11 @@ def get_architecture(name):
 
 #: The position embeddings a VisionTransformer can use (paper, Appendix D.4; big_vision).
 POSITION_EMBEDDINGS = ("learned", "none", "learned_2d", "relative", "sincos2d")
-CLASSIFIERS = ("token", "gap", "map")
-POOLINGS = (None, "token", "gap", "avg", "max", "map")
+#: How the model reads out its tokens: "token" (class token), "gap" (average), "map" (attention
+#: pooling), "first" (the first token, no class token: big_vision's pool_type "0") and "none" (no
+#: pooling: the head applies to every token, big_vision's pool_type "none").
+CLASSIFIERS = ("token", "gap", "map", "first", "none")
+POOLINGS = (None, "token", "gap", "avg", "max", "map", "first")
 #: keras.Model keyword arguments VisionTransformer passes on to Keras (not config fields).
 KERAS_MODEL_ARGS = ("name", "dtype", "trainable")
 
@@ -306,6 +319,10 @@ class ViTConfig:
     representation_size: int = _field("architecture", None)
     resnet: tuple = _field("architecture", None)
     position_embedding: str = _field("architecture", "learned")
+    class_token_position_embedding: bool = _field(
+        "architecture", True,
+        doc="whether the class token gets a position embedding (the original) or not (big_vision)",
+    )
     num_channels: int = _field("architecture", 3)
     layer_norm_epsilon: float = _field("numerics", NUMERICS["original"]["layer_norm_epsilon"])
     gelu_approximate: bool = _field("numerics", NUMERICS["original"]["gelu_approximate"])
@@ -346,17 +363,19 @@ class ViTConfig:
             set_(key, value)
         for key in ("layer_norm_epsilon", "group_norm_epsilon", "std_conv_epsilon"):
             set_(key, float(getattr(self, key)))
-        for key in ("gelu_approximate", "std_conv_epsilon_inside_sqrt", "include_top"):
+        flags = ("gelu_approximate", "std_conv_epsilon_inside_sqrt", "include_top", "class_token_position_embedding")
+        for key in flags:
             set_(key, bool(getattr(self, key)))
         self._check_choice(
             "classifier", CLASSIFIERS,
-            "'token' (class token), 'gap' (global average pooling) or 'map' (attention pooling)",
+            "'token' (class token), 'gap' (global average pooling), 'map' (attention pooling), 'first' (the "
+            "first token, no class token) or 'none' (no pooling: the head applies to every token)",
         )
         self._check_choice("position_embedding", POSITION_EMBEDDINGS)
         self._check_choice("position_embedding_resize", RESIZE_RULES)
         if self.pooling not in POOLINGS:
             raise ValueError(
-                f"pooling must be one of None, 'token', 'gap', 'avg', 'max' or 'map'; got {self.pooling!r}."
+                f"pooling must be one of None, 'token', 'gap', 'avg', 'max', 'map' or 'first'; got {self.pooling!r}."
             )
         if self.pooling == "token" and self.classifier != "token":
             raise ValueError(
@@ -416,6 +435,12 @@ class ViTConfig:
     def num_prefix_tokens(self):
         """Tokens in front of the patch tokens (1 for the class token)."""
         return 1 if self.classifier == "token" else 0
+
+    @property
+    def num_position_prefix_tokens(self):
+        """Prefix tokens the position embedding covers: the class token's row exists only with
+        `class_token_position_embedding` (big_vision adds the embedding to the patch grid alone)."""
+        return self.num_prefix_tokens if self.class_token_position_embedding else 0
 
     @property
     def num_tokens(self):

@@ -49,13 +49,18 @@ def _graph(config, dtype):
     if c.resnet is not None:
         x = _resnet_stem(x, c, dtype)
     x = PatchEmbedding(c.hidden_size, c.patch_size, dtype=dtype, name="embedding")(x)
+    position = None
+    if c.position_embedding in _POSITION_LAYERS:
+        position = _POSITION_LAYERS[c.position_embedding](
+            c.grid_size, c.num_position_prefix_tokens, resize_rule=c.position_embedding_resize, dtype=dtype,
+            name="posembed_input",
+        )
+    if position is not None and not c.class_token_position_embedding:
+        x = position(x)  # big_vision: on the patch grid, before the class token joins it
     if c.classifier == "token":
         x = ClassToken(dtype=dtype, name="cls")(x)
-    if c.position_embedding in _POSITION_LAYERS:
-        x = _POSITION_LAYERS[c.position_embedding](
-            c.grid_size, c.num_prefix_tokens, resize_rule=c.position_embedding_resize, dtype=dtype,
-            name="posembed_input",
-        )(x)
+    if position is not None and c.class_token_position_embedding:
+        x = position(x)
     x = keras.layers.Dropout(c.dropout_rate, dtype=dtype, name="dropout")(x)
     relative = c.num_tokens if c.position_embedding == "relative" else None
     for i in range(c.num_layers):
@@ -75,7 +80,7 @@ def _graph(config, dtype):
         mode = {None: c.classifier, "avg": "gap"}.get(c.pooling, c.pooling)
         if mode == "map":
             x = MAPHead(c.num_heads, c.mlp_dim, c.layer_norm_epsilon, c.gelu_approximate, dtype=dtype, name="MAPHead_0")(x)
-        else:
+        elif mode != "none":  # "none": pre_logits and the head apply to every token
             x = TokenPooling(mode, c.num_prefix_tokens, dtype=dtype, name="pool")(x)
         if c.representation_size is not None:
             x = Dense(
@@ -109,8 +114,11 @@ class VisionTransformer(TorchOnBatchInputs, keras.Model):
             MLP width.
         classes: size of the classification head.
         classifier: "token" (a class token is prepended and read out), "gap" (no class token;
-            the patch tokens are averaged) or "map" (no class token; big_vision's attention
-            pooling head `MAPHead_0`).
+            the patch tokens are averaged), "map" (no class token; big_vision's attention
+            pooling head `MAPHead_0`), "first" (no class token; the first patch token is read
+            out: big_vision's pool_type "0") or "none" (no class token and no pooling:
+            `pre_logits` and the head apply to every token, so the model outputs
+            (batch, tokens, classes): big_vision's pool_type "none").
         representation_size: width of the optional `pre_logits` Dense + tanh before the head.
         resnet: None, or (stage_units, width_factor) of the hybrid's BiT ResNet, e.g.
             ((3, 4, 9), 1) for R50+ViT-B/16, ((), 1) for the stem-only R+ViT-Ti/16.
@@ -118,6 +126,11 @@ class VisionTransformer(TorchOnBatchInputs, keras.Model):
             "none", "learned_2d" (learned X and Y tables of hidden/2 each, concatenated per
             patch), "relative" (1-D relative attention in every block) or "sincos2d" (fixed 2-D
             sin-cos, big_vision's); the paper's Appendix D.4 compares them.
+        class_token_position_embedding: True (the original): the embedding covers the class
+            token too and is added after it is prepended. False (big_vision): the embedding is
+            laid out on the patch grid alone and added before the class token joins, so the
+            class token gets none (resizing then treats every row as a grid cell). No effect
+            without a class token; "sincos2d" never gives the class token an embedding.
         num_channels: input channels.
         layer_norm_epsilon, gelu_approximate, group_norm_epsilon, std_conv_epsilon,
         std_conv_epsilon_inside_sqrt: the numerics of the weights' source (see
@@ -125,8 +138,9 @@ class VisionTransformer(TorchOnBatchInputs, keras.Model):
         position_embedding_resize: the source's rule for resizing position embeddings.
         include_top: whether to end in the classification head.
         pooling: with include_top=False: None returns the token sequence after the final
-            LayerNorm (batch, tokens, hidden); "token", "gap" (alias "avg"), "max" or ("map"
-            models) "map" pool it to (batch, hidden) (through `pre_logits` when the model has one).
+            LayerNorm (batch, tokens, hidden); "token", "gap" (alias "avg"), "max", "first"
+            (the first token) or ("map" models) "map" pool it to (batch, hidden) (through
+            `pre_logits` when the model has one).
         classifier_activation: activation of the head ("softmax", None for logits, ...).
         dropout_rate, attention_dropout_rate: dropout after embeddings / in blocks, and on the
             attention weights.

@@ -1,0 +1,347 @@
+"""google-research/big_vision ViT .npz files (`big_vision/models/vit.py`): reader and writer.
+
+big_vision keeps the original module names where it can, so its files differ from the
+canonical tree (the original vision_transformer layout) in a few places, each handled here:
+
+- keys may sit under `params/`, or `params/img/` for the image tower of a two-tower model
+  (SigLIP, LiT), whose other parts (`params/txt/...`, `params/t`, ...) are left alone;
+- Flax counts submodules per class inside a block (`LayerNorm_0`, `MultiHeadDotProductAttention_0`,
+  `LayerNorm_1`, `MlpBlock_0`) where the original counts across classes (`LayerNorm_0`,
+  `MultiHeadDotProductAttention_1`, `LayerNorm_2`, `MlpBlock_3`);
+- with `scan=True` the blocks are one `Transformer/encoderblock/...` whose arrays have a
+  leading layer axis; each block's slice is read on its own, when the model assigns it;
+- `pos_embedding` is a top-level parameter over the patch grid alone, added before the class
+  token is prepended (the model runs with `class_token_position_embedding=False`); without it
+  the model used the fixed "sincos2d" embedding;
+- `pool_type`: a `cls` parameter means "tok", `MAPHead_0` means "map", anything else reads as
+  "gap" ("0" and "none" hold the same weights as "gap": name them with
+  `load_checkpoint(..., classifier="first")` or `classifier="none"`).
+
+Older files are fixed up as big_vision's `fix_old_checkpoints` does: the position embedding
+under `Transformer/posembed_input/` or `Transformer/`, one that also covers the class token
+(the old order: concatenate, then add; kept as the original layout), and a MAP head inlined at
+the top level (`probe`, ...).
+"""
+
+import math
+import os
+import re
+import tokenize
+import zipfile
+from collections.abc import Mapping
+
+import numpy as np
+
+from keras_vit.checkpoints.common import (
+    CheckpointError,
+    LazyArray,
+    check_finite,
+    corrupt_file_error,
+    describe_keys,
+    infer_config,
+    reading,
+)
+from keras_vit.checkpoints.npz import NpzMembers, _single_npz
+from keras_vit.checkpoints.registry import CheckpointFormat
+from keras_vit.models.config import NUMERICS
+
+#: Where the model's parameters sit in a file, tried in this order.
+PREFIXES = ("params/img/", "params/", "")
+_POS = "Transformer/posembed_input/pos_embedding"
+#: Where files of different ages keep the position embedding (after the prefix).
+_POS_KEYS = ("pos_embedding", "Transformer/pos_embedding", _POS)
+_SCANNED = "Transformer/encoderblock/"
+_BLOCK = re.compile(r"^Transformer/encoderblock_(\d+)/([^/]+)/(.+)$")
+#: big_vision's per-class Flax counters inside a block -> the original's, counted across classes.
+_BLOCK_PARTS = {
+    "LayerNorm_0": "LayerNorm_0",
+    "MultiHeadDotProductAttention_0": "MultiHeadDotProductAttention_1",
+    "LayerNorm_1": "LayerNorm_2",
+    "MlpBlock_0": "MlpBlock_3",
+}
+_ORIGINAL_PARTS = {v: k for k, v in _BLOCK_PARTS.items()}
+#: Top-level names whose keys are canonical as they are.
+_AS_IS = ("embedding/", "cls", "pre_logits/", "head/", "MAPHead_0/", "Transformer/encoder_norm/")
+#: A MAP head inlined at the top level (ViT-G development files): its parts move under MAPHead_0/.
+_INLINED_MAP = ("probe", "MlpBlock_0/", "MultiHeadDotProductAttention_0/", "LayerNorm_0/")
+
+
+# === Detection ===
+
+
+def parameter_prefix(names):
+    """The prefix ("params/img/", "params/" or "") under which `names` hold a ViT's
+    `embedding/kernel`, or None."""
+    for prefix in PREFIXES:
+        if prefix + "embedding/kernel" in names:
+            return prefix
+    return None
+
+
+def is_big_vision(names):
+    """Whether the '/'-joined parameter names `names` are a big_vision ViT's: its blocks are
+    scanned (`Transformer/encoderblock/...`) or count Flax submodules per class
+    (`encoderblock_0/MultiHeadDotProductAttention_0`, where the original has `..._1`)."""
+    prefix = parameter_prefix(names)
+    if prefix is None:
+        return False
+    block = prefix + "Transformer/encoderblock_0/MultiHeadDotProductAttention_0/"
+    scanned = prefix + _SCANNED
+    return any(n.startswith((block, scanned)) for n in names)
+
+
+def _npz_path(path):
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        return _single_npz(path)
+    return path if os.path.isfile(path) else None
+
+
+def detect(path):
+    """A big_vision ViT .npz (or a folder holding exactly one), told by its member names alone
+    (the zip directory; no array is read)."""
+    path = _npz_path(path)
+    if path is None:
+        return False
+    try:
+        with zipfile.ZipFile(path) as z:
+            names = {n[: -len(".npy")] for n in z.namelist() if n.endswith(".npy")}
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+        return False
+    return is_big_vision(names)
+
+
+# === Reading ===
+
+
+def _lazy(members, key, index=None):
+    """A LazyArray of member `key` (or its entry `index` of the leading axis), as float32,
+    checked for non-finite values when read."""
+    shape = members.shape(key)
+    if index is not None:
+        shape = shape[1:]
+    path = members.path
+
+    def load():
+        try:
+            array = members[key] if index is None else members.read_index(key, index)
+        except (zipfile.BadZipFile, EOFError, ValueError, OSError) as err:
+            raise corrupt_file_error(path, err) from None
+        if array.dtype != np.float32:
+            with np.errstate(over="ignore"):
+                array = array.astype(np.float32)  # beyond float32's range becomes inf, refused below
+        name = key if index is None else f"{key}[{index}]"
+        return check_finite(array, name, path)
+
+    return LazyArray(load, shape)
+
+
+def _canonical_block(part, rest, key, source):
+    if part not in _BLOCK_PARTS:
+        raise CheckpointError(
+            f"{source}: unexpected weight {key!r}: a big_vision encoder block holds "
+            f"{', '.join(_BLOCK_PARTS)}; this is not a big_vision ViT (or one with parts it does not have)."
+        )
+    return f"{_BLOCK_PARTS[part]}/{rest}"
+
+
+def canonical_from_big_vision(members, source="checkpoint"):
+    """(canonical tree of LazyArrays, class_token_position_embedding) from the '/'-joined
+    members of a big_vision .npz (an object with keys(), shape(key), dtype(key), [key] and
+    read_index(key, i), such as `NpzMembers`)."""
+    names = members.keys()
+    prefix = parameter_prefix(set(names))
+    if prefix is None:
+        raise CheckpointError(
+            f"{source}: no 'embedding/kernel' (at the top level, under 'params/' or 'params/img/'); this .npz "
+            "is not a big_vision ViT checkpoint."
+        )
+    keys = {n[len(prefix):]: n for n in names if n.startswith(prefix)}
+    for name in keys.values():
+        if members.dtype(name).kind != "f":
+            raise CheckpointError(f"{source}: weight {name!r} has dtype {members.dtype(name)}; expected floats.")
+
+    tree, unexpected, scanned, positions = {}, [], {}, []
+    for key, name in keys.items():
+        m = _BLOCK.match(key)
+        if key.startswith(_AS_IS):
+            tree[key] = _lazy(members, name)
+        elif key in _POS_KEYS:
+            positions.append(name)
+            tree[_POS] = _lazy(members, name)
+        elif key.startswith(_INLINED_MAP):
+            tree[f"MAPHead_0/{key}"] = _lazy(members, name)
+        elif m:
+            i, part, rest = m.groups()
+            sub = _canonical_block(part, rest, name, source)
+            tree[f"Transformer/encoderblock_{int(i)}/{sub}"] = _lazy(members, name)
+        elif key.startswith(_SCANNED):
+            part, _, rest = key[len(_SCANNED):].partition("/")
+            scanned[_canonical_block(part, rest, name, source)] = name
+        else:
+            unexpected.append(name)
+    if unexpected:
+        raise CheckpointError(
+            f"{source}: unexpected weights {describe_keys(unexpected)}; a big_vision ViT holds embedding/, "
+            "pos_embedding, cls, Transformer/, MAPHead_0/, pre_logits/ and head/ only."
+        )
+    if len(positions) > 1:
+        raise CheckpointError(f"{source}: more than one position embedding ({', '.join(positions)}).")
+    if scanned:
+        if any(k.startswith("Transformer/encoderblock_") for k in tree):
+            raise CheckpointError(
+                f"{source}: both scanned (Transformer/encoderblock/) and per-layer (Transformer/encoderblock_N/) "
+                "blocks; a checkpoint holds one or the other."
+            )
+        depths = {name: (members.shape(name) or (0,))[0] for name in scanned.values()}
+        if len(set(depths.values())) != 1 or 0 in depths.values():
+            listed = ", ".join(f"{n} {members.shape(n)}" for n in sorted(depths)[:6])
+            raise CheckpointError(
+                f"{source}: the scanned blocks disagree on the number of layers (the leading axis of each "
+                f"Transformer/encoderblock/ array): {listed}. The file is corrupt or was not written by big_vision."
+            )
+        depth = next(iter(depths.values()))
+        for sub, name in scanned.items():
+            for i in range(depth):
+                tree[f"Transformer/encoderblock_{i}/{sub}"] = _lazy(members, name, i)
+
+    for part in ("MultiHeadDotProductAttention_0/query/kernel", "MlpBlock_0/Dense_0/kernel"):
+        sub = _canonical_block(*part.split("/", 1), part, source)
+        if f"Transformer/encoderblock_0/{sub}" not in tree:  # what config inference reads
+            raise CheckpointError(
+                f"{source}: missing weight '{prefix}Transformer/encoderblock_0/{part}' (or its scanned form under "
+                f"'{prefix}Transformer/encoderblock/'); this is not a complete big_vision ViT checkpoint."
+            )
+
+    class_token_position_embedding = False
+    if _POS in tree:
+        pos = tree[_POS]
+        if pos.ndim != 3 or pos.shape[0] != 1:
+            raise CheckpointError(f"{source}: {positions[0]} has shape {pos.shape}; expected (1, tokens, width).")
+        tokens = pos.shape[1]
+        if tokens > 1 and math.isqrt(tokens - 1) ** 2 == tokens - 1:
+            # The old order (prepend the class token, then add): the first row is the class
+            # token's. With a class token that is the original layout; without one it is unused.
+            if "cls" in tree:
+                class_token_position_embedding = True
+            else:
+                tree[_POS] = pos[:, 1:]
+    return tree, class_token_position_embedding
+
+
+def read_big_vision(path):
+    """Read a big_vision ViT .npz (or a folder holding one) into (lazy canonical tree,
+    VisionTransformer kwargs with big_vision's numerics).
+
+    The tree's values are LazyArrays (read, and for scanned files sliced per layer, when the
+    model assigns them). A file without `pos_embedding` used big_vision's "sincos2d"
+    embedding; its resolution is then not stored (224 is assumed: pass image_size to the load).
+
+    Example:
+        >>> tree, config = read_big_vision("vit_s16_i1k_90ep.npz")   # doctest: +SKIP
+        >>> config["classifier"], config["class_token_position_embedding"]
+        ('gap', False)
+    """
+    path = os.fspath(path)
+    file = _npz_path(path) or path
+    if not os.path.exists(file):
+        raise FileNotFoundError(f"No checkpoint at {path!r}.")
+    try:
+        members = NpzMembers(file)
+    except (zipfile.BadZipFile, EOFError, ValueError, OSError, NotImplementedError, SyntaxError,
+            tokenize.TokenError) as err:  # numpy parses a damaged .npy header with Python's tokenizer
+        if isinstance(err, (CheckpointError, FileNotFoundError)):
+            raise
+        raise corrupt_file_error(file, err) from None
+    with members, reading(file):  # closed here; each lazy read reopens the file
+        tree, class_token_pe = canonical_from_big_vision(members, source=file)
+        config = infer_config(
+            tree,
+            NUMERICS["big_vision"],
+            source=file,
+            class_token_position_embedding=class_token_pe,
+            position_embedding="learned" if _POS in tree else "sincos2d",
+        )
+    return tree, config
+
+
+# === Writing ===
+
+
+def write_big_vision_npz(tree, path, *, config=None, prefix="", scan=False):
+    """Write a keras_vit ViT (or a canonical weight tree) in big_vision's layout.
+
+    The position embedding goes to the top level over the patch grid alone; where the model's
+    class token has an embedding row (the original layout), that row is folded into `cls`, which
+    computes the same (big_vision's own fix for such files). The file loads back with
+    `keras_vit.load_checkpoint` and in big_vision (`vit.load`, with the model's `pool_type`).
+
+    Args:
+        tree: a keras_vit VisionTransformer, or {canonical key: array}.
+        path: the .npz to write (written to a temporary name first, then moved into place).
+        config: for a tree, its VisionTransformer config (a dict or ViTConfig); only
+            `class_token_position_embedding` is read (default True: the canonical layout).
+        prefix: e.g. "params/" or "params/img/" to nest the weights as big_vision's files do.
+        scan: write the blocks as one `Transformer/encoderblock/` with a leading layer axis.
+
+    Example:
+        >>> model = keras_vit.VisionTransformer(image_size=32, patch_size=8, hidden_size=16,
+        ...     num_layers=2, num_heads=2, mlp_dim=32, classes=3, classifier="map")
+        >>> write_big_vision_npz(model, "/tmp/tiny_bv.npz", scan=True)
+        '/tmp/tiny_bv.npz'
+    """
+    if not isinstance(tree, Mapping):
+        from keras_vit.models.weight_tree import get_weight_tree
+
+        config = tree.config
+        tree = get_weight_tree(tree)
+    if config is None:
+        class_token_pe = True
+    elif isinstance(config, Mapping):
+        class_token_pe = config.get("class_token_position_embedding", True)
+    else:
+        class_token_pe = config.class_token_position_embedding
+    out, layers = {}, {}
+    for key, value in tree.items():
+        value = np.asarray(value, dtype=np.float32)
+        m = re.match(r"^Transformer/encoderblock_(\d+)/([^/]+)/(.+)$", key)
+        if m and m.group(2) in _ORIGINAL_PARTS:
+            layers.setdefault(f"{_ORIGINAL_PARTS[m.group(2)]}/{m.group(3)}", {})[int(m.group(1))] = value
+        elif key == _POS:
+            out["pos_embedding"] = value
+        elif key.startswith(_AS_IS):
+            out[key] = value
+        else:
+            raise ValueError(
+                f"big_vision's ViT has no weight like {key!r} (hybrid ResNet stems, learned 2-D and relative "
+                "position embeddings are not part of it). Write this model with keras_vit.write_npz or save_preset."
+            )
+    if "cls" in out and "pos_embedding" in out and class_token_pe:
+        pos = out["pos_embedding"]
+        out["cls"] = out["cls"] + pos[:, :1]
+        out["pos_embedding"] = pos[:, 1:]
+    depth = 1 + max((i for per_layer in layers.values() for i in per_layer), default=-1)
+    for sub, per_layer in layers.items():
+        if sorted(per_layer) != list(range(depth)):
+            raise ValueError(f"Encoder blocks {sorted(per_layer)} of {sub!r} are not numbered 0..{depth - 1}.")
+        if scan:
+            out[f"{_SCANNED}{sub}"] = np.stack([per_layer[i] for i in range(depth)])
+        else:
+            out.update({f"Transformer/encoderblock_{i}/{sub}": per_layer[i] for i in range(depth)})
+    path = os.fspath(path)
+    tmp = path + ".tmp"
+    with open(tmp, "wb") as f:
+        np.savez(f, **{prefix + k: v for k, v in out.items()})
+    os.replace(tmp, path)
+    return path
+
+
+FORMAT = CheckpointFormat(
+    name="big_vision",
+    description="a google-research/big_vision ViT .npz (top level, params/ or params/img/; scanned or not)",
+    detect=detect,
+    read=read_big_vision,
+    write=write_big_vision_npz,
+    numerics="big_vision",
+    hub_files=("*.npz",),
+)
