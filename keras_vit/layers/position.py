@@ -33,8 +33,8 @@ def _check_tokens(layer, input_shape):
 
 def _resample(table, grid_in, grid_out, rule):
     """(rows_in, cols_in, dim) `table` resampled to `grid_out` (ints or scalar tensors) in the graph."""
-    if tuple(grid_out) == tuple(grid_in):  # static and equal: nothing to do (the matrices are the identity)
-        return table
+    if all(isinstance(g, int) for g in grid_out) and tuple(grid_out) == tuple(grid_in):
+        return table  # known and equal: nothing to do (the matrices are the identity)
     rows = interpolation_matrix_tensor(grid_in[0], grid_out[0], rule)
     cols = interpolation_matrix_tensor(grid_in[1], grid_out[1], rule)
     return ops.einsum("ri,ijd,cj->rcd", rows, table, cols)
@@ -180,7 +180,7 @@ class PositionEmbedding2D(_GridLayer):
         `grid_size`, to which each table is resampled along its axis with the resize rule)."""
         x_table, y_table = self.x_embedding, self.y_embedding
         rows, cols = self.grid_size
-        if grid_size is not None and tuple(grid_size) != self.grid_size:
+        if grid_size is not None and not (all(isinstance(g, int) for g in grid_size) and tuple(grid_size) == self.grid_size):
             rows, cols = grid_size
             x_table = ops.matmul(interpolation_matrix_tensor(self.grid_size[1], cols, self.resize_rule), x_table)
             y_table = ops.matmul(interpolation_matrix_tensor(self.grid_size[0], rows, self.resize_rule), y_table)
