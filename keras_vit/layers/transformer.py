@@ -73,8 +73,9 @@ class PatchEmbedding(keras.layers.Layer):
             # TensorFlow); a VALID convolution would otherwise drop the last pixels silently.
             if size is not None and size % p:
                 raise ValueError(
-                    f"{self.name}: input {axis} {size} is not divisible by the patch size {p}. Resize the "
-                    f"images to a multiple of {p}, e.g. {max(size // p, 1) * p} or {(size // p + 1) * p}."
+                    f"{self.name}: input {axis} {size} is not divisible by the patch size {p}. Resize the images "
+                    "to a multiple of the model's stride (`model.stride`: the patch size, times the ResNet's "
+                    f"stride in a hybrid), e.g. {max(size // p, 1) * p} or {(size // p + 1) * p} for a plain ViT."
                 )
         if p == 1:
             x = ops.einsum("bhwc,cd->bhwd", images, self.kernel[0, 0])
