@@ -32,7 +32,7 @@ def _images(size, seed=0):
 
 
 def _dynamic(**extra):
-    kw = dict(TINY, classes=5, classifier_activation=None, **extra)
+    kw = dict(TINY, num_layers=1, classes=5, classifier_activation=None, **extra)
     model = randomize(keras_vit.VisionTransformer(**kw, dynamic_image_size=True))
     model.compile(jit_compile=JIT)
     return model, kw
@@ -53,52 +53,25 @@ def test_in_graph_matrices_are_the_numpy_ones():
             np.testing.assert_allclose(got, want, rtol=0, atol=2e-6, err_msg=f"{rule} {n_in} -> {n_out}")
 
 
-@pytest.mark.parametrize(
-    "extra,sizes",
-    [
-        (dict(position_embedding_resize="bicubic_antialias"), SIZES),  # timm's rule, at every size
-        (dict(position_embedding_resize="original", position_embedding="learned_2d", classifier="gap"), SIZES[2:]),
-        (dict(position_embedding="sincos2d"), SIZES[2:]),
-    ],
-    ids=["learned-timm", "learned_2d-original-gap", "sincos2d"],
-)
-def test_logits_equal_fixed_size_models(extra, sizes):
-    model, kw = _dynamic(**extra)
+def test_logits_saving_analysis_and_features_equal_fixed_size_models(tmp_path):
+    model, kw = _dynamic(position_embedding_resize="bicubic_antialias")  # timm's rule
     tree = keras_vit.get_weight_tree(model)
     assert model.input_shape == (None, None, None, 3) and model.output_shape == (None, 5)
-    for size in sizes:  # one compiled function sees every size (TensorFlow relaxes the shape)
+    for size in SIZES:  # one compiled function sees every size (TensorFlow relaxes the shape)
         x = _images(size)
-        ref = _fixed(kw, tree, size).predict(x, verbose=0)
+        fixed = _fixed(kw, tree, size)
+        ref = fixed.predict(x, verbose=0)
         assert rel_err(model.predict(x, verbose=0), ref) < 1e-5, size
 
-
-def test_hybrid_follows_the_input_size():
-    # Stem-only hybrid (ResNet root, stride 4) with patch 2: 8 input pixels per token.
-    model, kw = _dynamic(resnet=((), 1), patch_size=2, position_embedding_resize="bilinear")
-    tree = keras_vit.get_weight_tree(model)
-    for size in [(32, 32), (24, 48)]:
-        x = _images(size, seed=1)
-        assert rel_err(model.predict(x, verbose=0), _fixed(kw, tree, size).predict(x, verbose=0)) < 1e-5, size
-    with pytest.raises(ValueError, match="Image width 30 is not divisible by the model's stride 8"):
-        model(_images((32, 30)))  # ResNet features 8 wide: the patch divides them, the stride not the image
-    with pytest.raises(ValueError, match=r"input width 7 is not divisible by the patch size 2.*model\.stride"):
-        model(_images((32, 28)))
-
-
-def test_saves_reloads_and_analysis_and_features_follow_the_grid(tmp_path):
-    model, kw = _dynamic()
-    tree = keras_vit.get_weight_tree(model)
-    size = SIZES[2]
-    x = _images(size, seed=2)
-    fixed = _fixed(kw, tree, size)
-
+    # Saved and reloaded, it still takes any size (here the last, non-square one).
     model.save(tmp_path / "dynamic.keras")
     reloaded = keras.saving.load_model(tmp_path / "dynamic.keras")
     assert reloaded.dynamic_image_size and reloaded.input_shape == (None, None, None, 3)
-    np.testing.assert_allclose(reloaded.predict(x, verbose=0), model.predict(x, verbose=0), rtol=0, atol=1e-6)
+    assert rel_err(reloaded.predict(x, verbose=0), ref) < 1e-5
 
+    # Attention analysis reads the grid off the images.
     weights = analysis.attention_weights(model, x)
-    assert weights.shape == (2, 2, 3, 1 + 3 * 6, 1 + 3 * 6)
+    assert weights.shape == (1, 2, 3, 1 + 3 * 6, 1 + 3 * 6)
     np.testing.assert_allclose(weights, analysis.attention_weights(fixed, x), rtol=0, atol=1e-5)
     rollout = analysis.attention_rollout(model, x)
     assert rollout.shape == (2, 3, 6)
@@ -107,11 +80,40 @@ def test_saves_reloads_and_analysis_and_features_follow_the_grid(tmp_path):
         analysis.attention_distance(model, x), analysis.attention_distance(fixed, x), rtol=1e-5, atol=1e-4
     )
 
-    features = keras_vit.feature_extractor(model, [0, -1])
-    reference = keras_vit.feature_extractor(fixed, [0, -1])
+    # Feature maps on the batch's grid.
+    features = keras_vit.feature_extractor(model, [0, "encoder_norm"])
+    reference = keras_vit.feature_extractor(fixed, [0, "encoder_norm"])
     for got, want in zip(features.predict(x, verbose=0), reference.predict(x, verbose=0)):
         assert got.shape == (2, 3, 6, 24)
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        dict(position_embedding_resize="original", position_embedding="learned_2d", classifier="gap"),
+        dict(position_embedding="sincos2d"),
+    ],
+    ids=["learned_2d-original-gap", "sincos2d"],
+)
+def test_other_position_embeddings_follow_the_grid(extra):
+    model, kw = _dynamic(**extra)
+    x = _images(SIZES[2], seed=4)
+    ref = _fixed(kw, keras_vit.get_weight_tree(model), SIZES[2]).predict(x, verbose=0)
+    assert rel_err(model.predict(x, verbose=0), ref) < 1e-5
+
+
+def test_hybrid_follows_the_input_size():
+    # Stem-only hybrid (ResNet root, stride 4) with patch 2: 8 input pixels per token.
+    model, kw = _dynamic(resnet=((), 1), patch_size=2, position_embedding_resize="bicubic")
+    tree = keras_vit.get_weight_tree(model)
+    for size in [(32, 32), (24, 48)]:
+        x = _images(size, seed=1)
+        assert rel_err(model.predict(x, verbose=0), _fixed(kw, tree, size).predict(x, verbose=0)) < 1e-5, size
+    with pytest.raises(ValueError, match="Image width 30 is not divisible by the model's stride 8"):
+        model(_images((32, 30)))  # ResNet features 8 wide: the patch divides them, the stride not the image
+    with pytest.raises(ValueError, match=r"input width 7 is not divisible by the patch size 2.*model\.stride"):
+        model(_images((32, 28)))
 
 
 def test_constructors_and_loading(tmp_path):

@@ -234,6 +234,8 @@ def attention_weights(model, images, batch_size=32):
     x = _as_batch(images, info)
     # predict() compiles the whole sub-model once (eager op-by-op calls are far slower on JAX).
     out = attention_model(model).predict(x, batch_size=batch_size, verbose=0)
+    if not isinstance(out, (list, tuple)):  # a one-block model: Keras returns its single output bare
+        out = [out]
     return np.stack([np.asarray(w, dtype=np.float32) for w in out])
 
 
