@@ -55,7 +55,9 @@ def test_in_graph_matrices_are_the_numpy_ones():
 
 @pytest.mark.filterwarnings("ignore:Skipping variable loading for optimizer")  # compiled, never trained
 def test_logits_saving_analysis_and_features_equal_fixed_size_models(tmp_path):
-    model, kw = _dynamic(position_embedding_resize="bicubic_antialias")  # timm's rule
+    # "gap": the logits average every patch token, so each position embedding reaches them (a
+    # one-block model's class token sees them only through attention: weakly).
+    model, kw = _dynamic(position_embedding_resize="bicubic_antialias", classifier="gap")  # timm's rule
     tree = keras_vit.get_weight_tree(model)
     assert model.input_shape == (None, None, None, 3) and model.output_shape == (None, 5)
     for size in SIZES:  # one compiled function sees every size (TensorFlow relaxes the shape)
@@ -63,6 +65,9 @@ def test_logits_saving_analysis_and_features_equal_fixed_size_models(tmp_path):
         fixed = _fixed(kw, tree, size)
         ref = fixed.predict(x, verbose=0)
         assert rel_err(model.predict(x, verbose=0), ref) < 1e-5, size
+    # The check tells the rules apart: resized with the original's rule instead, logits move by >1e-4.
+    other = _fixed(dict(kw, position_embedding_resize="original"), tree, size)
+    assert rel_err(other.predict(x, verbose=0), ref) > 1e-4
 
     # Saved and reloaded, it still takes any size (here the last, non-square one).
     model.save(tmp_path / "dynamic.keras")
@@ -72,7 +77,7 @@ def test_logits_saving_analysis_and_features_equal_fixed_size_models(tmp_path):
 
     # Attention analysis reads the grid off the images.
     weights = analysis.attention_weights(model, x)
-    assert weights.shape == (1, 2, 3, 1 + 3 * 6, 1 + 3 * 6)
+    assert weights.shape == (1, 2, 3, 3 * 6, 3 * 6)
     np.testing.assert_allclose(weights, analysis.attention_weights(fixed, x), rtol=0, atol=1e-5)
     rollout = analysis.attention_rollout(model, x)
     assert rollout.shape == (2, 3, 6)
@@ -91,14 +96,12 @@ def test_logits_saving_analysis_and_features_equal_fixed_size_models(tmp_path):
 
 @pytest.mark.parametrize(
     "extra",
-    [
-        dict(position_embedding_resize="original", position_embedding="learned_2d", classifier="gap"),
-        dict(position_embedding="sincos2d"),
-    ],
-    ids=["learned_2d-original-gap", "sincos2d"],
+    [dict(position_embedding_resize="original", position_embedding="learned_2d"), dict(position_embedding="sincos2d")],
+    ids=["learned_2d-original", "sincos2d"],
 )
 def test_other_position_embeddings_follow_the_grid(extra):
-    model, kw = _dynamic(**extra)
+    # The token sequence (class token first), where every position embedding shows.
+    model, kw = _dynamic(include_top=False, **extra)
     x = _images(SIZES[2], seed=4)
     ref = _fixed(kw, keras_vit.get_weight_tree(model), SIZES[2]).predict(x, verbose=0)
     assert rel_err(model.predict(x, verbose=0), ref) < 1e-5
@@ -106,7 +109,7 @@ def test_other_position_embeddings_follow_the_grid(extra):
 
 def test_hybrid_follows_the_input_size():
     # Stem-only hybrid (ResNet root, stride 4) with patch 2: 8 input pixels per token.
-    model, kw = _dynamic(resnet=((), 1), patch_size=2, position_embedding_resize="bicubic")
+    model, kw = _dynamic(resnet=((), 1), patch_size=2, position_embedding_resize="bicubic", include_top=False)
     tree = keras_vit.get_weight_tree(model)
     for size in [(32, 32), (24, 48)]:
         x = _images(size, seed=1)
