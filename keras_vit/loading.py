@@ -445,5 +445,5 @@ def load_checkpoint(source, *, image_size=None, patch_size=None, include_top=Tru
                 classifier_activation=classifier_activation, **overrides)
 
 
-__all__ = ["PATCH_RESIZE_RULE", "HeadPlan", "ResolvedWeights", "build_from_checkpoint", "check_architecture", "load", "load_checkpoint",
-           "plan_head", "resolve"]
+__all__ = ["PATCH_RESIZE_RULE", "HeadPlan", "ResolvedWeights", "build_from_checkpoint", "check_architecture", "load",
+           "load_checkpoint", "plan_head", "resolve"]

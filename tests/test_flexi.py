@@ -166,9 +166,8 @@ def test_refusals_say_why(tmp_path):
     # Asked for: the position embeddings follow the new grid, with the model's own rule.
     model = keras_vit.load_checkpoint(tmp_path / "plain", patch_size=4)
     tree = keras_vit.get_weight_tree(model)
-    np.testing.assert_allclose(
-        tree["embedding/kernel"], keras_vit.resize_patch_embedding(keras_vit.get_weight_tree(plain)["embedding/kernel"], 4)
-    )
+    kernel = keras_vit.get_weight_tree(plain)["embedding/kernel"]
+    np.testing.assert_allclose(tree["embedding/kernel"], keras_vit.resize_patch_embedding(kernel, 4))
     expected = keras_vit.resize_position_embedding(
         keras_vit.get_weight_tree(plain)["Transformer/posembed_input/pos_embedding"], (8, 8), rule="original"
     )

@@ -180,7 +180,8 @@ class PositionEmbedding2D(_GridLayer):
         `grid_size`, to which each table is resampled along its axis with the resize rule)."""
         x_table, y_table = self.x_embedding, self.y_embedding
         rows, cols = self.grid_size
-        if grid_size is not None and not (all(isinstance(g, int) for g in grid_size) and tuple(grid_size) == self.grid_size):
+        known = grid_size is not None and all(isinstance(g, int) for g in grid_size)
+        if grid_size is not None and not (known and tuple(grid_size) == self.grid_size):
             rows, cols = grid_size
             x_table = ops.matmul(interpolation_matrix_tensor(self.grid_size[1], cols, self.resize_rule), x_table)
             y_table = ops.matmul(interpolation_matrix_tensor(self.grid_size[0], rows, self.resize_rule), y_table)

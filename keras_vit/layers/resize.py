@@ -277,7 +277,8 @@ def interpolation_matrix_tensor(n_in, n_out, rule):
             return hat(ops.minimum(lo, last)) * (1.0 - frac) + hat(ops.minimum(lo + 1.0, last)) * frac
         lo = ops.floor(src)
         frac = src - lo
-        return sum(hat(ops.clip(lo + off, 0.0, last)) * _cubic_tensor(off - frac, -0.75) for off in (-1.0, 0.0, 1.0, 2.0))
+        taps = (-1.0, 0.0, 1.0, 2.0)
+        return sum(hat(ops.clip(lo + off, 0.0, last)) * _cubic_tensor(off - frac, -0.75) for off in taps)
     if rule in ("bicubic_antialias", "bilinear_antialias"):
         bicubic = rule == "bicubic_antialias"
         stretch = ops.maximum(scale, 1.0)

@@ -322,7 +322,7 @@ class ViTConfig:
     attention_dropout_rate: float = _field("training", 0.0)
     quantization: object = _field("state", None)
     dynamic_image_size: bool = _field(
-        "input", False, doc="take images of any size at run time; image_size is then the grid the embeddings are laid out on"
+        "input", False, doc="images of any size at run time; image_size is the one the embeddings are laid out on"
     )
 
     def __post_init__(self):

@@ -95,7 +95,8 @@ def feature_extractor(model, layers=(-1,), output="nhwc", name=None):
             raise ValueError(f"Layer {layer_name!r} does not output a token sequence (shape {tokens.shape}).")
         if output == "nhwc":
             if getattr(model, "dynamic_image_size", False):  # the grid follows each batch's images
-                to_grid = TokensToGrid(model.grid_size, model.num_prefix_tokens, model.stride, name=f"{layer_name}_grid")
+                to_grid = TokensToGrid(model.grid_size, model.num_prefix_tokens, model.stride,
+                                       name=f"{layer_name}_grid")
                 tokens = to_grid(tokens, model.inputs[0])
             else:
                 tokens = TokensToGrid(model.grid_size, model.num_prefix_tokens, name=f"{layer_name}_grid")(tokens)
