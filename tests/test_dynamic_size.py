@@ -18,6 +18,7 @@ from keras_vit.layers.resize import interpolation_matrix, interpolation_matrix_t
 from keras_vit.models import ViTConfig
 
 SIZES = [(32, 32), (40, 40), (24, 48)]
+RULES = ["original", "bilinear", "bicubic", "bicubic_antialias"]
 # XLA on JAX (always) and TensorFlow; the PyTorch backend runs eagerly here.
 JIT = BACKEND != "torch"
 
@@ -46,11 +47,11 @@ def _fixed(kw, tree, size):
 
 
 def test_in_graph_matrices_are_the_numpy_ones():
-    for rule in ["original", "bilinear", "bicubic", "bicubic_antialias"]:
-        for n_in, n_out in [(4, 6), (5, 3), (1, 2)]:
-            got = keras.ops.convert_to_numpy(interpolation_matrix_tensor(n_in, n_out, rule))
-            want = interpolation_matrix(n_in, n_out, rule)
-            np.testing.assert_allclose(got, want, rtol=0, atol=2e-6, err_msg=f"{rule} {n_in} -> {n_out}")
+    cases = [(rule, n_in, n_out) for rule in RULES for n_in, n_out in [(4, 6), (5, 3)]] + [("original", 1, 2)]
+    for rule, n_in, n_out in cases:  # up, down, and the one-cell grid the original handles apart
+        got = keras.ops.convert_to_numpy(interpolation_matrix_tensor(n_in, n_out, rule))
+        want = interpolation_matrix(n_in, n_out, rule)
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-6, err_msg=f"{rule} {n_in} -> {n_out}")
 
 
 @pytest.mark.filterwarnings("ignore:Skipping variable loading for optimizer")  # compiled, never trained
