@@ -25,7 +25,9 @@ Args:
         `keras_vit.list_presets("{name}")`), a local checkpoint path, or "hf://owner/repo".
     input_tensor: optional Keras tensor to use as the image input.
     input_shape: (height, width, 3); default (224, 224, 3). Any size that {stride} divides,
-        square or not; pretrained position embeddings are resized to it.
+        square or not; pretrained position embeddings are resized to it. (None, None, 3)
+        builds a model for any such size at run time: its position embeddings are
+        interpolated inside the graph to each batch's grid, with the weights' own rule.
     pooling: with include_top=False: None returns the token sequence after the final
         LayerNorm; "token", "gap"/"avg" or "max" pool it to (batch, {hidden_size}).
     classes: classes of the head. With pretrained weights, a value other than the checkpoint's
@@ -33,7 +35,9 @@ Args:
     classifier_activation: activation of the head; None returns logits.
     name: model name.
     **overrides: other `keras_vit.VisionTransformer` arguments (dropout_rate,
-        attention_dropout_rate, representation_size, numerics fields, ...).
+        attention_dropout_rate, representation_size, numerics fields, ...). `patch_size`
+        with pretrained weights runs them at another patch size (FlexiViT's PI-resize of the
+        patch embedding; see `keras_vit.load_checkpoint`).
 
 Returns:
     A `keras_vit.VisionTransformer` (a `keras.Model`).
@@ -44,13 +48,15 @@ Example:
 
 # Arguments an override may not set: the constructor owns them (its table row and input shape)
 # or takes them as its own arguments. `classifier` stays overridable (e.g. a gap variant).
-_OWNED = (*(f for f in TABLE_FIELDS if f != "classifier"), "image_size", "num_channels")
+_OWNED = (*(f for f in TABLE_FIELDS if f not in ("classifier", "patch_size")), "image_size", "num_channels",
+          "dynamic_image_size")
 _OWN_ARGUMENTS = ("include_top", "pooling", "classes", "classifier_activation", "name")
 #: The VisionTransformer arguments `**overrides` may set.
 OVERRIDES = tuple(f for f in (*ViTConfig.fields(), "dtype", "trainable") if f not in _OWNED + _OWN_ARGUMENTS)
 
 
 def _image_size(input_shape, input_tensor):
+    """(image_size, channels): image_size None for a size known only at run time."""
     if input_tensor is not None and input_shape is None:
         input_shape = tuple(input_tensor.shape[1:])
     if input_shape is None:
@@ -58,11 +64,13 @@ def _image_size(input_shape, input_tensor):
     shape = tuple(input_shape)
     if len(shape) == 2:
         shape = shape + (3,)
-    if len(shape) != 3 or any(s is None for s in shape[:2]):
+    if len(shape) != 3 or shape[2] is None:
         raise ValueError(
-            f"input_shape must be (height, width, channels) with known height and width; got {input_shape!r}. "
-            "ViT position embeddings need a fixed grid: pass e.g. input_shape=(224, 224, 3)."
+            f"input_shape must be (height, width, channels), e.g. (224, 224, 3), or (None, None, 3) for any "
+            f"size at run time; got {input_shape!r}."
         )
+    if any(s is None for s in shape[:2]):
+        return None, int(shape[2])
     return (int(shape[0]), int(shape[1])), int(shape[2])
 
 
@@ -91,8 +99,12 @@ def build_application(
     image_size, channels = _image_size(input_shape, input_tensor)
     kwargs = dict(arch.kwargs())
     kwargs.update(overrides)
+    if image_size is None:
+        # Any size at run time: the position embeddings stay laid out on the weights' grid (the
+        # checkpoint's, or 224 for a new model) and follow each batch's grid in the graph.
+        kwargs.update(dynamic_image_size=True)
     kwargs.update(
-        image_size=image_size,
+        image_size=image_size if image_size is not None or weights is not None else (224, 224),
         num_channels=channels,
         include_top=include_top,
         pooling=pooling,
@@ -106,7 +118,8 @@ def build_application(
         from keras_vit.loading import load
 
         for key in arch.kwargs():
-            kwargs.pop(key, None)  # the checkpoint states the architecture; load() checks it is `arch`
+            if key != "patch_size" or "patch_size" not in overrides:  # patch_size=: run at another patch size
+                kwargs.pop(key, None)  # the checkpoint states the architecture; load() checks it is `arch`
         model = load(weights, architecture=arch, **kwargs)
     if input_tensor is not None:
         inputs = keras.utils.get_source_inputs(input_tensor)

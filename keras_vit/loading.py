@@ -277,6 +277,45 @@ def _family(config):
     return _BIT if "block_units" in config else _VIT
 
 
+#: The pixel resize a load at another patch size inverts: timm's `resample_patch_embed` default.
+PATCH_RESIZE_RULE = "bicubic_antialias"
+
+
+def _patch_resize(config, patch_size, image_size, source):
+    """The rule to PI-resize the checkpoint's patch embedding with, or None when `patch_size` is
+    the checkpoint's own; raises a ValueError for what cannot be resized."""
+    if patch_size is None or patch_size == config.get("patch_size"):
+        return None
+    what = f" {source!r}" if source else ""
+    if "block_units" in config or config.get("hidden_size") is None:
+        raise ValueError(f"patch_size= applies to Vision Transformers; the checkpoint{what} is {_describe(config)}.")
+    if isinstance(patch_size, bool) or not isinstance(patch_size, int) and not hasattr(patch_size, "__index__"):
+        raise ValueError(
+            f"patch_size must be a positive int (keras_vit models use square patches); got {patch_size!r}. "
+            "keras_vit.resize_patch_embedding resizes a kernel to non-square patches."
+        )
+    if int(patch_size) < 1:
+        raise ValueError(f"patch_size must be a positive int; got {patch_size!r}.")
+    if config.get("resnet") is not None:
+        raise ValueError(
+            f"The checkpoint{what} is an R+ViT hybrid: its patch embedding reads ResNet features, not pixels. "
+            "PI-resize keeps a token's response to a resized image patch, but the features of a resized image "
+            "are not a resized copy of the features (the ResNet's stride and receptive field are fixed), so the "
+            "resized kernel would not approximate the trained model. Change the image size instead (image_size=)."
+        )
+    stride = int(patch_size)
+    size = image_size if image_size is not None else config.get("image_size")
+    size = (size, size) if isinstance(size, int) else tuple(size)
+    if any(s % stride for s in size):
+        options = sorted({max(s // stride, 1) * stride for s in size} | {(s // stride + 1) * stride for s in size})
+        whose = "" if image_size is not None else " (the checkpoint's)"
+        raise ValueError(
+            f"patch_size={stride} does not divide the image size {size[0]}x{size[1]}{whose}. "
+            f"Pass an image_size that it divides as well, e.g. image_size={options[0]} or {options[-1]}."
+        )
+    return PATCH_RESIZE_RULE
+
+
 def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, classes=None, pooling=None,
                           classifier_activation=None, keep_representation=True, fresh_head=False, source=None,
                           warn=True, **overrides):
@@ -290,6 +329,9 @@ def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, cl
         include_top, classes, pooling, keep_representation: the head policy (`plan_head`).
         classifier_activation: activation of the head; None returns logits.
         **overrides: other VisionTransformer arguments (dropout_rate, dtype, name, ...).
+            `patch_size` other than the checkpoint's runs the weights at that patch size: the
+            patch-embedding kernel is PI-resized (`keras_vit.resize_patch_embedding`, timm's
+            bicubic antialiased rule) and the position embeddings follow the new grid.
 
     Raises:
         WeightTreeError when the tree does not fit (nothing is assigned then).
@@ -299,6 +341,7 @@ def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, cl
     from keras_vit.layers.init_scope import skip_random_init
     from keras_vit.models.weight_tree import set_weight_tree, weight_variables
 
+    patch_resize = _patch_resize(config, overrides.get("patch_size"), image_size, source)
     family = _family(config)
     # A classifier named by the caller (big_vision's "0" and "none" look like "gap" in the file)
     # also decides how a headless model is pooled.
@@ -325,6 +368,7 @@ def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, cl
             tree,
             source_grid=source_grid(config) if family is _VIT else None,
             resize_rule=config.get("position_embedding_resize"),
+            patch_resize_rule=patch_resize,
             skip=skip,
             allow_missing=plan.allow_missing,
         )
@@ -372,7 +416,7 @@ def load(source, *, architecture=None, image_size=None, include_top=True, classe
     )
 
 
-def load_checkpoint(source, *, image_size=None, include_top=True, classes=None, pooling=None,
+def load_checkpoint(source, *, image_size=None, patch_size=None, include_top=True, classes=None, pooling=None,
                     classifier_activation=None, **overrides):
     """Load any supported checkpoint as a keras_vit model; the architecture and the source
     framework's numerics are read from the checkpoint itself.
@@ -385,6 +429,10 @@ def load_checkpoint(source, *, image_size=None, include_top=True, classes=None, 
             "vit_base_patch16_224.augreg2_in21k_ft_in1k").
         image_size: int or (height, width) to run at; position embeddings are resized with the
             source's own rule. Default: the checkpoint's resolution.
+        patch_size: run the weights at another patch size (FlexiViT): the patch-embedding kernel
+            is PI-resized (`keras_vit.resize_patch_embedding`) and the position embeddings are
+            resized to the new grid. Plain ViTs lose accuracy away from the patch size they were
+            trained at (FlexiViT-trained weights do not); hybrids are refused.
         include_top: True (a head), False (features), or None (as the checkpoint is: its head if
             it has one, else pooled features).
         classes: None keeps the checkpoint's head; another number attaches a fresh
@@ -399,9 +447,11 @@ def load_checkpoint(source, *, image_size=None, include_top=True, classes=None, 
     Example:
         >>> model = keras_vit.load_checkpoint("ViT-B_16.npz", image_size=384)   # doctest: +SKIP
     """
+    if patch_size is not None:
+        overrides["patch_size"] = patch_size
     return load(source, image_size=image_size, include_top=include_top, classes=classes, pooling=pooling,
                 classifier_activation=classifier_activation, **overrides)
 
 
-__all__ = ["HeadPlan", "ResolvedWeights", "build_from_checkpoint", "check_architecture", "load", "load_checkpoint",
-           "plan_head", "resolve"]
+__all__ = ["PATCH_RESIZE_RULE", "HeadPlan", "ResolvedWeights", "build_from_checkpoint", "check_architecture", "load",
+           "load_checkpoint", "plan_head", "resolve"]

@@ -212,8 +212,8 @@ def test_error_classifier_and_pooling():
 
 
 def test_error_bad_input_shape_and_heads():
-    with pytest.raises(ValueError, match="known height and width"):
-        keras_vit.ViTTi16(weights=None, input_shape=(None, None, 3))
+    with pytest.raises(ValueError, match=r"input_shape must be \(height, width, channels\)"):
+        keras_vit.ViTTi16(weights=None, input_shape=(224, 224, 3, 1))  # (None, None, 3): tests/test_dynamic_size.py
     with pytest.raises(ValueError, match="not divisible by num_heads 5"):
         keras_vit.VisionTransformer(**{**TINY, "num_heads": 5})
 

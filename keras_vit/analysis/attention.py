@@ -28,8 +28,8 @@ class Anatomy:
     blocks: tuple  # the EncoderBlock layers in order
     patch_embedding: PatchEmbedding
     position_embedding: PositionEmbedding  # None for models without a learned 1-D embedding
-    image_size: tuple  # (height, width) of the owner's input images
-    grid_size: tuple  # (rows, cols) of the patch grid
+    image_size: tuple  # (height, width) of the owner's input images; None when known only at run time
+    grid_size: tuple  # (rows, cols) of the patch grid; None when it follows the input size (`grid_for`)
     num_prefix_tokens: int  # 1 with a class token, 0 for "gap" models
     stride: tuple  # input pixels per token along (height, width)
     hybrid: bool  # a ResNet (or other layers) turns the image into features before the embedding
@@ -37,6 +37,12 @@ class Anatomy:
     @property
     def num_heads(self):
         return self.blocks[0].num_heads
+
+    def grid_for(self, images):
+        """(rows, cols) of the patch grid of a batch of `images` (batch, height, width, channels)."""
+        if self.grid_size is not None:
+            return self.grid_size
+        return images.shape[1] // self.stride[0], images.shape[2] // self.stride[1]
 
 
 def _find_owner(model, chain=()):
@@ -87,10 +93,16 @@ def anatomy(model):
     if len(owner.inputs) != 1:
         raise ValueError(f"Model {owner.name!r} has {len(owner.inputs)} inputs; expected one image input.")
     height, width = owner.inputs[0].shape[1:3]
-    if height is None or width is None or height % rows or width % cols:
+    if (height is None or width is None) and getattr(getattr(owner, "config", None), "dynamic_image_size", False):
+        # Any input size: the grid follows each batch's images (see Anatomy.grid_for).
+        stride = owner.config.stride
+        image_size, grid, stride = None, None, (stride, stride)
+    elif height is None or width is None or height % rows or width % cols:
         raise ValueError(
             f"Cannot relate the {height}x{width} input of {owner.name!r} to its {rows}x{cols} patch grid."
         )
+    else:
+        image_size, grid, stride = (height, width), (rows, cols), (height // rows, width // cols)
     hybrid = any(isinstance(layer, (StdConv2D, ResNetStage)) for layer in owner.layers)
     return Anatomy(
         model=model,
@@ -99,10 +111,10 @@ def anatomy(model):
         blocks=blocks,
         patch_embedding=patch,
         position_embedding=position,
-        image_size=(height, width),
-        grid_size=(rows, cols),
+        image_size=image_size,
+        grid_size=grid,
         num_prefix_tokens=prefix,
-        stride=(height // rows, width // cols),
+        stride=stride,
         hybrid=hybrid,
     )
 
@@ -222,6 +234,8 @@ def attention_weights(model, images, batch_size=32):
     x = _as_batch(images, info)
     # predict() compiles the whole sub-model once (eager op-by-op calls are far slower on JAX).
     out = attention_model(model).predict(x, batch_size=batch_size, verbose=0)
+    if not isinstance(out, (list, tuple)):  # a one-block model: Keras returns its single output bare
+        out = [out]
     return np.stack([np.asarray(w, dtype=np.float32) for w in out])
 
 
@@ -241,7 +255,7 @@ def attention_rollout(model, images, head_fusion="mean", discard_ratio=0.0, batc
     maps = []
     for start in range(0, len(x), batch_size):
         a = attention_weights(model, x[start : start + batch_size], batch_size=batch_size)
-        maps.append(maths.rollout_map(maths.rollout(a, head_fusion, discard_ratio), info.grid_size))
+        maps.append(maths.rollout_map(maths.rollout(a, head_fusion, discard_ratio), info.grid_for(x)))
     return np.concatenate(maps, axis=0)
 
 
@@ -257,6 +271,6 @@ def attention_distance(model, images, batch_size=32):
     total = None
     for start in range(0, len(x), batch_size):
         a = attention_weights(model, x[start : start + batch_size], batch_size=batch_size)
-        d = maths.mean_attention_distance(a, info.grid_size, info.stride) * a.shape[1]
+        d = maths.mean_attention_distance(a, info.grid_for(x), info.stride) * a.shape[1]
         total = d if total is None else total + d
     return total / len(x)

@@ -28,7 +28,7 @@ def position_embedding_similarity(model):
             f"{getattr(info.owner, 'position_embedding', None)!r}); nothing to compare."
         )
     pe = np.asarray(keras.ops.convert_to_numpy(layer.embedding()), dtype=np.float32)[None]
-    return maths.position_embedding_similarity(pe, info.grid_size)
+    return maths.position_embedding_similarity(pe, layer.grid_size)  # the grid its weights are laid out on
 
 
 def patch_embedding_components(model, n=28, return_variance=False):

@@ -251,8 +251,9 @@ class KerasWeights:
         return materialize(self.bind(model))
 
 
-#: Weights whose shape a load may change: the position embedding (resized) and the head (replaced).
-_MAY_DIFFER = ("Transformer/posembed_input/", "head/", "resnet/head/")
+#: Weights whose shape a load may change: the position embedding (resized), the patch embedding
+#: (PI-resized to another patch size) and the head (replaced).
+_MAY_DIFFER = ("Transformer/posembed_input/", "embedding/kernel", "head/", "resnet/head/")
 
 
 def _read_dataset(handle, path, source):

@@ -10,7 +10,7 @@ from keras_vit.layers.position import (
     sincos2d_position_embedding,
 )
 from keras_vit.layers.quantized import Dense, Int8AttentionMixin, int8_matmul, integer_matmul
-from keras_vit.layers.resize import RESIZE_RULES, resize_position_embedding
+from keras_vit.layers.resize import PATCH_RESIZE_RULES, RESIZE_RULES, resize_patch_embedding, resize_position_embedding
 from keras_vit.layers.resnet import (
     BottleneckUnit,
     GroupNorm,

@@ -5,6 +5,11 @@ per token), a learned 2-D embedding (an X and a Y table of width D/2 each, conca
 patch) and relative attention (`MultiHeadDotProductAttention(relative_positions=...)`); later
 big_vision ViTs use a fixed 2-D sin-cos embedding. Each layer here adds its embedding to the
 token sequence (prefix tokens first) and says how its weights follow a new patch grid.
+
+With `stride` set, a layer follows the input size at run time: it is called as
+`layer(tokens, images)`, reads the grid off the images, (height // stride, width // stride),
+and resamples its weights to that grid inside the graph with its resize rule (the same weights
+`resize_position_embedding` computes at load time, built with keras.ops).
 """
 
 import keras
@@ -12,7 +17,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit.layers.init_scope import initializer as _init
-from keras_vit.layers.resize import interpolation_matrix, resize_position_embedding
+from keras_vit.layers.resize import interpolation_matrix, interpolation_matrix_tensor, resize_position_embedding
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
 
@@ -26,25 +31,63 @@ def _check_tokens(layer, input_shape):
         )
 
 
+def _resample(table, grid_in, grid_out, rule):
+    """(rows_in, cols_in, dim) `table` resampled to `grid_out` (ints or scalar tensors) in the graph."""
+    if all(isinstance(g, int) for g in grid_out) and tuple(grid_out) == tuple(grid_in):
+        return table  # known and equal: nothing to do (the matrices are the identity)
+    rows = interpolation_matrix_tensor(grid_in[0], grid_out[0], rule)
+    cols = interpolation_matrix_tensor(grid_in[1], grid_out[1], rule)
+    return ops.einsum("ri,ijd,cj->rcd", rows, table, cols)
+
+
 class _GridLayer(keras.layers.Layer):
-    def __init__(self, grid_size, num_prefix_tokens=1, resize_rule="original", **kwargs):
+    def __init__(self, grid_size, num_prefix_tokens=1, resize_rule="original", stride=None, **kwargs):
         super().__init__(**kwargs)
         self.grid_size = tuple(int(g) for g in grid_size)
         self.num_prefix_tokens = int(num_prefix_tokens)
         self.resize_rule = resize_rule
+        self.stride = None if stride is None else int(stride)
 
     @property
     def num_tokens(self):
         return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
 
-    def compute_output_shape(self, input_shape):
-        return input_shape
+    @property
+    def dynamic(self):
+        """Whether the layer follows the input size at run time (called as layer(tokens, images))."""
+        return self.stride is not None
+
+    def runtime_grid(self, images):
+        """(rows, cols) of the patch grid of `images`: Python ints when the size is known while
+        the graph is traced (eager, jit), scalar tensors otherwise."""
+        if images is None:
+            raise ValueError(
+                f"{self.name} follows the input size at run time (stride={self.stride}): call it as "
+                "layer(tokens, images)."
+            )
+        shape = ops.shape(images)
+        for axis, size in zip(("height", "width"), images.shape[1:3]):
+            if size is not None and size % self.stride:
+                s = self.stride
+                raise ValueError(
+                    f"Image {axis} {size} is not divisible by the model's stride {s} (input pixels per token). "
+                    f"Resize the images to a multiple of {s}, e.g. {max(size // s, 1) * s} or {(size // s + 1) * s}."
+                )
+        return shape[1] // self.stride, shape[2] // self.stride
+
+    def compute_output_shape(self, tokens_shape, images_shape=None):
+        return tokens_shape
+
+    def compute_output_spec(self, tokens, images=None):
+        return keras.KerasTensor(tokens.shape, dtype=self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()
         config.update(
             grid_size=list(self.grid_size), num_prefix_tokens=self.num_prefix_tokens, resize_rule=self.resize_rule
         )
+        if self.stride is not None:
+            config.update(stride=self.stride)
         return config
 
 
@@ -57,7 +100,8 @@ class PositionEmbedding(_GridLayer):
     embedding for another grid, with the resize rule of the weights' source (`resize_rule`).
     """
 
-    def build(self, input_shape):
+    def build(self, tokens_shape, images_shape=None):
+        input_shape = tokens_shape
         _check_tokens(self, input_shape)
         self.pos_embedding = self.add_weight(
             name="pos_embedding",
@@ -69,8 +113,16 @@ class PositionEmbedding(_GridLayer):
         """The (prefix + rows * cols, hidden) embedding."""
         return self.pos_embedding[0]
 
-    def call(self, tokens):
-        return tokens + ops.cast(self.pos_embedding, tokens.dtype)
+    def call(self, tokens, images=None):
+        if not self.dynamic:
+            return tokens + ops.cast(self.pos_embedding, tokens.dtype)
+        prefix = self.num_prefix_tokens
+        table = ops.reshape(self.pos_embedding[0, prefix:], (*self.grid_size, -1))
+        grid = _resample(table, self.grid_size, self.runtime_grid(images), self.resize_rule)
+        embedding = ops.concatenate(
+            [self.pos_embedding[0, :prefix], ops.reshape(grid, (-1, self.pos_embedding.shape[-1]))], axis=0
+        )
+        return tokens + ops.cast(embedding, tokens.dtype)[None]
 
     def resized(self, value, source_grid, rule=None):
         """`value` (from a checkpoint laid out on `source_grid`) resampled to this layer's grid."""
@@ -107,7 +159,8 @@ class PositionEmbedding2D(_GridLayer):
     resize rule. Tables are normal(0.02)-initialised, as the 1-D embedding.
     """
 
-    def build(self, input_shape):
+    def build(self, tokens_shape, images_shape=None):
+        input_shape = tokens_shape
         _check_tokens(self, input_shape)
         hidden = input_shape[-1]
         if hidden % 2:
@@ -122,19 +175,27 @@ class PositionEmbedding2D(_GridLayer):
                 name="prefix_embedding", shape=(self.num_prefix_tokens, hidden), initializer=init
             )
 
-    def embedding(self):
-        """The (prefix + rows * cols, hidden) embedding, row-major over the grid."""
+    def embedding(self, grid_size=None):
+        """The (prefix + rows * cols, hidden) embedding, row-major over the grid (the layer's, or
+        `grid_size`, to which each table is resampled along its axis with the resize rule)."""
+        x_table, y_table = self.x_embedding, self.y_embedding
         rows, cols = self.grid_size
+        known = grid_size is not None and all(isinstance(g, int) for g in grid_size)
+        if grid_size is not None and not (known and tuple(grid_size) == self.grid_size):
+            rows, cols = grid_size
+            x_table = ops.matmul(interpolation_matrix_tensor(self.grid_size[1], cols, self.resize_rule), x_table)
+            y_table = ops.matmul(interpolation_matrix_tensor(self.grid_size[0], rows, self.resize_rule), y_table)
         half = self.x_embedding.shape[-1]
-        x = ops.broadcast_to(self.x_embedding[None, :, :], (rows, cols, half))
-        y = ops.broadcast_to(self.y_embedding[:, None, :], (rows, cols, half))
-        grid = ops.reshape(ops.concatenate([x, y], axis=-1), (rows * cols, 2 * half))
+        x = ops.broadcast_to(x_table[None, :, :], (rows, cols, half))
+        y = ops.broadcast_to(y_table[:, None, :], (rows, cols, half))
+        grid = ops.reshape(ops.concatenate([x, y], axis=-1), (-1, 2 * half))
         if self.prefix_embedding is None:
             return grid
         return ops.concatenate([self.prefix_embedding, grid], axis=0)
 
-    def call(self, tokens):
-        return tokens + ops.cast(self.embedding(), tokens.dtype)[None]
+    def call(self, tokens, images=None):
+        grid_size = self.runtime_grid(images) if self.dynamic else None
+        return tokens + ops.cast(self.embedding(grid_size), tokens.dtype)[None]
 
     def resized_weight(self, key, value, source_grid=None, rule=None):
         value = np.asarray(value, np.float64)
@@ -187,7 +248,8 @@ class SinCos2DPositionEmbedding(_GridLayer):
         super().__init__(grid_size, num_prefix_tokens, **kwargs)
         self.temperature = float(temperature)
 
-    def build(self, input_shape):
+    def build(self, tokens_shape, images_shape=None):
+        input_shape = tokens_shape
         _check_tokens(self, input_shape)
         self.hidden = int(input_shape[-1])
         table = sincos2d_position_embedding(self.grid_size, self.hidden, self.temperature)
@@ -197,7 +259,24 @@ class SinCos2DPositionEmbedding(_GridLayer):
         """The (prefix + rows * cols, hidden) embedding (zeros for the prefix tokens)."""
         return ops.convert_to_tensor(self._table[0])
 
-    def call(self, tokens):
+    def _runtime_table(self, grid):
+        """`sincos2d_position_embedding` of `grid` (ints or scalar tensors), with keras.ops."""
+        rows, cols = grid
+        quarter = self.hidden // 4
+        omega = ops.convert_to_tensor(
+            (1.0 / self.temperature ** (np.arange(quarter) / (quarter - 1))).astype(np.float32)
+        )
+        y = ops.cast(ops.arange(rows), "float32")[:, None] + ops.zeros((1, cols), "float32")
+        x = ops.cast(ops.arange(cols), "float32")[None, :] + ops.zeros((rows, 1), "float32")
+        y = ops.reshape(y, (-1, 1)) * omega
+        x = ops.reshape(x, (-1, 1)) * omega
+        table = ops.concatenate([ops.sin(x), ops.cos(x), ops.sin(y), ops.cos(y)], axis=1)
+        prefix = ops.zeros((self.num_prefix_tokens, self.hidden), "float32")
+        return ops.concatenate([prefix, table], axis=0)[None]
+
+    def call(self, tokens, images=None):
+        if self.dynamic:
+            return tokens + ops.cast(self._runtime_table(self.runtime_grid(images)), tokens.dtype)
         return tokens + ops.cast(ops.convert_to_tensor(self._table), tokens.dtype)
 
     def get_config(self):

@@ -1,9 +1,13 @@
-"""Position-embedding resizing as a pure NumPy function.
+"""Position-embedding and patch-embedding resizing as pure functions.
 
 A ViT learns one embedding per grid cell. Loading weights at another resolution means resampling
 that grid; every upstream framework does it with its own rule, and a converted model must use
 the rule of its source to reproduce it. The rules are expressed as separable interpolation
 matrices, so the same code handles square and non-square grids in both directions.
+
+The same matrices serve three callers: `resize_position_embedding` (NumPy, at load time),
+`interpolation_matrix_tensor` (keras.ops, inside a model whose input size is known only at run
+time) and `resize_patch_embedding` (FlexiViT's pseudo-inverse resize of the patch kernel).
 """
 
 import math
@@ -18,6 +22,13 @@ RESIZE_RULES = (
     "bilinear",  # half-pixel bilinear (timm's .npz loader, align_corners=False)
     "bicubic",  # half-pixel bicubic, a=-0.75 (transformers' interpolate_pos_encoding)
     "bicubic_antialias",  # half-pixel bicubic with antialias, a=-0.5 (timm's resample_abs_pos_embed)
+)
+
+#: Rules `resize_patch_embedding` accepts: the pixel resize whose effect the new kernel inverts.
+PATCH_RESIZE_RULES = (
+    "bicubic_antialias",  # torch F.interpolate(bicubic, antialias=True): timm's resample_patch_embed default
+    "bilinear_antialias",  # torch F.interpolate(bilinear, antialias=True)
+    "bilinear",  # half-pixel bilinear without antialias: tf.image.resize, as big_vision's FlexiViT resizes
 )
 
 
@@ -65,18 +76,24 @@ def _half_pixel_matrix(n_in, n_out, kernel):
     return m
 
 
-def _antialias_bicubic_matrix(n_in, n_out):
-    """(n_out, n_in) weights of the antialiased bicubic filter (a=-0.5), renormalised at edges."""
+def _triangle(x):
+    return np.maximum(1.0 - np.abs(x), 0.0)
+
+
+def _antialias_matrix(n_in, n_out, kernel="bicubic"):
+    """(n_out, n_in) weights of PyTorch's antialiased filter (bicubic a=-0.5, support 2, or
+    triangle, support 1), widened by the scale when shrinking and renormalised at the edges."""
     m = np.zeros((n_out, n_in), np.float64)
     scale = n_in / n_out
-    support = 2.0 * max(scale, 1.0)
+    support = (2.0 if kernel == "bicubic" else 1.0) * max(scale, 1.0)
     inv = 1.0 / max(scale, 1.0)
     for i in range(n_out):
         center = scale * (i + 0.5)
         lo = max(int(center - support + 0.5), 0)
         hi = min(int(center + support + 0.5), n_in)
         js = np.arange(lo, hi)
-        w = _cubic((js - center + 0.5) * inv, -0.5)
+        x = (js - center + 0.5) * inv
+        w = _cubic(x, -0.5) if kernel == "bicubic" else _triangle(x)
         total = w.sum()
         m[i, lo:hi] = w / total if total != 0 else w
     return m
@@ -89,7 +106,9 @@ def interpolation_matrix(n_in, n_out, rule):
     if rule in ("bilinear", "bicubic"):
         return _half_pixel_matrix(n_in, n_out, rule)
     if rule == "bicubic_antialias":
-        return _antialias_bicubic_matrix(n_in, n_out)
+        return _antialias_matrix(n_in, n_out, "bicubic")
+    if rule == "bilinear_antialias":
+        return _antialias_matrix(n_in, n_out, "bilinear")
     raise ValueError(f"Unknown position-embedding resize rule {rule!r}; expected one of {RESIZE_RULES}.")
 
 
@@ -150,3 +169,126 @@ def resize_position_embedding(
     out = np.einsum("ri,ijd,cj->rcd", rows, g, cols).reshape(1, -1, dim)
     out = np.concatenate([prefix.astype(np.float64), out], axis=1).astype(np.float32)
     return out[0] if squeeze else out
+
+
+def _pair(size, what):
+    if isinstance(size, bool):
+        raise ValueError(f"{what} must be a positive int or (height, width); got {size!r}.")
+    if isinstance(size, (int, np.integer)):
+        size = (size, size)
+    try:
+        pair = tuple(int(s) for s in size)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be a positive int or (height, width); got {size!r}.") from None
+    if len(pair) != 2 or min(pair) < 1 or any(int(s) != s for s in size):
+        raise ValueError(f"{what} must be a positive int or (height, width); got {size!r}.")
+    return pair
+
+
+def resize_patch_embedding(kernel, new_patch_size, *, rule="bicubic_antialias"):
+    """FlexiViT's pseudo-inverse resize (PI-resize) of a patch-embedding kernel.
+
+    A patch x of the old size and the same patch resized to the new size, B x, should give the
+    same token: <B x, w_new> = <x, w_old>. With B the (new pixels, old pixels) matrix of the
+    pixel resize, the least-squares solution is w_new = pinv(B^T) w_old (Beyer et al.,
+    "FlexiViT: One Model for All Patch Sizes", CVPR 2023). The resize is separable, so B is
+    the Kronecker product of one matrix per axis and so is its pseudo-inverse; the kernel is
+    resized one axis at a time in float64.
+
+    Args:
+        kernel: (patch_h, patch_w, in_channels, hidden) array (Keras / Flax HWIO layout).
+        new_patch_size: int or (height, width) of the new patches.
+        rule: the pixel resize to invert, one of PATCH_RESIZE_RULES: "bicubic_antialias"
+            (timm's `resample_patch_embed` default, used when timm loads a checkpoint at another
+            patch size), "bilinear_antialias", or "bilinear" (tf.image.resize, big_vision's
+            FlexiViT).
+
+    Returns:
+        float32 array (new_h, new_w, in_channels, hidden).
+
+    Example:
+        >>> w = np.random.rand(16, 16, 3, 8).astype("float32")
+        >>> resize_patch_embedding(w, 8).shape
+        (8, 8, 3, 8)
+    """
+    kernel = np.asarray(kernel)
+    if kernel.ndim != 4:
+        raise ValueError(
+            f"Expected a patch-embedding kernel (patch_h, patch_w, in_channels, hidden); got shape {kernel.shape}. "
+            "A PyTorch (out, in, h, w) weight is kernel.transpose(2, 3, 1, 0)."
+        )
+    if rule not in PATCH_RESIZE_RULES:
+        raise ValueError(f"Unknown patch-embedding resize rule {rule!r}; expected one of {PATCH_RESIZE_RULES}.")
+    new = _pair(new_patch_size, "new_patch_size")
+    old = tuple(kernel.shape[:2])
+    if old == new:
+        return kernel.astype(np.float32)
+    # pinv(B) for B = kron(rows, cols) is kron(pinv(rows), pinv(cols)): (old, new) per axis.
+    rows = np.linalg.pinv(interpolation_matrix(old[0], new[0], rule))
+    cols = np.linalg.pinv(interpolation_matrix(old[1], new[1], rule))
+    out = np.einsum("ia,jb,ijcd->abcd", rows, cols, kernel.astype(np.float64))
+    return out.astype(np.float32)
+
+
+# === In the graph (keras.ops) ===
+
+
+def _cubic_tensor(x, a):
+    from keras import ops
+
+    x = ops.abs(x)
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = (((x - 5) * x + 8) * x - 4) * a
+    return ops.where(x <= 1, near, ops.where(x < 2, far, ops.zeros_like(x)))
+
+
+def interpolation_matrix_tensor(n_in, n_out, rule):
+    """`interpolation_matrix` built with keras.ops, for an output length known only at run time.
+
+    `n_in` is a Python int (the stored grid); `n_out` may be a scalar tensor (a grid that follows
+    the input size inside a compiled graph). Returns a float32 (n_out, n_in) tensor with the
+    weights of `interpolation_matrix(n_in, n_out, rule)`, computed in float32.
+    """
+    from keras import ops
+
+    n_in = int(n_in)
+    i = ops.cast(ops.arange(n_out), "float32")[:, None]  # (n_out, 1)
+    j = ops.cast(ops.arange(n_in), "float32")[None, :]  # (1, n_in)
+    n_out_f = ops.cast(n_out, "float32")
+
+    def hat(index):  # one-hot rows: (n_out, 1) indices -> (n_out, n_in)
+        return ops.cast(ops.equal(j, index), "float32")
+
+    if rule == "original":
+        if n_in == 1:
+            return ops.ones_like(i)
+        pos = i * float(n_in - 1) / ops.maximum(n_out_f - 1.0, 1.0)
+        lo = ops.clip(ops.floor(pos), 0.0, float(n_in - 2))
+        frac = pos - lo
+        return hat(lo) * (1.0 - frac) + hat(lo + 1.0) * frac
+    scale = float(n_in) / n_out_f
+    if rule in ("bilinear", "bicubic"):
+        src = (i + 0.5) * scale - 0.5
+        last = float(n_in - 1)
+        if rule == "bilinear":
+            src = ops.maximum(src, 0.0)
+            lo = ops.floor(src)
+            frac = src - lo
+            return hat(ops.minimum(lo, last)) * (1.0 - frac) + hat(ops.minimum(lo + 1.0, last)) * frac
+        lo = ops.floor(src)
+        frac = src - lo
+        taps = (-1.0, 0.0, 1.0, 2.0)
+        return sum(hat(ops.clip(lo + off, 0.0, last)) * _cubic_tensor(off - frac, -0.75) for off in taps)
+    if rule in ("bicubic_antialias", "bilinear_antialias"):
+        bicubic = rule == "bicubic_antialias"
+        stretch = ops.maximum(scale, 1.0)
+        support = (2.0 if bicubic else 1.0) * stretch
+        center = scale * (i + 0.5)
+        lo = ops.maximum(ops.floor(center - support + 0.5), 0.0)
+        hi = ops.minimum(ops.floor(center + support + 0.5), float(n_in))
+        x = (j - center + 0.5) / stretch
+        w = _cubic_tensor(x, -0.5) if bicubic else ops.maximum(1.0 - ops.abs(x), 0.0)
+        w = w * ops.cast(ops.logical_and(j >= lo, j < hi), "float32")
+        total = ops.sum(w, axis=1, keepdims=True)
+        return w / ops.where(ops.equal(total, 0.0), ops.ones_like(total), total)
+    raise ValueError(f"Unknown position-embedding resize rule {rule!r}; expected one of {RESIZE_RULES}.")

@@ -45,8 +45,18 @@ def _pad_symmetric(x, kernel, value=0.0):
     return ops.pad(x, ((0, 0), p, p, (0, 0)), constant_values=value)
 
 
+def _same_padding_tensor(size, kernel, stride):
+    """`same_padding` of a size known only at run time (a scalar tensor in a traced graph)."""
+    total = ops.maximum(((size + stride - 1) // stride - 1) * stride + kernel - size, 0)
+    return total // 2, total - total // 2
+
+
 def _pad_same(x, kernel, stride, value=0.0):
     h, w = x.shape[1], x.shape[2]
+    if h is None or w is None:  # a graph traced for any input size (TensorFlow relaxes shapes)
+        shape = ops.shape(x)
+        ph, pw = _same_padding_tensor(shape[1], kernel, stride), _same_padding_tensor(shape[2], kernel, stride)
+        return ops.pad(x, ((0, 0), ph, pw, (0, 0)), constant_values=value)
     ph, pw = same_padding(h, kernel, stride), same_padding(w, kernel, stride)
     if ph == (0, 0) and pw == (0, 0):
         return x

@@ -10,12 +10,14 @@ original shapes, which is all the checkpoint code needs.
 import math
 
 import keras
+import numpy as np
 from keras import ops
 
 from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.layers.matmul import gelu, matmul_add
 from keras_vit.layers.position import PositionEmbedding  # noqa: F401  (re-exported)
 from keras_vit.layers.quantized import Dense, Int8AttentionMixin
+from keras_vit.layers.resize import resize_patch_embedding
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
 
@@ -66,6 +68,15 @@ class PatchEmbedding(keras.layers.Layer):
 
     def call(self, images):
         p = self.patch_size
+        for axis, size in zip(("height", "width"), images.shape[1:3]):
+            # Known here whenever the graph is traced for a concrete size (eager, jit on JAX and
+            # TensorFlow); a VALID convolution would otherwise drop the last pixels silently.
+            if size is not None and size % p:
+                raise ValueError(
+                    f"{self.name}: input {axis} {size} is not divisible by the patch size {p}. Resize the images "
+                    "to a multiple of the model's stride (`model.stride`: the patch size, times the ResNet's "
+                    f"stride in a hybrid), e.g. {max(size // p, 1) * p} or {(size // p + 1) * p} for a plain ViT."
+                )
         if p == 1:
             x = ops.einsum("bhwc,cd->bhwd", images, self.kernel[0, 0])
         else:
@@ -77,10 +88,27 @@ class PatchEmbedding(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         b, h, w, _ = input_shape
         p = self.patch_size
-        return (b, (h // p) * (w // p), self.hidden_size)
+        return (b, None if h is None or w is None else (h // p) * (w // p), self.hidden_size)
 
     def weight_tree_variables(self):
         return {"kernel": self.kernel, "bias": self.bias}
+
+    def resized_weight(self, key, value, source_grid=None, rule=None):
+        """A checkpoint `kernel` of another patch size, PI-resized to this layer's with `rule`
+        (one of `resize.PATCH_RESIZE_RULES`); without a rule a mismatch is an error that says how
+        to ask for the resize (set_weight_tree passes the rule only when a load asked for it)."""
+        value = np.asarray(value)
+        target = tuple(self.kernel.shape)
+        if key != "kernel" or value.ndim != 4 or value.shape[2:] != target[2:]:
+            raise ValueError(f"shape mismatch for embedding/{key}: checkpoint {tuple(value.shape)} vs model {target}")
+        if rule is None:
+            raise ValueError(
+                f"the checkpoint's patch embedding is {value.shape[0]}x{value.shape[1]} and the model's "
+                f"{target[0]}x{target[1]}: to run the weights at another patch size, load them with "
+                f"patch_size={target[0]} (keras_vit.load_checkpoint or the constructors' weights=), which "
+                "resizes the kernel with FlexiViT's PI-resize"
+            )
+        return resize_patch_embedding(value, target[:2], rule=rule)
 
     def get_config(self):
         config = super().get_config()

@@ -299,7 +299,9 @@ class ViTConfig:
         "numerics": the weights' source framework's numerics (see NUMERICS);
         "head": the caller's choices about the top of the model;
         "training": regularisation;
-        "state": quantization (set by `VisionTransformer.quantize`).
+        "state": quantization (set by `VisionTransformer.quantize`);
+        "input": dynamic_image_size (images of any size at run time; `image_size` is then the
+            size the position embeddings are laid out on, and they follow each batch's grid).
 
     Example:
         >>> config = ViTConfig(image_size=32, patch_size=8, hidden_size=16, num_layers=2,
@@ -336,6 +338,9 @@ class ViTConfig:
     dropout_rate: float = _field("training", 0.0)
     attention_dropout_rate: float = _field("training", 0.0)
     quantization: object = _field("state", None)
+    dynamic_image_size: bool = _field(
+        "input", False, doc="images of any size at run time; image_size is the one the embeddings are laid out on"
+    )
 
     def __post_init__(self):
         from keras_vit.layers.resize import RESIZE_RULES
@@ -363,7 +368,8 @@ class ViTConfig:
             set_(key, value)
         for key in ("layer_norm_epsilon", "group_norm_epsilon", "std_conv_epsilon"):
             set_(key, float(getattr(self, key)))
-        flags = ("gelu_approximate", "std_conv_epsilon_inside_sqrt", "include_top", "class_token_position_embedding")
+        flags = ("gelu_approximate", "std_conv_epsilon_inside_sqrt", "include_top", "class_token_position_embedding",
+                 "dynamic_image_size")
         for key in flags:
             set_(key, bool(getattr(self, key)))
         self._check_choice(
@@ -399,6 +405,13 @@ class ViTConfig:
                 + f"; hidden_size {self.hidden_size} does not allow it. Use a multiple of {need}"
                 + (" (at least 8)" if need == 4 else "")
                 + "."
+            )
+        if self.dynamic_image_size and self.position_embedding == "relative":
+            raise ValueError(
+                "dynamic_image_size=True needs position embeddings that follow the patch grid; relative ones "
+                "cannot: they are learned per offset in the flattened token sequence, and on another grid the same "
+                "offset joins other patch pairs. Use a fixed image_size, or a 'learned', 'learned_2d' or "
+                "'sincos2d' position embedding."
             )
         stride = self.stride
         for axis, size in zip(("height", "width"), self.image_size):

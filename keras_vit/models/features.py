@@ -10,23 +10,34 @@ OUTPUTS = ("nhwc", "tokens")
 
 @register
 class TokensToGrid(keras.layers.Layer):
-    """(batch, prefix + rows * cols, C) tokens -> (batch, rows, cols, C), prefix tokens dropped."""
+    """(batch, prefix + rows * cols, C) tokens -> (batch, rows, cols, C), prefix tokens dropped.
 
-    def __init__(self, grid_size, num_prefix_tokens=1, **kwargs):
+    With `stride` set (models with `dynamic_image_size`), the layer is called as
+    `layer(tokens, images)` and the grid is (height // stride, width // stride) of the images.
+    """
+
+    def __init__(self, grid_size, num_prefix_tokens=1, stride=None, **kwargs):
         super().__init__(**kwargs)
         self.grid_size = tuple(int(g) for g in grid_size)
         self.num_prefix_tokens = int(num_prefix_tokens)
+        self.stride = None if stride is None else int(stride)
 
-    def call(self, tokens):
+    def call(self, tokens, images=None):
         rows, cols = self.grid_size
+        if self.stride is not None:
+            shape = ops.shape(images)
+            rows, cols = shape[1] // self.stride, shape[2] // self.stride
         return ops.reshape(tokens[:, self.num_prefix_tokens :], (-1, rows, cols, tokens.shape[-1]))
 
-    def compute_output_shape(self, input_shape):
-        return (input_shape[0], *self.grid_size, input_shape[-1])
+    def compute_output_spec(self, tokens, images=None):
+        grid = self.grid_size if self.stride is None else (None, None)
+        return keras.KerasTensor((tokens.shape[0], *grid, tokens.shape[-1]), dtype=self.compute_dtype)
 
     def get_config(self):
         config = super().get_config()
         config.update(grid_size=list(self.grid_size), num_prefix_tokens=self.num_prefix_tokens)
+        if self.stride is not None:
+            config.update(stride=self.stride)
         return config
 
 
@@ -51,7 +62,8 @@ def feature_extractor(model, layers=(-1,), output="nhwc", name=None):
     """A keras.Model giving the outputs of `model`'s chosen blocks, for dense heads.
 
     Args:
-        model: a keras_vit VisionTransformer (plain or hybrid).
+        model: a keras_vit VisionTransformer (plain or hybrid; with `dynamic_image_size`, the
+            grids follow each batch's input size).
         layers: block indices (negative counts from the end) or layer names of token-sequence
             layers (e.g. "encoderblock_5", "encoder_norm"); default the last block.
         output: "nhwc" gives (batch, rows, cols, hidden) grids with prefix tokens (the class
@@ -82,6 +94,11 @@ def feature_extractor(model, layers=(-1,), output="nhwc", name=None):
         if len(tokens.shape) != 3:
             raise ValueError(f"Layer {layer_name!r} does not output a token sequence (shape {tokens.shape}).")
         if output == "nhwc":
-            tokens = TokensToGrid(model.grid_size, model.num_prefix_tokens, name=f"{layer_name}_grid")(tokens)
+            if getattr(model, "dynamic_image_size", False):  # the grid follows each batch's images
+                to_grid = TokensToGrid(model.grid_size, model.num_prefix_tokens, model.stride,
+                                       name=f"{layer_name}_grid")
+                tokens = to_grid(tokens, model.inputs[0])
+            else:
+                tokens = TokensToGrid(model.grid_size, model.num_prefix_tokens, name=f"{layer_name}_grid")(tokens)
         outputs.append(tokens)
     return keras.Model(model.inputs, outputs, name=name or f"{model.name}_features")

@@ -44,23 +44,29 @@ def _resnet_stem(x, config, dtype):
 def _graph(config, dtype):
     """(inputs, outputs) of the functional model described by `config`."""
     c = config
-    images = keras.Input(shape=(*c.image_size, c.num_channels), name="images")
+    size = (None, None) if c.dynamic_image_size else c.image_size
+    images = keras.Input(shape=(*size, c.num_channels), name="images")
     x = images
     if c.resnet is not None:
         x = _resnet_stem(x, c, dtype)
     x = PatchEmbedding(c.hidden_size, c.patch_size, dtype=dtype, name="embedding")(x)
-    position = None
+    position, stride = None, (c.stride if c.dynamic_image_size else None)
     if c.position_embedding in _POSITION_LAYERS:
+        # dynamic_image_size: the layer reads each batch's grid off the images (stride pixels per token).
         position = _POSITION_LAYERS[c.position_embedding](
-            c.grid_size, c.num_position_prefix_tokens, resize_rule=c.position_embedding_resize, dtype=dtype,
-            name="posembed_input",
+            c.grid_size, c.num_position_prefix_tokens, resize_rule=c.position_embedding_resize, stride=stride,
+            dtype=dtype, name="posembed_input",
         )
+
+    def add_position(tokens):
+        return position(tokens, images) if stride else position(tokens)
+
     if position is not None and not c.class_token_position_embedding:
-        x = position(x)  # big_vision: on the patch grid, before the class token joins it
+        x = add_position(x)  # big_vision: on the patch grid, before the class token joins it
     if c.classifier == "token":
         x = ClassToken(dtype=dtype, name="cls")(x)
     if position is not None and c.class_token_position_embedding:
-        x = position(x)
+        x = add_position(x)
     x = keras.layers.Dropout(c.dropout_rate, dtype=dtype, name="dropout")(x)
     relative = c.num_tokens if c.position_embedding == "relative" else None
     for i in range(c.num_layers):
@@ -108,7 +114,8 @@ class VisionTransformer(TorchOnBatchInputs, keras.Model):
 
     Args:
         image_size: int or (height, width) of the input images; the patch size times the hybrid
-            ResNet's stride must divide both.
+            ResNet's stride must divide both. With `dynamic_image_size`, the size the position
+            embeddings are laid out on (the weights' training size).
         patch_size: side of the square patches (for hybrids: of the patches of the ResNet output).
         hidden_size, num_layers, num_heads, mlp_dim: the Transformer's width, depth, heads and
             MLP width.
@@ -145,6 +152,13 @@ class VisionTransformer(TorchOnBatchInputs, keras.Model):
         dropout_rate, attention_dropout_rate: dropout after embeddings / in blocks, and on the
             attention weights.
         quantization: set by `quantize` (a saved quantized model reloads quantized).
+        dynamic_image_size: take images of any size the stride divides, known only at run time
+            (input shape (None, None, channels)): the position embeddings are resampled inside
+            the graph to each batch's grid with `position_embedding_resize`, the rule
+            `resize_position_embedding` applies at load time ("relative" ones cannot follow a
+            grid and are refused). A size the stride does not divide raises a ValueError when
+            the size is known as the graph is traced (eager, jit on JAX, TensorFlow functions
+            traced for that shape).
         name, dtype, trainable: as for any keras.Model.
 
     Example:

@@ -71,7 +71,8 @@ def _describe(keys, limit=8):
     return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
 
 
-def set_weight_tree(model, tree, *, source_grid=None, resize_rule=None, skip=(), allow_missing=()):
+def set_weight_tree(model, tree, *, source_grid=None, resize_rule=None, patch_resize_rule=None, skip=(),
+                    allow_missing=()):
     """Assign `tree` to `model`, checking everything first so a failure changes nothing.
 
     Args:
@@ -82,6 +83,8 @@ def set_weight_tree(model, tree, *, source_grid=None, resize_rule=None, skip=(),
         source_grid: (rows, cols) of the tree's position embedding when it is not square or not
             the model's grid; the embedding is then resized with `resize_rule` (default: the
             model's own rule).
+        patch_resize_rule: a rule of `layers.resize.PATCH_RESIZE_RULES` to PI-resize a patch
+            embedding kernel of another patch size to the model's; None treats it as a mismatch.
 
     Raises:
         WeightTreeError naming every missing, unexpected and mis-shaped weight.
@@ -113,7 +116,7 @@ def set_weight_tree(model, tree, *, source_grid=None, resize_rule=None, skip=(),
         # one at a time below, so a conversion never holds the whole tree next to the model.
         if tuple(value.shape) != tuple(var.shape):
             # Position embeddings laid out on another grid: the owning layer resizes them.
-            value = _resized(model, key, value, source_grid, resize_rule, problems)
+            value = _resized(model, key, value, source_grid, resize_rule, patch_resize_rule, problems)
             if value is None:
                 continue
         if tuple(value.shape) != tuple(var.shape):
@@ -150,7 +153,7 @@ class _ValueInitializer:
         return array
 
 
-def _resized(model, key, value, source_grid, resize_rule, problems):
+def _resized(model, key, value, source_grid, resize_rule, patch_resize_rule, problems):
     """`value` fitted to the model by the layer owning `key` (its `resized_weight`), or the value
     unchanged when that layer resizes nothing (the shape check then reports it)."""
     parts = key.split("/")
@@ -162,6 +165,10 @@ def _resized(model, key, value, source_grid, resize_rule, problems):
     if not hasattr(layer, "resized_weight"):
         return value
     subkey = key.split(f"{name}/", 1)[-1]
+    from keras_vit.layers.transformer import PatchEmbedding
+
+    if isinstance(layer, PatchEmbedding):
+        resize_rule = patch_resize_rule
     try:
         return layer.resized_weight(subkey, np.asarray(value), source_grid, resize_rule)
     except ValueError as err:
