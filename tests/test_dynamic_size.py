@@ -97,8 +97,13 @@ def test_logits_saving_analysis_and_features_equal_fixed_size_models(tmp_path):
 
 @pytest.mark.parametrize(
     "extra",
-    [dict(position_embedding_resize="original", position_embedding="learned_2d"), dict(position_embedding="sincos2d")],
-    ids=["learned_2d-original", "sincos2d"],
+    [
+        dict(position_embedding_resize="original", position_embedding="learned_2d"),
+        dict(position_embedding="sincos2d"),
+        # big_vision's layout: the embedding covers the patch grid only, added before the class token.
+        dict(position_embedding_resize="original", class_token_position_embedding=False),
+    ],
+    ids=["learned_2d-original", "sincos2d", "big_vision-original"],
 )
 def test_other_position_embeddings_follow_the_grid(extra):
     # The token sequence (class token first), where every position embedding shows.
