@@ -84,6 +84,26 @@ def run_once(code, args, env):
     return wall, peak_kb / 1e6
 
 
+_IMPORT = """
+import resource, sys
+import {module}
+print("PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)
+"""
+
+
+def import_floor(repeats):
+    """Best wall time of a fresh process that only imports timm, or keras_vit on each backend: the
+    part of a load no loading code can shorten."""
+    floors = {}
+    for who, module, backend in [("timm", "timm", None), ("keras_vit jax", "keras_vit", "jax"),
+                                 ("keras_vit tensorflow", "keras_vit", "tensorflow"),
+                                 ("keras_vit torch", "keras_vit", "torch")]:
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **({"KERAS_BACKEND": backend} if backend else {}))
+        floors[who] = min(run_once(_IMPORT.format(module=module), [], env)[0] for _ in range(repeats))
+        print(f"  import {who:<22} {floors[who]:5.1f} s", flush=True)
+    return floors
+
+
 def measure(server, who, code, args, repeats, backend=None):
     """(first, cached) = ((wall s, peak GB), (best wall s, peak GB)) from fresh caches."""
     from test_hub_server import hub_env
@@ -114,6 +134,8 @@ def main(argv=None):
     from test_hub_server import HubServer
 
     repos = make_repos(args.workdir, args.models)
+    print("import alone (fresh process, best of --repeats):", flush=True)
+    floors = import_floor(max(args.repeats, 1))
     rows = []
     with HubServer(repos) as server:
         for key in args.models:
@@ -130,14 +152,16 @@ def main(argv=None):
                     first_s=first[0], cached_s=cached[0], peak_gb=max(first[1], cached[1]),
                     first_ratio=first[0] / timm_first[0], cached_ratio=cached[0] / timm_cached[0],
                     peak_over_file=max(first[1], cached[1]) / size_gb,
+                    import_s=floors[f"keras_vit {backend}"], timm_import_s=floors["timm"],
                 ))
-    print("\n| model | backend | first: keras_vit / timm | cached: keras_vit / timm | peak RSS (x file) | timm peak |")
-    print("|---|---|---|---|---|---|")
+    print("\n| model | backend | first: keras_vit / timm | cached: keras_vit / timm | peak RSS (x file) | timm peak "
+          "| import: keras_vit / timm |")
+    print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['model']} | {r['backend']} | {r['first_s']:.1f} / {r['timm_first_s']:.1f} s "
               f"(**{r['first_ratio']:.2f}x**) | {r['cached_s']:.1f} / {r['timm_cached_s']:.1f} s "
               f"(**{r['cached_ratio']:.2f}x**) | {r['peak_gb']:.2f} GB ({r['peak_over_file']:.2f}x) | "
-              f"{r['timm_peak_gb']:.2f} GB |")
+              f"{r['timm_peak_gb']:.2f} GB | {r['import_s']:.1f} / {r['timm_import_s']:.1f} s |")
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)

@@ -213,3 +213,14 @@ def test_jax_compilation_cache_is_turned_on_unless_configured_or_refused(tmp_pat
     expected = {"default": str(tmp_path / "kv" / "xla"), "off": "None", "user": str(tmp_path / "mine")}[setting]
     assert line == f"DIR {expected}"
     assert (tmp_path / "kv" / "xla").is_dir() == (setting == "default")
+
+
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow's default of XLA for predict")
+def test_tensorflow_on_cpu_starts_without_xla_until_compiled():
+    model = keras_vit.VisionTransformer(**TINY, classifier_activation=None)
+    assert model.jit_compile is False  # Keras alone would pick XLA ("auto" -> True)
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    eager_graph = model.predict(x, verbose=0)
+    model.compile(jit_compile=True)
+    assert model.jit_compile is True
+    np.testing.assert_allclose(model.predict(x, verbose=0), eager_graph, rtol=1e-5, atol=1e-6)

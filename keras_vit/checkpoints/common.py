@@ -10,9 +10,11 @@ checkpoint's own config file), together with the source framework's numerics.
 import contextlib
 import json
 import math
+import mmap
 import os
 import re
 import struct
+import threading
 import zipfile
 
 import numpy as np
@@ -293,6 +295,23 @@ def _header_int(value):
     return value
 
 
+_MAPPED = threading.local()
+
+
+@contextlib.contextmanager
+def mapped_reads():
+    """Inside, safetensors tensors stored as float32 are returned as read-only views of a memory
+    map of the file instead of fresh copies: no page of new memory is written for them. Only for
+    a consumer that copies what it gets into memory of its own (JAX's `jnp.array(..., copy=True)`
+    when a variable is created); the views change if the file does."""
+    previous = getattr(_MAPPED, "on", False)
+    _MAPPED.on = True
+    try:
+        yield
+    finally:
+        _MAPPED.on = previous
+
+
 class SafetensorsFile:
     """A .safetensors file read one tensor at a time (no pickle, never the whole file at once).
 
@@ -377,6 +396,9 @@ class SafetensorsFile:
             row_bytes = np.dtype(stored).itemsize * int(np.prod(shape[1:], dtype=np.int64))
             begin, stop = begin + rows[0] * row_bytes, begin + rows[1] * row_bytes
             shape = (rows[1] - rows[0],) + shape[1:]
+        if getattr(_MAPPED, "on", False) and dtype == "F32":
+            array = self._mapped(key, begin, stop, shape)
+            return check_finite(array, key, self.path)
         array = np.empty(shape, dtype=stored)
         with open(self.path, "rb") as f:
             f.seek(self._start + begin)
@@ -388,6 +410,17 @@ class SafetensorsFile:
             with np.errstate(over="ignore"):
                 array = array.astype(np.float32)  # a float64 beyond float32's range becomes inf, refused below
         return check_finite(array, key, self.path)
+
+
+    def _mapped(self, key, begin, stop, shape):
+        """A read-only float32 view of bytes [begin, stop) of the data (see `mapped_reads`)."""
+        if getattr(self, "_map", None) is None:
+            with open(self.path, "rb") as f:
+                self._map = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        if self._start + stop > len(self._map):
+            raise corrupt_file_error(self.path, EOFError(f"tensor {key!r} is cut short"))
+        count = (stop - begin) // 4
+        return np.frombuffer(self._map, np.float32, count=count, offset=self._start + begin).reshape(shape)
 
 
 class _FileTensor(LazyArray):

@@ -13,7 +13,7 @@ for the ViTs.
 
 import keras
 
-from keras_vit import xla_cache
+from keras_vit import compilation
 
 from keras_vit.layers.resnet import GroupNorm, MaxPoolZeroPad, PreActResNetStage, StdConv2D
 from keras_vit.models.config import BIT_NUMERICS
@@ -120,8 +120,8 @@ class BiTResNet(keras.Model):
             x = keras.layers.GlobalAveragePooling2D(dtype=dtype, name="pool")(x)
         elif pooling == "max":
             x = keras.layers.GlobalMaxPooling2D(dtype=dtype, name="pool")(x)
-        xla_cache.enable()
         super().__init__(inputs=images, outputs=x, name=name or "bit_resnet", **kwargs)
+        compilation.configure_model(self)
 
         # === Config ===
         self.image_size = (height, width)

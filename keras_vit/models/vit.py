@@ -4,7 +4,7 @@ import inspect
 
 import keras
 
-from keras_vit import xla_cache
+from keras_vit import compilation
 
 from keras_vit.backend_workarounds import TorchOnBatchInputs
 from keras_vit.layers.heads import MAPHead
@@ -190,8 +190,8 @@ class VisionTransformer(TorchOnBatchInputs, keras.Model):
             activation = keras.activations.serialize(keras.activations.get(activation))
             config = config.replace(classifier_activation=activation)
         inputs, outputs = _graph(config, dtype)
-        xla_cache.enable()
         super().__init__(inputs=inputs, outputs=outputs, name=name or "vision_transformer", trainable=trainable)
+        compilation.configure_model(self)
         self._vit_config = config.replace(quantization=None)
         if config.quantization:
             # A saved quantized model: quantize the fresh float layers the same way, so the

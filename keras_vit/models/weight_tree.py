@@ -6,6 +6,7 @@ values are arrays in the original shapes. Every checkpoint reader produces this 
 writer consumes it; `set_weight_tree` is the one place weights enter a model.
 """
 
+import keras
 import numpy as np
 
 from keras_vit.errors import CheckpointError
@@ -148,7 +149,18 @@ class _ValueInitializer:
         self.value = value
 
     def __call__(self, shape, dtype=None):
-        array = np.asarray(self.value, dtype=np.float32)
+        if keras.backend.backend() == "jax":
+            import jax.numpy as jnp
+
+            from keras_vit.checkpoints.common import mapped_reads
+
+            # The file's pages (a memory map) straight into XLA's own buffer: one copy, and no
+            # fresh NumPy array in between. copy=True: JAX would otherwise alias aligned host memory.
+            with mapped_reads():
+                array = jnp.array(np.asarray(self.value, dtype=np.float32), copy=True)
+        else:
+            # A private array: PyTorch shares a NumPy array's memory, TensorFlow may too.
+            array = np.asarray(self.value, dtype=np.float32)
         self.value = None  # the variable holds its own copy from here on
         return array
 

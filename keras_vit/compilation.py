@@ -1,4 +1,8 @@
-"""JAX's persistent compilation cache, turned on for keras_vit models.
+"""How keras_vit models compile by default: JAX's persistent compilation cache, and no XLA for
+TensorFlow on CPU until the user compiles.
+
+JAX's persistent compilation cache
+----------------------------------
 
 On the JAX backend the first `predict` (or `fit`, `evaluate`) of a model traces it and compiles
 it with XLA; for a ViT-L/16 the compilation is a large share of the time to the first logits.
@@ -9,8 +13,16 @@ on when it builds or loads a model, in `<keras_vit cache>/xla` ($KERAS_VIT_CACHE
 - the JAX compilation cache is already configured (`jax_compilation_cache_dir` is set), or
 - KERAS_VIT_COMPILATION_CACHE=0 is set in the environment.
 
-A damaged cache entry is not fatal: JAX warns and compiles again. Other backends are left as
-they are.
+A damaged cache entry is not fatal: JAX warns and compiles again.
+
+TensorFlow on CPU
+-----------------
+Keras compiles `predict`, `evaluate` and `fit` with XLA on TensorFlow unless told otherwise
+(`jit_compile="auto"`). On CPU, TensorFlow's own graph kernels (oneDNN) run ViTs faster than
+XLA:CPU (benchmarks/README.md) and skip a compilation that costs seconds for a large model, so a
+new keras_vit model starts with `jit_compile=False` there, as
+`keras_vit.performance.recommended_jit_compile()` advises. `model.compile(jit_compile=...)`
+decides as usual.
 """
 
 import os
@@ -18,7 +30,19 @@ import os
 _DONE = False
 
 
-def enable():
+def configure_model(model):
+    """Apply the defaults above to a newly built keras_vit model."""
+    enable_persistent_cache()
+    import keras
+
+    if keras.backend.backend() == "tensorflow":
+        from keras_vit.performance import recommended_jit_compile
+
+        if recommended_jit_compile(backend="tensorflow") is False:
+            model.jit_compile = False
+
+
+def enable_persistent_cache():
     """Turn on JAX's persistent compilation cache (see the module docstring); idempotent."""
     global _DONE
     if _DONE:
