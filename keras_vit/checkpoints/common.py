@@ -304,12 +304,18 @@ def mapped_reads():
     map of the file instead of fresh copies: no page of new memory is written for them. Only for
     a consumer that copies what it gets into memory of its own (JAX's `jnp.array(..., copy=True)`
     when a variable is created); the views change if the file does."""
-    previous = getattr(_MAPPED, "on", False)
-    _MAPPED.on = True
+    previous = getattr(_MAPPED, "on", False), getattr(_MAPPED, "regions", None)
+    _MAPPED.on, _MAPPED.regions = True, []
     try:
         yield
     finally:
-        _MAPPED.on = previous
+        # Unmap the pages read (they stay in the page cache): the process's resident memory
+        # then holds the consumer's copies, not the file's pages too.
+        for mapping, offset, length in _MAPPED.regions:
+            start = offset - offset % mmap.PAGESIZE
+            with contextlib.suppress(OSError, ValueError):
+                mapping.madvise(mmap.MADV_DONTNEED, start, offset + length - start)
+        _MAPPED.on, _MAPPED.regions = previous
 
 
 class SafetensorsFile:
@@ -420,6 +426,7 @@ class SafetensorsFile:
         if self._start + stop > len(self._map):
             raise corrupt_file_error(self.path, EOFError(f"tensor {key!r} is cut short"))
         count = (stop - begin) // 4
+        _MAPPED.regions.append((self._map, self._start + begin, stop - begin))
         return np.frombuffer(self._map, np.float32, count=count, offset=self._start + begin).reshape(shape)
 
 
