@@ -409,3 +409,22 @@ def test_loading_builds_without_random_init_and_stays_strict(tmp_path):
     np.savez(tmp_path / "partial.npz", **partial)
     with pytest.raises(WeightTreeError, match="missing weights: .*encoderblock_1/LayerNorm_2/bias"):
         keras_vit.load_checkpoint(tmp_path / "partial.npz")
+
+
+def test_a_loaded_model_owns_its_weights(tmp_path):
+    # On JAX the float32 tensors are copied from a memory map of the file; the model must hold
+    # copies of its own: overwriting the file in place afterwards changes nothing, also in training.
+    save_timm("vit_tiny_patch16_224", tmp_path / "t", depth=1, img_size=32, num_classes=5)
+    model = keras_vit.load_checkpoint(tmp_path / "t", classifier_activation=None)
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    before = model.predict(x, verbose=0)
+    path = tmp_path / "t" / "model.safetensors"
+    data = bytearray(path.read_bytes())
+    header = 8 + int.from_bytes(data[:8], "little")
+    with open(path, "r+b") as f:  # in place: the same inode, as a memory map would see it
+        f.seek(header)
+        f.write(b"\x00" * (len(data) - header))
+    np.testing.assert_array_equal(model.predict(x, verbose=0), before)
+    model.compile(optimizer="sgd", loss=keras_vit.training.classification_loss(from_logits=True))
+    model.fit(x, np.eye(5, dtype="float32")[[0, 1]], epochs=1, verbose=0)  # updates in place where allowed
+    assert np.all(np.isfinite(model.predict(x, verbose=0)))
