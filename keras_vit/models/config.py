@@ -28,16 +28,6 @@ NUMERICS = {
         std_conv_epsilon_inside_sqrt=True,
         position_embedding_resize="bicubic_antialias",
     ),
-    # google-research/big_vision: the original Flax numerics (flax.linen defaults) and resize rule
-    # (`resample_posemb`: scipy.ndimage.zoom, order=1).
-    "big_vision": dict(
-        layer_norm_epsilon=1e-6,
-        gelu_approximate=True,
-        group_norm_epsilon=1e-6,
-        std_conv_epsilon=1e-5,
-        std_conv_epsilon_inside_sqrt=False,
-        position_embedding_resize="original",
-    ),
     "transformers": dict(
         layer_norm_epsilon=1e-12,
         gelu_approximate=False,
@@ -47,6 +37,9 @@ NUMERICS = {
         position_embedding_resize="bicubic",
     ),
 }
+#: google-research/big_vision computes with the original Flax numerics (flax.linen defaults) and
+#: resizes position embeddings by the original's rule (`resample_posemb`: scipy.ndimage.zoom, order=1).
+NUMERICS["big_vision"] = dict(NUMERICS["original"])
 
 
 # === Architectures ===
