@@ -149,17 +149,25 @@ class _ValueInitializer:
         self.value = value
 
     def __call__(self, shape, dtype=None):
-        if keras.backend.backend() == "jax":
-            import jax.numpy as jnp
-
+        backend = keras.backend.backend()
+        if backend in ("jax", "tensorflow"):
             from keras_vit.checkpoints.common import mapped_reads
 
-            # The file's pages (a memory map) straight into XLA's own buffer: one copy, and no
-            # fresh NumPy array in between. copy=True: JAX would otherwise alias aligned host memory.
+            # The file's pages (a memory map) straight into the backend's own buffer: one copy,
+            # and no fresh NumPy array in between. JAX: copy=True, as it would otherwise alias
+            # aligned host memory; TensorFlow copies every NumPy array it converts.
             with mapped_reads():
-                array = jnp.array(np.asarray(self.value, dtype=np.float32), copy=True)
+                view = np.asarray(self.value, dtype=np.float32)
+                if backend == "jax":
+                    import jax.numpy as jnp
+
+                    array = jnp.array(view, copy=True)
+                else:
+                    import tensorflow as tf
+
+                    array = tf.convert_to_tensor(view)
         else:
-            # A private array: PyTorch shares a NumPy array's memory, TensorFlow may too.
+            # A private array: PyTorch shares a NumPy array's memory.
             array = np.asarray(self.value, dtype=np.float32)
         self.value = None  # the variable holds its own copy from here on
         return array
