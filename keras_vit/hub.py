@@ -249,6 +249,11 @@ def _unchanged_since_verified(folder, marker, sha256):
         return False
 
 
+def _hf_repo_folder(repo_id):
+    """The folder of a model repository inside huggingface_hub's cache ("models--owner--name")."""
+    return "models--" + repo_id.replace("/", "--")
+
+
 def _remove_orphaned_partials(repo_id):
     """Delete the partial downloads of `repo_id` that no process is writing any more.
 
@@ -260,7 +265,7 @@ def _remove_orphaned_partials(repo_id):
     from filelock import FileLock, Timeout
     from huggingface_hub import constants
 
-    repo_folder = "models--" + repo_id.replace("/", "--")
+    repo_folder = _hf_repo_folder(repo_id)
     blobs = os.path.join(constants.HF_HUB_CACHE, repo_folder, "blobs")
     try:
         partials = [n for n in os.listdir(blobs) if n.endswith(".incomplete")]
@@ -291,8 +296,9 @@ def fetch(repo_id, revision=None, *, sha256=None, weights_file=None, what=None, 
     checked against the hash the Hub stores it under (and `sha256`, when given, against
     `weights_file`) the first time; the sizes, modification times and inodes seen then are
     recorded under `cache_dir()/verified/`, and a later load re-hashes only files whose record
-    changed (KERAS_VIT_VERIFY=always re-hashes every file on every load). A file that no longer matches (a bit flip, a truncation) is removed from the cache
-    and downloaded again; offline, the error names the file and the fix.
+    changed (KERAS_VIT_VERIFY=always re-hashes every file on every load). A file that no longer
+    matches (a bit flip, a truncation) is removed from the cache and downloaded again; offline,
+    the error names the file and the fix.
 
     Concurrent loads of one repository (threads or processes) take turns on a file lock, so the
     files are downloaded and hashed once.
@@ -317,7 +323,7 @@ def fetch(repo_id, revision=None, *, sha256=None, weights_file=None, what=None, 
             if constants.HF_HUB_OFFLINE:
                 raise IntegrityError(
                     f"{err} Offline (HF_HUB_OFFLINE=1), it cannot be downloaded again: go online once, or "
-                    f"delete {constants.HF_HUB_CACHE}/models--{repo_id.replace('/', '--')} and download it anew."
+                    f"delete {os.path.join(constants.HF_HUB_CACHE, _hf_repo_folder(repo_id))} and download it anew."
                 ) from None
             logger.warning("%s Downloading it again.", err)
             folder, commit = download(repo_id, revision, what=what, allow_patterns=allow_patterns)

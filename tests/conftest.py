@@ -21,6 +21,12 @@ TINY_HYBRID = dict(
 )
 
 
+def rel_err(a, b):
+    """Largest absolute difference relative to the largest magnitude of the reference `b`."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.abs(a - b).max() / np.abs(b).max()
+
+
 #: The backend that runs the tests marked `backend_independent` (make test runs every backend).
 INDEPENDENT_BACKEND = "jax"
 

@@ -18,7 +18,7 @@ import sys
 
 import numpy as np
 import pytest
-from conftest import TINY, TINY_HYBRID, randomize
+from conftest import TINY, TINY_HYBRID, randomize, rel_err
 from reference_numpy import vit_forward
 
 import keras_vit
@@ -30,11 +30,6 @@ from keras_vit.models.weight_tree import WeightTreeError
 sys.modules.setdefault("triton", None)
 torch = pytest.importorskip("torch")
 timm = pytest.importorskip("timm")
-
-
-def rel_err(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return np.abs(a - b).max() / np.abs(b).max()
 
 
 def images(shape, seed=1):

@@ -9,7 +9,7 @@ issue's 224, 288 and 160x320 scaled to a 32-pixel layout with patch 8: grids 4x4
 
 import numpy as np
 import pytest
-from conftest import BACKEND, TINY, randomize
+from conftest import BACKEND, TINY, randomize, rel_err
 
 import keras
 import keras_vit
@@ -21,11 +21,6 @@ SIZES = [(32, 32), (40, 40), (24, 48)]
 RULES = ["original", "bilinear", "bicubic", "bicubic_antialias"]
 # XLA on JAX (always) and TensorFlow; the PyTorch backend runs eagerly here.
 JIT = BACKEND != "torch"
-
-
-def rel_err(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return np.abs(a - b).max() / np.abs(b).max()
 
 
 def _images(size, seed=0):

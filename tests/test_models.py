@@ -5,16 +5,11 @@ import re
 import keras
 import numpy as np
 import pytest
-from conftest import TINY, TINY_HYBRID, randomize
+from conftest import TINY, TINY_HYBRID, randomize, rel_err
 from reference_numpy import vit_forward
 
 import keras_vit
 from keras_vit.models.config import NUMERICS
-
-
-def rel_err(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return np.abs(a - b).max() / np.abs(b).max()
 
 
 def images(shape, seed=1):

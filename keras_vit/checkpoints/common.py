@@ -303,7 +303,8 @@ def mapped_reads():
     """Inside, safetensors tensors stored as float32 are returned as read-only views of a memory
     map of the file instead of fresh copies: no page of new memory is written for them. Only for
     a consumer that copies what it gets into memory of its own (JAX's `jnp.array(..., copy=True)`
-    when a variable is created); the views change if the file does."""
+    and TensorFlow's `tf.convert_to_tensor` when a variable is created); the views change if the
+    file does."""
     previous = getattr(_MAPPED, "on", False), getattr(_MAPPED, "regions", None)
     _MAPPED.on, _MAPPED.regions = True, []
     try:
@@ -416,7 +417,6 @@ class SafetensorsFile:
             with np.errstate(over="ignore"):
                 array = array.astype(np.float32)  # a float64 beyond float32's range becomes inf, refused below
         return check_finite(array, key, self.path)
-
 
     def _mapped(self, key, begin, stop, shape):
         """A read-only float32 view of bytes [begin, stop) of the data (see `mapped_reads`)."""
