@@ -17,8 +17,9 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
+# The demo runs on JAX, the fastest backend for it on CPU, unless KERAS_BACKEND says otherwise.
 demo: venv
-	$(PY) -m keras_vit.demo
+	KERAS_BACKEND=$${KERAS_BACKEND:-jax} $(PY) -m keras_vit.demo
 
 test: venv
 	$(MAKE) test-jax test-tensorflow test-torch

@@ -14,13 +14,13 @@ import subprocess
 import sys
 
 import pytest
-from conftest import BACKEND
 
 import keras_vit
 from keras_vit.cli import main
 
 SCRIPT = shutil.which("keras-vit", path=os.path.dirname(sys.executable))
-pytestmark = pytest.mark.skipif(SCRIPT is None, reason="the keras-vit console script is not installed")
+pytestmark = [pytest.mark.backend_independent,
+              pytest.mark.skipif(SCRIPT is None, reason="the keras-vit console script is not installed")]
 
 TINY_ARCH = json.dumps(dict(patch_size=8, hidden_size=16, num_layers=2, num_heads=2, mlp_dim=16))
 
@@ -121,7 +121,6 @@ def test_help_and_presets_load_no_backend():
 # === Errors found while loading (Keras loads, on JAX) ===
 
 
-@pytest.mark.skipif(BACKEND != "jax", reason="backend-independent; run once, in the JAX pass")
 def test_unreadable_sources(tmp_path):
     (tmp_path / "empty").mkdir()
     (tmp_path / "notes.txt").write_text("not a checkpoint\n")
@@ -147,7 +146,6 @@ OFFLINE_CASES = {
 }
 
 
-@pytest.mark.skipif(BACKEND != "jax", reason="backend-independent; run once, in the JAX pass")
 def test_offline_without_cache(tmp_path):
     env = {
         "KERAS_BACKEND": "jax",

@@ -7,6 +7,8 @@ from conftest import TINY
 import keras_vit
 from keras_vit.models.config import ARCHITECTURE_FIELDS, NUMERICS, NUMERICS_FIELDS, TABLE_FIELDS, ViTConfig
 
+pytestmark = pytest.mark.backend_independent
+
 
 def test_sizes_normalised_once():
     c = ViTConfig(image_size=[128, 192], patch_size=2, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=8,

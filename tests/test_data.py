@@ -1,4 +1,7 @@
-"""keras_vit.data: pipelines, the paper's augmentation, image folders, tfds table and errors."""
+"""keras_vit.data: pipelines, the paper's augmentation, image folders, tfds table and errors.
+
+The pipelines are tf.data whatever the Keras backend: these run once (marker backend_independent);
+test_training_fit.py feeds one to `fit` on every backend."""
 
 import os
 import warnings
@@ -10,6 +13,8 @@ from PIL import Image
 
 import keras_vit.data as kd
 from keras_vit.data import preprocessing
+
+pytestmark = pytest.mark.backend_independent
 
 
 def _first_batches(ds, n=2):
@@ -120,17 +125,6 @@ def test_train_preprocess_without_augmentation_equals_eval():
     b = preprocessing.eval_preprocess(image, 16).numpy()
     np.testing.assert_array_equal(a, b)
     assert b.min() >= -1 and b.max() <= 1
-
-
-def test_dataset_feeds_fit():
-    import keras_vit
-
-    ds, info = kd.load_dataset("shapes", "train", image_size=16, batch_size=8, training=True)
-    model = keras_vit.VisionTransformer(image_size=16, patch_size=8, hidden_size=16, num_layers=1, num_heads=2,
-                                        mlp_dim=16, classes=info.num_classes)
-    model.compile("sgd", "sparse_categorical_crossentropy")
-    history = model.fit(ds, steps_per_epoch=2, epochs=1, verbose=0)
-    assert np.isfinite(history.history["loss"][0])
 
 
 # === Image folders ===

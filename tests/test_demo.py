@@ -9,10 +9,12 @@ import keras
 import pytest
 
 import keras_vit
+from conftest import BACKEND
 from keras_vit import demo
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(BACKEND != "jax", reason="`make demo` runs on JAX; the other passes run its --quick form")
 def test_demo_transfer_beats_training_from_scratch(tmp_path, capsys):
     fine_tuned, scratch = demo.main(["--out", str(tmp_path), "--verbose", "0", "--seed", "0"])
     lines = capsys.readouterr().out.strip().splitlines()
@@ -55,3 +57,19 @@ def test_demo_runs_as_a_module_with_make():
     # `make demo` runs `python -m keras_vit.demo`: the module must keep its entry point.
     makefile = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "Makefile")).read()
     assert "-m keras_vit.demo" in makefile and callable(demo.main)
+
+
+@pytest.mark.skipif(BACKEND == "jax", reason="the JAX pass runs the whole demo")
+def test_quick_demo_writes_its_run_folder(tmp_path, capsys):
+    # The demo on this backend: every stage, file and line of output, in a few steps (no accuracy
+    # claim; the training recipes are tested on every backend in test_training*.py).
+    demo.main(["--out", str(tmp_path), "--verbose", "0", "--quick"])
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert re.fullmatch(r"test accuracy: [01]\.\d{4} \(from scratch: [01]\.\d{4}\)", lines[-1]), lines[-3:]
+    assert any("position embeddings resized (4, 4) -> (8, 8)" in line for line in lines)
+    assert {"config.json", "metrics.json", "metrics.csv", "history.csv", "curves.png", "attention_rollout.png",
+            "pretrained.keras", "model.keras", "scratch.keras"} <= set(os.listdir(tmp_path))
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["quick"] and metrics["backend"] == BACKEND and metrics["test_examples"] == 167
+    finetuned = keras.saving.load_model(tmp_path / "model.keras")
+    assert finetuned.image_size == (32, 32) and finetuned.classes == 5

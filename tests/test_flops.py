@@ -11,6 +11,8 @@ import pytest
 import keras_vit
 from keras_vit.models.config import ARCHITECTURES, BIT_ARCHITECTURES
 
+pytestmark = pytest.mark.backend_independent
+
 # The paper's Table 6 (v2): pre-training on JFT-300M (303M images) at 224 px, in exaFLOPs.
 TABLE_6 = [
     ("BiTResNet50x1", 7, 50),

@@ -46,6 +46,8 @@ from keras_vit import CheckpointError, build_model, read_checkpoint, write_npz
 from keras_vit.checkpoints.keras_format import save_preset
 from keras_vit.models.weight_tree import get_weight_tree
 
+pytestmark = pytest.mark.backend_independent
+
 HEAVY = os.environ.get("KERAS_VIT_FUZZ") == "heavy"
 
 

@@ -16,6 +16,8 @@ from hypothesis import strategies as st
 
 from keras_vit.names import InvalidNameError, check_name, parse_hf_handle, validate_repo_id, validate_revision
 
+pytestmark = pytest.mark.backend_independent
+
 GOOD_REPOS = ["google/vit-base-patch16-224", "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k", "gpt2", "a/b",
               "Owner_1/x.y-z"]
 BAD_REPOS = ["", "..", "../x", "x/..", "../../etc/passwd", "/abs/path", "/etc", "owner/", "a/b/c", "a\\b",

@@ -235,3 +235,14 @@ def test_fit_mixed_bfloat16_loss_finite_and_decreasing():
     losses = history.history["loss"]
     assert np.all(np.isfinite(losses))
     assert losses[-1] < losses[0] - 0.05, losses
+
+
+def test_a_keras_vit_data_pipeline_feeds_fit():
+    import keras_vit.data as kd
+
+    ds, info = kd.load_dataset("shapes", "train", image_size=16, batch_size=8, training=True)
+    model = keras_vit.VisionTransformer(image_size=16, patch_size=8, hidden_size=16, num_layers=1, num_heads=2,
+                                        mlp_dim=16, classes=info.num_classes)
+    model.compile("sgd", "sparse_categorical_crossentropy")
+    history = model.fit(ds, steps_per_epoch=2, epochs=1, verbose=0)
+    assert np.isfinite(history.history["loss"][0])

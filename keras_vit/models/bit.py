@@ -14,6 +14,7 @@ for the ViTs.
 import keras
 
 from keras_vit import compilation
+from keras_vit.backend_workarounds import TraceTrainStepOnce
 
 from keras_vit.layers.resnet import GroupNorm, MaxPoolZeroPad, PreActResNetStage, StdConv2D
 from keras_vit.models.config import BIT_NUMERICS
@@ -33,7 +34,7 @@ def _image_shape(image_size):
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class BiTResNet(keras.Model):
+class BiTResNet(TraceTrainStepOnce, keras.Model):
     """BiT ResNet-v2: a functional model whose layers carry big_transfer's module names.
 
     Args:

@@ -6,7 +6,7 @@ import keras
 
 from keras_vit import compilation
 
-from keras_vit.backend_workarounds import TorchOnBatchInputs
+from keras_vit.backend_workarounds import TraceTrainStepOnce, TorchOnBatchInputs
 from keras_vit.layers.heads import MAPHead
 from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.layers.position import PositionEmbedding, PositionEmbedding2D, SinCos2DPositionEmbedding
@@ -103,7 +103,7 @@ def _graph(config, dtype):
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class VisionTransformer(TorchOnBatchInputs, keras.Model):
+class VisionTransformer(TraceTrainStepOnce, TorchOnBatchInputs, keras.Model):
     """Vision Transformer (Dosovitskiy et al., 2021), optionally on a BiT ResNet (R+ViT hybrids).
 
     A functional model: its layers carry the original Flax module names, and `get_config()`
