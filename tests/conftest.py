@@ -56,14 +56,23 @@ def pytest_configure(config):
     )
 
 
+#: Modules that hold the suite's longest tests (a minute or more on some backend): they start
+#: first, so that the two xdist workers do not end with one of them running a long test alone.
+LONG_MODULES = ("test_demo", "test_distribution_jax", "test_export", "test_performance", "test_applications",
+                "test_distribution_tf", "test_docs", "test_cache_faults", "test_bit", "test_resume")
+
+
 def pytest_collection_modifyitems(config, items):
-    if BACKEND == INDEPENDENT_BACKEND:
-        return
-    kept = [item for item in items if item.get_closest_marker("backend_independent") is None]
-    deselected = [item for item in items if item.get_closest_marker("backend_independent") is not None]
-    if deselected:
-        config.hook.pytest_deselected(items=deselected)
-        items[:] = kept
+    if BACKEND != INDEPENDENT_BACKEND:
+        kept = [item for item in items if item.get_closest_marker("backend_independent") is None]
+        deselected = [item for item in items if item.get_closest_marker("backend_independent") is not None]
+        if deselected:
+            config.hook.pytest_deselected(items=deselected)
+            items[:] = kept
+    rank = {name: i for i, name in enumerate(LONG_MODULES)}
+    # A stable sort: each module's tests stay together and in order (module fixtures build once).
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py"),
+                                         len(rank)))
 
 
 @pytest.fixture(autouse=True)

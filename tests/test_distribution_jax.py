@@ -67,10 +67,10 @@ def run(code):
     return json.loads(out.strip().splitlines()[-1])
 
 
-@pytest.mark.slow
-def test_data_and_model_parallel_fit_match_one_device_and_reload_on_one_device(tmp_path):
-    report = run(
-        r"""
+# Two scenarios on 8 devices, run in one process (module fixture `scenarios`): DataParallel and
+# ModelParallel on a (2, 4) mesh against one device, with a save and a reload under the
+# distribution; an R+ViT hybrid with 3 heads on a (4, 2) mesh.
+PARALLEL_SCENARIO = r"""
 CFG = dict(image_size=32, patch_size=8, hidden_size=32, num_layers=2, num_heads=4, mlp_dim=64,
            classes=8, representation_size=16)
 out = {}
@@ -98,9 +98,37 @@ with model_parallel.scope():
     # A checkpoint loaded under the distribution is laid out by the same rules.
     reloaded = keras.saving.load_model(TMP + "/mp.keras", compile=False)
     out["reloaded"] = {v.path: spec(v) for v in reloaded.weights}
-print(json.dumps(out))
-""".replace("TMP", repr(str(tmp_path)))
-    )
+REPORT["parallel"] = out
+"""
+
+HYBRID_SCENARIO = r"""
+CFG = dict(image_size=32, patch_size=1, hidden_size=24, num_layers=1, num_heads=3, mlp_dim=32, classes=8,
+           resnet=((1, 1), 0.5))
+out = {}
+_, out["single"] = fit(CFG)
+mesh = keras.distribution.DeviceMesh((4, 2), ("batch", "model"), keras.distribution.list_devices())
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    layout_map = keras_vit.get_layout_map(mesh, config=CFG)
+out["warnings"] = [str(w.message) for w in caught]
+with keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch").scope():
+    model, out["model_parallel"] = fit(CFG)
+    out["weights"] = shardings(model)
+REPORT["hybrid"] = out
+"""
+
+
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory):
+    tmp = str(tmp_path_factory.mktemp("distribution"))
+    report = run("REPORT = {}\n" + PARALLEL_SCENARIO.replace("TMP", repr(tmp)) + HYBRID_SCENARIO
+                 + "print(json.dumps(REPORT))\n")
+    return dict(report, tmp=tmp)
+
+
+@pytest.mark.slow
+def test_data_and_model_parallel_fit_match_one_device_and_reload_on_one_device(scenarios):
+    report = scenarios["parallel"]
     # Same loss on one device, DataParallel over 8 devices and ModelParallel on (2, 4).
     single = report["single"]
     print("single", single, "data_parallel", report["data_parallel"], "model_parallel", report["model_parallel"])
@@ -143,7 +171,7 @@ fresh = keras_vit.VisionTransformer(image_size=32, patch_size=8, hidden_size=32,
                                     mlp_dim=64, classes=8, representation_size=16)
 fresh.load_weights(TMP + "/mp.weights.h5")
 print(json.dumps([float(np.max(np.abs(np.asarray(m.predict(x, verbose=0)) - want))) for m in (model, fresh)]))
-""".replace("TMP", repr(str(tmp_path))),
+""".replace("TMP", repr(scenarios["tmp"])),
         env={"JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""},
     )
     errors = json.loads(single_device.strip().splitlines()[-1])
@@ -152,26 +180,10 @@ print(json.dumps([float(np.max(np.abs(np.asarray(m.predict(x, verbose=0)) - want
 
 
 @pytest.mark.slow
-def test_hybrid_with_indivisible_heads_falls_back_and_matches_one_device():
+def test_hybrid_with_indivisible_heads_falls_back_and_matches_one_device(scenarios):
     """R+ViT on a (4, 2) mesh with 3 heads: attention replicated by the fallback rule, the MLP and
     embeddings split, the ResNet stem replicated; the loss is the single-device loss."""
-    report = run(
-        r"""
-CFG = dict(image_size=32, patch_size=1, hidden_size=24, num_layers=1, num_heads=3, mlp_dim=32, classes=8,
-           resnet=((1, 1), 0.5))
-out = {}
-_, out["single"] = fit(CFG)
-mesh = keras.distribution.DeviceMesh((4, 2), ("batch", "model"), keras.distribution.list_devices())
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    layout_map = keras_vit.get_layout_map(mesh, config=CFG)
-out["warnings"] = [str(w.message) for w in caught]
-with keras.distribution.ModelParallel(layout_map=layout_map, batch_dim_name="batch").scope():
-    model, out["model_parallel"] = fit(CFG)
-    out["weights"] = shardings(model)
-print(json.dumps(out))
-"""
-    )
+    report = scenarios["hybrid"]
     print("single", report["single"], "model_parallel", report["model_parallel"])
     np.testing.assert_allclose(report["model_parallel"], report["single"], rtol=2e-5)
     assert any("num_heads" in w or "heads=3" in w for w in report["warnings"]), report["warnings"]
