@@ -246,3 +246,26 @@ def test_a_keras_vit_data_pipeline_feeds_fit():
     model.compile("sgd", "sparse_categorical_crossentropy")
     history = model.fit(ds, steps_per_epoch=2, epochs=1, verbose=0)
     assert np.isfinite(history.history["loss"][0])
+
+
+@pytest.mark.skipif(BACKEND != "tensorflow", reason="the second trace is TensorFlow's (variables created in a tf.function)")
+@pytest.mark.parametrize("data", ["dataset", "arrays"])
+def test_tensorflow_traces_the_train_step_once(data, monkeypatch):
+    # Adam's slots and the compiled metrics' variables exist before the first trace (see
+    # keras_vit.backend_workarounds.TraceTrainStepOnce); Keras alone traces this step twice.
+    import tensorflow as tf
+
+    traces = []
+    step = keras_vit.VisionTransformer.train_step
+    monkeypatch.setattr(keras_vit.VisionTransformer, "train_step",
+                        lambda self, batch: traces.append(1) or step(self, batch))
+    x, y = _data(16)
+    model = _model()
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                  metrics=["accuracy"])
+    if data == "dataset":
+        history = model.fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(8), epochs=2, verbose=0)
+    else:
+        history = model.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    assert len(traces) == 1
+    assert model.optimizer.iterations.numpy() == 4 and np.isfinite(history.history["loss"]).all()
