@@ -53,8 +53,12 @@ class TraceTrainStepOnce:
     optimizer. Other inputs, and other backends: unchanged.
     """
 
+    def _builds_before_tracing(self):
+        """TensorFlow without a distribution strategy (under one, Keras builds first itself)."""
+        return keras.backend.backend() == "tensorflow" and getattr(self, "_distribute_strategy", None) is None
+
     def fit(self, x=None, y=None, *args, **kwargs):
-        if keras.backend.backend() == "tensorflow" and getattr(self, "_distribute_strategy", None) is None:
+        if self._builds_before_tracing():
             batch = _symbolic_batch(x, y, kwargs.get("sample_weight"))
             if batch is not None and self.built and getattr(self, "compiled", False):
                 try:
@@ -65,8 +69,7 @@ class TraceTrainStepOnce:
 
     def make_train_function(self, force=False):
         optimizer = getattr(self, "optimizer", None)
-        if (keras.backend.backend() == "tensorflow" and optimizer is not None and not optimizer.built
-                and self.built and getattr(self, "_distribute_strategy", None) is None):
+        if self._builds_before_tracing() and optimizer is not None and not optimizer.built and self.built:
             optimizer.build(self.trainable_variables)
         return super().make_train_function(force=force)
 

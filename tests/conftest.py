@@ -19,10 +19,11 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
+import tensorflow  # noqa: E402, F401  (tf.data: the data, training and export tests use it on every backend)
+
 import keras_vit  # noqa: E402, F401
 
 BACKEND = keras.backend.backend()
-import tensorflow  # noqa: E402, F401  (tf.data: the data, training and export tests use it on every backend)
 
 # Every test ends in keras.utils.clear_session(), a full garbage collection. Frozen, the few
 # hundred thousand objects of the imported libraries are no longer traversed by each collection

@@ -12,6 +12,10 @@ import keras_vit
 from conftest import BACKEND
 from keras_vit import demo
 
+# What a demo run writes into its run folder.
+RUN_FILES = {"config.json", "metrics.json", "metrics.csv", "history.csv", "curves.png", "attention_rollout.png",
+             "pretrained.keras", "model.keras", "scratch.keras"}
+
 
 @pytest.mark.slow
 @pytest.mark.skipif(BACKEND != "jax", reason="`make demo` runs on JAX; the other passes run its --quick form")
@@ -27,8 +31,7 @@ def test_demo_transfer_beats_training_from_scratch(tmp_path, capsys):
     assert fine_tuned > scratch + 0.05
     assert any("position embeddings resized (4, 4) -> (8, 8)" in line for line in lines)
     files = set(os.listdir(tmp_path))
-    assert {"config.json", "metrics.json", "metrics.csv", "history.csv", "curves.png", "attention_rollout.png",
-            "pretrained.keras", "model.keras", "scratch.keras"} <= files
+    assert RUN_FILES <= files
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["labelled_examples"] == 5 * demo.LABELS_PER_CLASS
     assert metrics["test_examples"] == 167  # the test images of the digits 5-9
@@ -67,8 +70,7 @@ def test_quick_demo_writes_its_run_folder(tmp_path, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert re.fullmatch(r"test accuracy: [01]\.\d{4} \(from scratch: [01]\.\d{4}\)", lines[-1]), lines[-3:]
     assert any("position embeddings resized (4, 4) -> (8, 8)" in line for line in lines)
-    assert {"config.json", "metrics.json", "metrics.csv", "history.csv", "curves.png", "attention_rollout.png",
-            "pretrained.keras", "model.keras", "scratch.keras"} <= set(os.listdir(tmp_path))
+    assert RUN_FILES <= set(os.listdir(tmp_path))
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["quick"] and metrics["backend"] == BACKEND and metrics["test_examples"] == 167
     finetuned = keras.saving.load_model(tmp_path / "model.keras")
