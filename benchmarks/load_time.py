@@ -110,8 +110,9 @@ def import_floor(repeats):
     return floors
 
 
-def measure(server, who, code, args, repeats, backend=None):
-    """(first, cached) = ((wall s, peak GB), (best wall s, peak GB)) from fresh caches."""
+def measure(server, who, code, args, repeats, backend=None, path=None):
+    """(first, cached), each (s to first logits, wall s, peak GB), from fresh caches; `path`
+    goes first on PYTHONPATH (keras_vit from another checkout)."""
     from test_hub_server import hub_env
 
     tmp = tempfile.mkdtemp(prefix="load_time_")
@@ -119,6 +120,8 @@ def measure(server, who, code, args, repeats, backend=None):
         env = dict(os.environ, **hub_env(server, __import__("pathlib").Path(tmp)), TF_CPP_MIN_LOG_LEVEL="3")
         if backend:
             env["KERAS_BACKEND"] = backend
+        if path:
+            env["PYTHONPATH"] = os.pathsep.join([path] + [p for p in [env.get("PYTHONPATH")] if p])
         first = run_once(code, args, env)
         cached = min((run_once(code, args, env) for _ in range(repeats)), key=lambda r: r[0])
     finally:
@@ -135,6 +138,9 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=1, help="cached runs per row (the best is kept)")
     parser.add_argument("--workdir", default=os.path.join(tempfile.gettempdir(), "keras_vit_load_time"))
     parser.add_argument("--json", default=None, help="write the results here")
+    parser.add_argument("--keras-vit-from", default=None, metavar="DIR",
+                        help="import keras_vit from this checkout instead (e.g. a git worktree of an older "
+                             "commit: the same measurement of another revision)")
     args = parser.parse_args(argv)
 
     from test_hub_server import HubServer
@@ -151,7 +157,7 @@ def main(argv=None):
             timm_first, timm_cached = measure(server, "timm", _TIMM, [spec["timm"]], args.repeats)
             for backend in args.backends:
                 first, cached = measure(server, f"keras_vit {backend}", _KERAS_VIT, [spec["arch"], spec["tag"]],
-                                        args.repeats, backend)
+                                        args.repeats, backend, args.keras_vit_from)
                 peak = max(first[2], cached[2])
                 rows.append(dict(
                     model=key, backend=backend, weights_gb=size_gb,
