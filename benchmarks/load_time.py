@@ -76,11 +76,13 @@ def make_repos(workdir, models):
     return repos
 
 
-def run_once(code, args, env):
+def run_once(code, args, env, cwd=None):
     """(seconds to the moment the process reports ("AT": its first logits, or the end of its
     imports), wall seconds, peak RSS GB) of one fresh process."""
     start_clock, start = time.time(), time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env)
+    # Started outside the repository: `python -c` puts the working directory first on sys.path.
+    out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
+                         cwd=cwd or tempfile.gettempdir())
     wall = time.perf_counter() - start
     if out.returncode:
         raise RuntimeError(f"{args} failed:\n{out.stderr[-3000:]}")
@@ -122,8 +124,8 @@ def measure(server, who, code, args, repeats, backend=None, path=None):
             env["KERAS_BACKEND"] = backend
         if path:
             env["PYTHONPATH"] = os.pathsep.join([path] + [p for p in [env.get("PYTHONPATH")] if p])
-        first = run_once(code, args, env)
-        cached = min((run_once(code, args, env) for _ in range(repeats)), key=lambda r: r[0])
+        first = run_once(code, args, env, tmp)
+        cached = min((run_once(code, args, env, tmp) for _ in range(repeats)), key=lambda r: r[0])
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print(f"  {who:<22} first {first[0]:6.1f} s (wall {first[1]:5.1f}) {first[2]:5.2f} GB   "
