@@ -52,7 +52,7 @@ import numpy as np, torch, timm
 model = timm.create_model(sys.argv[1], pretrained=True).eval()
 with torch.no_grad():
     out = model(torch.from_numpy(np.zeros((1, 3, 224, 224), "float32")))
-print("AT", time.time(), "PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, tuple(out.shape), flush=True)
+print("AT", time.monotonic(), "PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, tuple(out.shape), flush=True)
 """
 
 _KERAS_VIT = """
@@ -61,7 +61,7 @@ import numpy as np
 import keras_vit
 model = getattr(keras_vit, sys.argv[1])(weights=sys.argv[2], classifier_activation=None)
 out = model.predict(np.zeros((1, 224, 224, 3), "float32"), verbose=0)
-print("AT", time.time(), "PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, out.shape, flush=True)
+print("AT", time.monotonic(), "PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, out.shape, flush=True)
 """
 
 
@@ -79,7 +79,7 @@ def make_repos(workdir, models):
 def run_once(code, args, env, cwd=None):
     """(seconds to the moment the process reports ("AT": its first logits, or the end of its
     imports), wall seconds, peak RSS GB) of one fresh process."""
-    start_clock, start = time.time(), time.perf_counter()
+    start_clock, start = time.monotonic(), time.perf_counter()  # CLOCK_MONOTONIC: one clock for every process
     # Started outside the repository: `python -c` puts the working directory first on sys.path.
     out = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, env=env,
                          cwd=cwd or tempfile.gettempdir())
@@ -95,7 +95,7 @@ def run_once(code, args, env, cwd=None):
 _IMPORT = """
 import resource, sys, time
 import {module}
-print("AT", time.time(), "PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)
+print("AT", time.monotonic(), "PEAK", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True)
 """
 
 
