@@ -11,8 +11,8 @@ tests (tests/test_hub_server.py) on 127.0.0.1.
 
 Each measurement is one fresh process, timed from its start (interpreter, imports, download or
 cache look-up, model build, weights, one predict of a 224x224 image) to its first logits (the
-process reports the moment it has them; "wall" adds the interpreter's exit, which on the
-TensorFlow and PyTorch backends takes another 0.5-1.5 s):
+process reports the moment it has them; "wall" adds the interpreter's exit, which takes
+another 1.5-1.9 s on the TensorFlow and PyTorch backends and about 1 s on JAX and for timm):
 - "first": empty Hugging Face cache (download included);
 - "cached": the second run on the same cache.
 timm runs `timm.create_model(name, pretrained=True)` and one forward; keras_vit runs

@@ -222,16 +222,15 @@ def _torch_tensor(view):
 
     import torch
 
-    out = torch.empty(view.shape, dtype=torch.float32)
     layout = contiguous_layout(view)
+    if layout is None:  # gaps or broadcast strides: NumPy's copy is already a private array
+        return torch.from_numpy(np.ascontiguousarray(view))
+    base, axes = layout
     with warnings.catch_warnings():
         # The view is read-only; it is only read here, into the tensor's own memory.
         warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
-        if layout is None:
-            out.copy_(torch.from_numpy(np.ascontiguousarray(view)))
-            return out
-        base, axes = layout
         source = torch.from_numpy(base)
+    out = torch.empty(view.shape, dtype=torch.float32)
     matrix = _as_matrix_transpose(base.shape, axes)
     if matrix is None:
         out.copy_(source.permute(axes))
