@@ -25,9 +25,14 @@ import keras_vit  # noqa: E402, F401
 
 BACKEND = keras.backend.backend()
 
-# Every test ends in keras.utils.clear_session(), a full garbage collection. Frozen, the few
-# hundred thousand objects of the imported libraries are no longer traversed by each collection
-# (0.3-0.6 s per test otherwise); they live as long as the process anyway.
+# Every test starts with keras.utils.clear_session() and a garbage collection. A full collection
+# traverses every object the process tracks: the imported libraries' few hundred thousand and
+# whatever earlier tests left alive (JAX's and TensorFlow's caches, module fixtures), 0.2-1 s per
+# test late in a pass. So the survivors of each collection are frozen (gc.freeze) and the next
+# test's collection traverses only what was made since; the objects of the libraries are frozen
+# here, once. Frozen objects are still freed when their last reference goes, but a frozen cycle is
+# only collected after gc.unfreeze(): that happens when a new module starts (fixture
+# `_collect_the_last_module`), so a module's fixtures are freed before the next module builds its own.
 gc.collect()
 gc.freeze()
 
@@ -76,11 +81,26 @@ def pytest_collection_modifyitems(config, items):
                                          len(rank)))
 
 
+def _collect(everything=False):
+    if everything:  # one full collection (0.3-0.6 s), then everything alive is frozen again
+        gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _collect_the_last_module():
+    """Collect what the previous module left, its fixtures included, frozen or not."""
+    _collect(everything=True)
+    yield
+
+
 @pytest.fixture(autouse=True)
 def _reset_keras_state():
     """Each test starts from float32 and a clean session (tests change the dtype policy)."""
     keras.config.set_dtype_policy("float32")
-    keras.utils.clear_session()
+    keras.utils.clear_session(free_memory=False)
+    _collect()
     yield
     keras.config.set_dtype_policy("float32")
 
