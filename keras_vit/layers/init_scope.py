@@ -1,16 +1,34 @@
-"""Building without random initialisation when every weight is assigned right after.
+"""How keras_vit's layers initialise their variables: zeros when every weight is assigned right
+after, and random draws made on the host on JAX.
 
-Random initialisers are not free: on JAX each distinct variable shape compiles its own
-random-number program (ViT-B/16 builds in 7.9 s with random init, 3.3 s with zeros; a hybrid
-has dozens of shapes). Checkpoint loading overwrites every variable, so it builds the model
-inside `skip_random_init()`, where keras_vit's layers create zero-filled variables instead.
-Loading stays strict: a weight the checkpoint lacks is an error before anything is assigned
-(keras_vit.models.weight_tree.set_weight_tree), so a zero can never be mistaken for a trained
-weight; a deliberately fresh head is zero-initialised in any case.
+Random initialisers are not free on JAX: each distinct variable shape compiles its own
+random-number program there, 0.1-0.2 s apiece on a CPU. A tiny ViT (two blocks) has about 30
+of them and took 4 s to build; ViT-B/16 took 4.4 s where building it with zeros takes 0.9 s, and
+a hybrid has dozens of shapes more. So:
+
+- `skip_random_init()`: checkpoint loading overwrites every variable, so it builds the model
+  inside this context, where keras_vit's layers create zero-filled variables. Loading stays
+  strict: a weight the checkpoint lacks is an error before anything is assigned
+  (keras_vit.models.weight_tree.set_weight_tree), so a zero can never be mistaken for a trained
+  weight; a deliberately fresh head is zero-initialised in any case.
+- `HostRandom`: on the JAX backend the layers' random initialisers (Keras' VarianceScaling
+  family, RandomNormal, RandomUniform, TruncatedNormal, keras_vit's SplitFanXavierUniform) draw
+  with NumPy instead, from the same distribution with the same parameters, and nothing
+  compiles. The draws are reproducible as Keras' are: an initialiser with an integer seed (Keras
+  gives each one such a seed from Python's `random`, which `keras.utils.set_random_seed` seeds)
+  gives the same values for the same shape; a `SeedGenerator` or no seed draws a new seed at
+  each call. They are not the values Keras' JAX random functions would give. TensorFlow and
+  PyTorch draw eagerly without compiling, so there the initialisers run as Keras wrote them.
+  User-supplied initialisers of other kinds always run as they are.
 """
 
 import contextlib
 import contextvars
+import math
+import random
+
+import keras
+import numpy as np
 
 _SKIP = contextvars.ContextVar("keras_vit_skip_random_init", default=False)
 
@@ -32,5 +50,112 @@ def skip_random_init():
 
 
 def initializer(init):
-    """`init`, or "zeros" inside `skip_random_init()` (for the layers' add_weight calls)."""
-    return "zeros" if _SKIP.get() else init
+    """What a layer's add_weight should use for `init`: "zeros" inside `skip_random_init()`,
+    else `init`, drawn on the host on JAX (`host_random`)."""
+    return "zeros" if _SKIP.get() else host_random(init)
+
+
+def host_random(init):
+    """`init` as a `HostRandom` on the JAX backend when it is one of the initialisers it knows
+    (unchanged otherwise, and on other backends)."""
+    if keras.backend.backend() != "jax" or isinstance(init, HostRandom):
+        return init
+    resolved = keras.initializers.get(init)
+    return HostRandom(resolved) if _distribution(resolved, (1, 1)) is not None else init
+
+
+def unwrap(init):
+    """The initialiser a `HostRandom` stands for (what configs record)."""
+    return init.initializer if isinstance(init, HostRandom) else init
+
+
+def _fans(shape, input_axes=None, output_axes=None):
+    """(fan_in, fan_out) by Keras' rule: given axes, else the last two dims times the rest."""
+    if input_axes is not None and output_axes is not None:
+        return math.prod(shape[a] for a in input_axes), math.prod(shape[a] for a in output_axes)
+    if len(shape) == 0:
+        return 1, 1
+    if len(shape) == 1:
+        return shape[0], shape[0]
+    receptive = math.prod(shape[:-2])
+    return shape[-2] * receptive, shape[-1] * receptive
+
+
+def _distribution(init, shape):
+    """(kind, a, b) of the draws `init` makes for `shape`: ("uniform", low, high), ("normal",
+    mean, stddev) or ("truncated", mean, stddev), truncated at two standard deviations (the
+    underlying normal's, as Keras draws it); None for an initialiser this module does not know,
+    or a subclass that changes how it draws."""
+    from keras_vit.layers.transformer import SplitFanXavierUniform
+
+    ki = keras.initializers
+    kind = type(init)
+    if isinstance(init, SplitFanXavierUniform) and kind.__call__ is SplitFanXavierUniform.__call__:
+        limit = init.limit(shape)
+        return "uniform", -limit, limit
+    if isinstance(init, ki.VarianceScaling) and kind.__call__ is ki.VarianceScaling.__call__:
+        fan_in, fan_out = _fans(tuple(shape), init.input_axes, init.output_axes)
+        denominator = {"fan_in": fan_in, "fan_out": fan_out}.get(init.mode, (fan_in + fan_out) / 2.0)
+        scale = init.scale / max(1.0, denominator)
+        if init.distribution == "truncated_normal":
+            return "truncated", 0.0, math.sqrt(scale) / 0.87962566103423978  # Keras' unit-variance correction
+        if init.distribution == "untruncated_normal":
+            return "normal", 0.0, math.sqrt(scale)
+        limit = math.sqrt(3.0 * scale)
+        return "uniform", -limit, limit
+    if isinstance(init, ki.RandomNormal) and kind.__call__ is ki.RandomNormal.__call__:
+        return "normal", init.mean, init.stddev
+    if isinstance(init, ki.TruncatedNormal) and kind.__call__ is ki.TruncatedNormal.__call__:
+        return "truncated", init.mean, init.stddev
+    if isinstance(init, ki.RandomUniform) and kind.__call__ is ki.RandomUniform.__call__:
+        return "uniform", init.minval, init.maxval
+    return None
+
+
+def _seed_entropy(seed, shape):
+    """NumPy seed material for one draw: an integer seed with the shape (same seed and shape,
+    same values, as in Keras), else a fresh seed from the generator or from Python's `random`."""
+    if isinstance(seed, int) and not isinstance(seed, bool):
+        return [seed & 0xFFFFFFFF, *shape]
+    if isinstance(seed, keras.random.SeedGenerator):
+        return [int(v) & 0xFFFFFFFF for v in np.asarray(keras.ops.convert_to_numpy(seed.next())).ravel()]
+    return random.getrandbits(64)
+
+
+def _draw(kind, a, b, shape, rng):
+    if kind == "uniform":
+        return rng.uniform(a, b, shape)
+    z = rng.standard_normal(shape)
+    if kind == "truncated":  # redraw what lies beyond two standard deviations (4.6% a round)
+        flat = z.reshape(-1)
+        outside = np.flatnonzero(np.abs(flat) > 2.0)
+        while outside.size:
+            flat[outside] = rng.standard_normal(outside.size)
+            outside = outside[np.abs(flat[outside]) > 2.0]
+    return z * b + a
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class HostRandom(keras.initializers.Initializer):
+    """`initializer`'s distribution drawn with NumPy on the host (see the module docstring)."""
+
+    def __init__(self, initializer):
+        self.initializer = keras.initializers.get(initializer)
+        if _distribution(self.initializer, (1, 1)) is None:
+            raise ValueError(f"HostRandom cannot draw for {type(self.initializer).__name__}; use it directly.")
+
+    def __call__(self, shape, dtype=None):
+        shape = tuple(int(d) for d in shape)
+        kind, a, b = _distribution(self.initializer, shape)
+        rng = np.random.default_rng(_seed_entropy(getattr(self.initializer, "seed", None), shape))
+        values = _draw(kind, a, b, shape, rng)
+        # float32 (Keras casts it to a float16 or bfloat16 variable's dtype)
+        dtype = keras.backend.standardize_dtype(dtype or keras.config.floatx())
+        return values if dtype == "float64" else values.astype("float32")
+
+    def get_config(self):
+        return {"initializer": keras.initializers.serialize(self.initializer)}
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(keras.initializers.deserialize(config["initializer"]))

@@ -15,6 +15,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.matmul import matmul, matmul_add
+from keras_vit.layers.init_scope import unwrap
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
 
@@ -74,6 +75,12 @@ class Dense(keras.layers.Dense):
     explicitly, 5x faster) and the int8 call through `int8_matmul` (integer kernels where the
     backend has them). Variables, names and saved files are Keras' Dense's.
     """
+
+    def get_config(self):
+        config = super().get_config()
+        for key in ("kernel_initializer", "bias_initializer"):  # the initialiser, not how it draws on JAX
+            config[key] = keras.initializers.serialize(unwrap(getattr(self, key)))
+        return config
 
     def quantize(self, mode=None, type_check=True, config=None):
         # Keras' Dense refuses to quantize subclasses (type_check); this one keeps its layout.

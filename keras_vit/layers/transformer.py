@@ -31,10 +31,14 @@ class SplitFanXavierUniform(keras.initializers.Initializer):
         self.in_axes = int(in_axes)
         self.seed = seed
 
-    def __call__(self, shape, dtype=None):
+    def limit(self, shape):
+        """The bound of the uniform draws, sqrt(6 / (fan_in + fan_out))."""
         fan_in = math.prod(shape[: self.in_axes])
         fan_out = math.prod(shape[self.in_axes :])
-        limit = math.sqrt(6.0 / (fan_in + fan_out))
+        return math.sqrt(6.0 / (fan_in + fan_out))
+
+    def __call__(self, shape, dtype=None):
+        limit = self.limit(shape)
         return keras.random.uniform(shape, -limit, limit, dtype=dtype, seed=self.seed)
 
     def get_config(self):
