@@ -145,3 +145,13 @@ def test_jax_builds_compile_no_random_number_program():
     assert compiled, "the listener saw no compilation at all (zeros still compile)"
     rng = [name for name in compiled if any(s in name for s in ("uniform", "normal", "threefry", "random_bits"))]
     assert not rng, rng
+
+
+def test_variance_scaling_with_explicit_axes():
+    # Fan-in from the axes given: (20, 30) -> 600 inputs, uniform bound sqrt(3 / 600).
+    init = keras.initializers.VarianceScaling(1.0, "fan_in", "uniform", seed=3, input_axes=(0, 1), output_axes=(2,))
+    draws = host(init, (20, 30, 40))
+    limit = math.sqrt(3 / 600)
+    assert -limit <= draws.min() and draws.max() <= limit
+    np.testing.assert_allclose(draws.std(), limit / math.sqrt(3), rtol=0.02)
+    assert stats.ks_2samp(draws.ravel(), native(init, (20, 30, 40)).ravel()).pvalue > 1e-4

@@ -61,7 +61,7 @@ def host_random(init):
     if keras.backend.backend() != "jax" or isinstance(init, HostRandom):
         return init
     resolved = keras.initializers.get(init)
-    return HostRandom(resolved) if _distribution(resolved, (1, 1)) is not None else init
+    return HostRandom(resolved) if _distribution(resolved) is not None else init
 
 
 def unwrap(init):
@@ -81,19 +81,23 @@ def _fans(shape, input_axes=None, output_axes=None):
     return shape[-2] * receptive, shape[-1] * receptive
 
 
-def _distribution(init, shape):
+def _distribution(init, shape=None):
     """(kind, a, b) of the draws `init` makes for `shape`: ("uniform", low, high), ("normal",
     mean, stddev) or ("truncated", mean, stddev), truncated at two standard deviations (the
     underlying normal's, as Keras draws it); None for an initialiser this module does not know,
-    or a subclass that changes how it draws."""
+    or a subclass that changes how it draws. Without a shape: True for one it knows."""
     from keras_vit.layers.transformer import SplitFanXavierUniform
 
     ki = keras.initializers
     kind = type(init)
     if isinstance(init, SplitFanXavierUniform) and kind.__call__ is SplitFanXavierUniform.__call__:
+        if shape is None:
+            return True
         limit = init.limit(shape)
         return "uniform", -limit, limit
     if isinstance(init, ki.VarianceScaling) and kind.__call__ is ki.VarianceScaling.__call__:
+        if shape is None:
+            return True
         fan_in, fan_out = _fans(tuple(shape), init.input_axes, init.output_axes)
         denominator = {"fan_in": fan_in, "fan_out": fan_out}.get(init.mode, (fan_in + fan_out) / 2.0)
         scale = init.scale / max(1.0, denominator)
@@ -141,7 +145,7 @@ class HostRandom(keras.initializers.Initializer):
 
     def __init__(self, initializer):
         self.initializer = keras.initializers.get(initializer)
-        if _distribution(self.initializer, (1, 1)) is None:
+        if _distribution(self.initializer) is None:
             raise ValueError(f"HostRandom cannot draw for {type(self.initializer).__name__}; use it directly.")
 
     def __call__(self, shape, dtype=None):
