@@ -61,7 +61,7 @@ def host_random(init):
     if keras.backend.backend() != "jax" or isinstance(init, HostRandom):
         return init
     resolved = keras.initializers.get(init)
-    return HostRandom(resolved) if _distribution(resolved) is not None else init
+    return HostRandom(resolved) if _knows(resolved) else init
 
 
 def unwrap(init):
@@ -81,23 +81,30 @@ def _fans(shape, input_axes=None, output_axes=None):
     return shape[-2] * receptive, shape[-1] * receptive
 
 
-def _distribution(init, shape=None):
-    """(kind, a, b) of the draws `init` makes for `shape`: ("uniform", low, high), ("normal",
-    mean, stddev) or ("truncated", mean, stddev), truncated at two standard deviations (the
-    underlying normal's, as Keras draws it); None for an initialiser this module does not know,
-    or a subclass that changes how it draws. Without a shape: True for one it knows."""
+def _known_bases():
     from keras_vit.layers.transformer import SplitFanXavierUniform
 
     ki = keras.initializers
-    kind = type(init)
-    if isinstance(init, SplitFanXavierUniform) and kind.__call__ is SplitFanXavierUniform.__call__:
-        if shape is None:
-            return True
+    return (SplitFanXavierUniform, ki.VarianceScaling, ki.RandomNormal, ki.TruncatedNormal, ki.RandomUniform)
+
+
+def _knows(init):
+    """Whether `init` is one of the initialisers above and draws as its base class does (a
+    subclass with a `__call__` of its own runs as it is)."""
+    return any(isinstance(init, base) and type(init).__call__ is base.__call__ for base in _known_bases())
+
+
+def _distribution(init, shape):
+    """(kind, a, b) of the draws a known `init` makes for `shape`: ("uniform", low, high),
+    ("normal", mean, stddev) or ("truncated", mean, stddev), truncated at two standard deviations
+    (the underlying normal's, as Keras draws it)."""
+    from keras_vit.layers.transformer import SplitFanXavierUniform
+
+    ki = keras.initializers
+    if isinstance(init, SplitFanXavierUniform):
         limit = init.limit(shape)
         return "uniform", -limit, limit
-    if isinstance(init, ki.VarianceScaling) and kind.__call__ is ki.VarianceScaling.__call__:
-        if shape is None:
-            return True
+    if isinstance(init, ki.VarianceScaling):
         fan_in, fan_out = _fans(tuple(shape), init.input_axes, init.output_axes)
         denominator = {"fan_in": fan_in, "fan_out": fan_out}.get(init.mode, (fan_in + fan_out) / 2.0)
         scale = init.scale / max(1.0, denominator)
@@ -107,13 +114,11 @@ def _distribution(init, shape=None):
             return "normal", 0.0, math.sqrt(scale)
         limit = math.sqrt(3.0 * scale)
         return "uniform", -limit, limit
-    if isinstance(init, ki.RandomNormal) and kind.__call__ is ki.RandomNormal.__call__:
+    if isinstance(init, ki.RandomNormal):
         return "normal", init.mean, init.stddev
-    if isinstance(init, ki.TruncatedNormal) and kind.__call__ is ki.TruncatedNormal.__call__:
+    if isinstance(init, ki.TruncatedNormal):
         return "truncated", init.mean, init.stddev
-    if isinstance(init, ki.RandomUniform) and kind.__call__ is ki.RandomUniform.__call__:
-        return "uniform", init.minval, init.maxval
-    return None
+    return "uniform", init.minval, init.maxval  # RandomUniform
 
 
 def _seed_entropy(seed, shape):
@@ -122,7 +127,7 @@ def _seed_entropy(seed, shape):
     if isinstance(seed, int) and not isinstance(seed, bool):
         return [seed & 0xFFFFFFFF, *shape]
     if isinstance(seed, keras.random.SeedGenerator):
-        return [int(v) & 0xFFFFFFFF for v in np.asarray(keras.ops.convert_to_numpy(seed.next())).ravel()]
+        return [int(v) & 0xFFFFFFFF for v in keras.ops.convert_to_numpy(seed.next()).ravel()]
     return random.getrandbits(64)
 
 
@@ -145,7 +150,7 @@ class HostRandom(keras.initializers.Initializer):
 
     def __init__(self, initializer):
         self.initializer = keras.initializers.get(initializer)
-        if _distribution(self.initializer) is None:
+        if not _knows(self.initializer):
             raise ValueError(f"HostRandom cannot draw for {type(self.initializer).__name__}; use it directly.")
 
     def __call__(self, shape, dtype=None):
