@@ -6,6 +6,8 @@ STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 JOBS ?= 2
+# Each test module runs in one worker (its module fixtures build once), in the order tests/conftest.py sorts them.
+DIST := --dist loadfile --no-loadscope-reorder
 
 .PHONY: venv demo test test-jax test-tensorflow test-torch bench clean
 
@@ -25,13 +27,13 @@ test: venv
 	$(MAKE) test-jax test-tensorflow test-torch
 
 test-jax: venv
-	KERAS_BACKEND=jax $(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
+	KERAS_BACKEND=jax $(PY) -m pytest -n $(JOBS) $(DIST) $(PYTEST_ARGS)
 
 test-tensorflow: venv
-	KERAS_BACKEND=tensorflow $(PY) -m pytest -n $(JOBS) $(PYTEST_ARGS)
+	KERAS_BACKEND=tensorflow $(PY) -m pytest -n $(JOBS) $(DIST) $(PYTEST_ARGS)
 
 test-torch: venv
-	KERAS_BACKEND=torch $(PY) -m pytest -n $(JOBS) -m "not slow or parity" $(PYTEST_ARGS)
+	KERAS_BACKEND=torch $(PY) -m pytest -n $(JOBS) $(DIST) -m "not slow or parity" $(PYTEST_ARGS)
 
 bench: venv
 	$(PY) -m pip install --quiet --no-deps "keras-hub>=0.18"  # its tensorflow-text pin would pull a second TensorFlow (benchmarks/README.md)

@@ -1,5 +1,6 @@
 """Shared test set-up: quiet backends, tiny configs, a fresh-process runner."""
 
+import gc
 import os
 import subprocess
 import sys
@@ -7,34 +8,48 @@ import sys
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("KERAS_BACKEND", "jax")
 
-import gc  # noqa: E402
-
-try:  # the references of the parity tests, when installed; timm crashes when imported after TensorFlow
-    import timm  # noqa: E402, F401
-    import torch  # noqa: E402, F401
-except ImportError:
-    pass
-
-import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-import tensorflow  # noqa: E402, F401  (tf.data: the data, training and export tests use it on every backend)
+#: The suite's Keras backend (Keras reads KERAS_BACKEND first, and it is always set above).
+BACKEND = os.environ["KERAS_BACKEND"]
 
-import keras_vit  # noqa: E402, F401
 
-BACKEND = keras.backend.backend()
+def _import_the_libraries():
+    """The references of the parity tests and the backends, imported once per test process.
 
-# Every test starts with keras.utils.clear_session() and a garbage collection. A full collection
-# traverses every object the process tracks: the imported libraries' few hundred thousand and
-# whatever earlier tests left alive (JAX's and TensorFlow's caches, module fixtures), 0.2-1 s per
-# test late in a pass. So the survivors of each collection are frozen (gc.freeze) and the next
-# test's collection traverses only what was made since; the objects of the libraries are frozen
-# here, once. Frozen objects are still freed when their last reference goes, but a frozen cycle is
-# only collected after gc.unfreeze(): that happens when a new module starts (fixture
-# `_collect_the_last_module`), so a module's fixtures are freed before the next module builds its own.
-gc.collect()
-gc.freeze()
+    timm crashes when it is imported after TensorFlow, so it goes first; TensorFlow's tf.data
+    serves the data, training and export tests on every backend.
+
+    Every test starts with keras.utils.clear_session() and a garbage collection. A full collection
+    traverses every object the process tracks: the imported libraries' few hundred thousand and
+    whatever earlier tests left alive (JAX's and TensorFlow's caches, module fixtures), 0.2-1 s
+    per test late in a pass. So the survivors of each collection are frozen (gc.freeze) and the
+    next test's collection traverses only what was made since; the objects of the libraries are
+    frozen here, once. Frozen objects are still freed when their last reference goes, but a frozen
+    cycle is only collected after gc.unfreeze(): that happens when a new module starts (fixture
+    `_collect_the_last_module`), so a module's fixtures are freed before the next module builds
+    its own.
+    """
+    try:
+        import timm  # noqa: F401
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+    import keras
+    import tensorflow  # noqa: F401
+
+    import keras_vit  # noqa: F401
+    from keras_vit.compilation import enable_persistent_cache
+
+    assert keras.backend.backend() == BACKEND, (keras.backend.backend(), BACKEND)
+    # keras_vit turns JAX's persistent compilation cache on when it first builds a model, in the
+    # cache folder of that moment: decided here, so that no test's temporary KERAS_VIT_CACHE
+    # (tests of the cache folders themselves) becomes the folder of every later test.
+    enable_persistent_cache()
+    gc.collect()
+    gc.freeze()
+
 
 # A tiny token model and a tiny hybrid: fast enough for logic tests on every backend.
 TINY = dict(image_size=32, patch_size=8, hidden_size=24, num_layers=2, num_heads=3, mlp_dim=48, classes=7)
@@ -54,7 +69,16 @@ def rel_err(a, b):
 INDEPENDENT_BACKEND = "jax"
 
 
+def _is_xdist_controller(config):
+    """True in the process that only hands tests to pytest-xdist's workers (it imports no test
+    module, so it needs none of the libraries)."""
+    return (not hasattr(config, "workerinput") and bool(config.getoption("numprocesses", None))
+            and not config.option.collectonly)
+
+
 def pytest_configure(config):
+    if not _is_xdist_controller(config):
+        _import_the_libraries()
     config.addinivalue_line(
         "markers",
         "backend_independent: logic that no Keras backend changes (Hub protocol, preset table, CLI "
@@ -62,13 +86,18 @@ def pytest_configure(config):
     )
 
 
-#: Modules that hold the suite's longest tests (a minute or more on some backend): they start
-#: first, so that the two xdist workers do not end with one of them running a long test alone.
-LONG_MODULES = ("test_demo", "test_distribution_jax", "test_export", "test_performance", "test_applications",
-                "test_distribution_tf", "test_docs", "test_cache_faults", "test_bit", "test_resume")
+#: The longest test modules, longest first (their measured time summed over the three passes).
+#: A module is the unit the two xdist workers take turns on (--dist loadfile); the longest start
+#: first so that the workers finish together, with the many short modules filling in at the end.
+LONG_MODULES = ("test_docs", "test_export", "test_saving_precision", "test_bit", "test_demo", "test_performance",
+                "test_cache_faults", "test_distribution_jax", "test_applications", "test_training_fit",
+                "test_model_variants", "test_resume", "test_distribution_tf", "test_checkpoints", "test_cli_errors",
+                "test_hub", "test_models", "test_quantize", "test_dynamic_size", "test_analysis")
 
 
 def pytest_collection_modifyitems(config, items):
+    # `make test` distributes whole modules (--dist loadfile): a module's fixtures are built once
+    # per pass, in one worker, and the modules start in the order sorted here.
     if BACKEND != INDEPENDENT_BACKEND:
         kept = [item for item in items if item.get_closest_marker("backend_independent") is None]
         deselected = [item for item in items if item.get_closest_marker("backend_independent") is not None]
@@ -76,7 +105,7 @@ def pytest_collection_modifyitems(config, items):
             config.hook.pytest_deselected(items=deselected)
             items[:] = kept
     rank = {name: i for i, name in enumerate(LONG_MODULES)}
-    # A stable sort: each module's tests stay together and in order (module fixtures build once).
+    # A stable sort: each module's tests stay together and in order.
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py"),
                                          len(rank)))
 
@@ -98,6 +127,8 @@ def _collect_the_last_module():
 @pytest.fixture(autouse=True)
 def _reset_keras_state():
     """Each test starts from float32 and a clean session (tests change the dtype policy)."""
+    import keras
+
     keras.config.set_dtype_policy("float32")
     keras.utils.clear_session(free_memory=False)
     _collect()

@@ -548,3 +548,34 @@ def test_valid_files_still_read_exactly(sandbox, valid):
             np.testing.assert_allclose(np.asarray(tree[key]), value, rtol=0, atol=1e-7, err_msg=f"{fmt} {key}")
         model = build_model(tree, config)
         assert math.isfinite(float(np.abs(model.predict(np.zeros((1, 32, 32, 3), np.float32), verbose=0)).sum()))
+
+
+def test_keras_archive_member_reads_like_zipfile_and_checks_its_crc(sandbox, valid):
+    """A .keras file's weights are read in place through a memory map (keras_format.open_member):
+    every read at every position gives zipfile's bytes, and a flipped byte inside the stored
+    weights (which HDF5 itself never checks) is refused by the archive's CRC-32."""
+    from keras_vit.checkpoints.keras_format import open_member
+
+    data = valid["files"]["keras"]["m.keras"]
+    path = os.path.join(_write(sandbox, {"m.keras": data}), "m.keras")
+    with zipfile.ZipFile(path) as archive:
+        expected = archive.read("model.weights.h5")
+        start = data.index(expected[:64])  # where the stored member's bytes begin in the archive
+    rng = np.random.default_rng(0)
+    with open_member(path, "model.weights.h5") as member:
+        assert member.seek(0, os.SEEK_END) == len(expected)
+        for _ in range(200):  # backward and forward seeks, reads past the end
+            position, size = int(rng.integers(0, len(expected) + 10)), int(rng.integers(0, 5000))
+            member.seek(position)
+            assert member.read(size) == expected[position:position + size]
+            assert member.tell() == min(position + size, len(expected)) or position > len(expected)
+        member.seek(10)
+        member.seek(-4, os.SEEK_CUR)
+        assert member.read(3) == expected[6:9]
+    damaged = bytearray(data)
+    damaged[start + len(expected) // 2] ^= 0x10
+    bad = os.path.join(_write(sandbox, {"m.keras": bytes(damaged)}), "m.keras")
+    with pytest.raises(CheckpointError, match="CRC-32"):
+        open_member(bad, "model.weights.h5")
+    with pytest.raises(CheckpointError, match="CRC-32"):
+        read_checkpoint(bad)

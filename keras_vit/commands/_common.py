@@ -85,11 +85,38 @@ def constructor(name):
 
 
 def weights_argument(args):
-    """--preset or --weights, None for 'none' (or neither)."""
+    """--preset or --weights (as `resolve_weights` resolved them, once it has), None for 'none'
+    (or neither)."""
+    resolved = getattr(args, "_resolved_weights", None)
+    if resolved is not None:
+        return resolved
     weights = getattr(args, "preset", None) or getattr(args, "weights", None)
-    if weights is not None and weights.strip().lower() == "none":
+    if isinstance(weights, str) and weights.strip().lower() == "none":
         return None
     return weights
+
+
+def resolve_weights(args, *, image_size=None):
+    """Resolve --weights / --preset to local files (downloading them if needed) before a Keras
+    backend loads: keras_vit.loading needs none, so a missing file, an unknown preset or a
+    download that cannot happen offline fails in a fraction of a second. `load_model` and
+    `load_as_is` then build the model from these files; `image_size` must be the one they get
+    (it picks the 224 or 384 repository). Returns the `keras_vit.loading.ResolvedWeights`, or
+    None for --weights none."""
+    weights = weights_argument(args)
+    if weights is None:
+        return None
+    from keras_vit import loading
+
+    arch = getattr(args, "arch", None)
+    architecture = arch.strip() if arch and not _is_json_arch(arch) else None
+    args._resolved_weights = loading.resolve(weights, architecture=architecture, image_size=image_size)
+    return args._resolved_weights
+
+
+def run_config(args, **extra):
+    """The arguments of a run as its config.json records them (as typed, with `extra`)."""
+    return dict({k: v for k, v in vars(args).items() if not k.startswith("_")}, func=None, **extra)
 
 
 def check_model_args(args, *, needs_weights=False, default_arch=None):

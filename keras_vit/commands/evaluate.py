@@ -60,6 +60,7 @@ def predict_with_progress(model, ds, num_examples=None, verbose=1):
 
 def evaluate(args):
     _common.check_model_args(args, needs_weights=True)  # before anything loads
+    _common.resolve_weights(args)  # load_trained_model loads it at its own resolution
     import keras_vit.data as kd
     from keras_vit.runs import RunFolder
 
@@ -78,7 +79,7 @@ def evaluate(args):
             f"{head} classes, or fine-tune the model for these classes first (keras-vit finetune)."
         )
     run = RunFolder(args.out)
-    run.save_config(dict(vars(args), func=None, image_size=list(model.image_size)))
+    run.save_config(_common.run_config(args, image_size=list(model.image_size)))
     scores, labels = predict_with_progress(model, ds, info.num_examples)
     predictions = scores.argmax(1)
     k = scores.shape[1]

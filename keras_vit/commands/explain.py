@@ -82,7 +82,7 @@ def add_parser(subparsers):
 
 def load_model(weights=None, arch=None, image_size=None, preset=None):
     """The model `explain` inspects (see `keras-vit explain --help`): `weights` / `preset` as
-    --weights / --preset; with no weights ("none" or None), a randomly initialised `arch`
+    --weights / --preset (or weights already resolved by `keras_vit.loading.resolve`); with no weights ("none" or None), a randomly initialised `arch`
     (default ViTB16), with a warning."""
     import argparse
 
@@ -216,6 +216,7 @@ def explain(model, image_paths, out_dir, head_fusion="mean", discard_ratio=0.0, 
 def run(args):
     _common.check_model_args(args, default_arch="ViTB16")
     paths = _resolve_images(args.images)  # before loading anything: a typo fails fast
-    model = load_model(args.weights, args.arch, args.image_size, args.preset)
+    resolved = _common.resolve_weights(args, image_size=args.image_size)  # None for --weights none
+    model = load_model(resolved, args.arch, args.image_size)
     explain(model, paths, args.out, args.head_fusion, args.discard_ratio, args.components)
     return 0

@@ -73,6 +73,7 @@ def plot_fewshot(results, path, title):
 
 def fewshot(args):
     _common.check_model_args(args)  # before anything loads
+    _common.resolve_weights(args, image_size=args.image_size)
     import keras_vit.data as kd
     from keras_vit.runs import RunFolder
 
@@ -87,7 +88,7 @@ def fewshot(args):
     train_ds, info = kd.load_dataset(args.data, args.train_split, **common)
     test_ds, test_info = kd.load_dataset(args.data, args.test_split, **common)
     run = RunFolder(args.out)
-    run.save_config(dict(vars(args), func=None, image_size=list(image_size)))
+    run.save_config(_common.run_config(args, image_size=list(image_size)))
     train_x, train_y = _features(api, model, train_ds, args.max_train_images, args.train_split, info.num_examples)
     test_x, test_y = _features(api, model, test_ds, args.max_test_images, args.test_split, test_info.num_examples)
     num_classes = info.num_classes or int(max(train_y.max(), test_y.max()) + 1)

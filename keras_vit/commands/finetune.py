@@ -58,6 +58,7 @@ def steps_plan(steps, eval_every):
 
 def finetune(args):
     _common.check_model_args(args)  # before anything loads
+    _common.resolve_weights(args)  # model_for_task loads the base at its own resolution
     import keras
 
     import keras_vit.data as kd
@@ -90,7 +91,7 @@ def finetune(args):
     if warmup >= total:
         raise ValueError(f"--warmup {warmup} must be smaller than --steps {total}.")
     run = RunFolder(args.out)  # created once the model and data are ready: a failed start leaves none
-    run.save_config(dict(vars(args), func=None, image_size=list(image_size), classes=classes, warmup=warmup,
+    run.save_config(_common.run_config(args, image_size=list(image_size), classes=classes, warmup=warmup,
                          train_examples=train_info.num_examples, eval_examples=eval_info.num_examples))
     backup, done = None, 0
     if args.resume:
