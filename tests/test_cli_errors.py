@@ -165,6 +165,32 @@ def test_offline_without_cache(tmp_path):
     assert not set(os.listdir(tmp_path)) & {*commands, "a.keras", "b.keras"}  # no run folder, no output
 
 
+_BEFORE_ANY_BACKEND = """
+import sys
+sys.argv[0] = "keras-vit"  # as the console script starts: keras_vit imports lazily
+from keras_vit.cli import main
+status = main(sys.argv[1:])
+print("STATUS", status, "LOADED", sorted(m for m in ("keras", "tensorflow", "jax", "torch") if m in sys.modules))
+"""
+
+
+@pytest.mark.parametrize("argv", [
+    ["finetune", "--arch", "ViTTi16", "--weights", "augreg_in21k", "--data", "digits"],
+    ["evaluate", "--weights", "/no/such/run", "--data", "digits"],
+    ["fewshot", "--preset", "ViTTi16.no_such_tag", "--data", "digits"],
+    ["explain", "--weights", "hf://timm/vit_tiny_patch16_224.augreg_in21k", "sample:grace_hopper"],
+])
+def test_weights_that_cannot_load_fail_before_any_backend_loads(argv, tmp_path):
+    """--weights is resolved first (keras_vit.loading needs no Keras): a missing file, an
+    unknown preset or an offline download fails before Keras, TensorFlow, JAX or PyTorch load."""
+    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"), HF_HUB_CACHE=str(tmp_path / "hf" / "hub"),
+               KERAS_VIT_CACHE=str(tmp_path / "kv"))
+    out = subprocess.run([sys.executable, "-c", _BEFORE_ANY_BACKEND, *argv, "--out", str(tmp_path / "run")],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.stdout.strip().splitlines()[-1] == "STATUS 2 LOADED []", (out.stdout, out.stderr[-2000:])
+    assert out.stderr.strip().splitlines()[-1].startswith(f"keras-vit {argv[0]}: error: ")
+
+
 # === What used to fail and now works ===
 
 
