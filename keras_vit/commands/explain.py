@@ -82,8 +82,8 @@ def add_parser(subparsers):
 
 def load_model(weights=None, arch=None, image_size=None, preset=None):
     """The model `explain` inspects (see `keras-vit explain --help`): `weights` / `preset` as
-    --weights / --preset (or weights already resolved by `keras_vit.loading.resolve`); with no weights ("none" or None), a randomly initialised `arch`
-    (default ViTB16), with a warning."""
+    --weights / --preset (or weights already resolved by `keras_vit.loading.resolve`); with no
+    weights ("none" or None), a randomly initialised `arch` (default ViTB16), with a warning."""
     import argparse
 
     args = argparse.Namespace(weights=weights, preset=preset, arch=arch, image_size=image_size)

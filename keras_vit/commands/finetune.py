@@ -92,7 +92,8 @@ def finetune(args):
         raise ValueError(f"--warmup {warmup} must be smaller than --steps {total}.")
     run = RunFolder(args.out)  # created once the model and data are ready: a failed start leaves none
     run.save_config(_common.run_config(args, image_size=list(image_size), classes=classes, warmup=warmup,
-                         train_examples=train_info.num_examples, eval_examples=eval_info.num_examples))
+                                       train_examples=train_info.num_examples,
+                                       eval_examples=eval_info.num_examples))
     backup, done = None, 0
     if args.resume:
         import os
