@@ -316,7 +316,7 @@ def read_keras_file(path):
     The weights are read in place from the archive (Keras stores its members uncompressed)."""
     path = os.fspath(path)
     with reading(path):
-        _check_keras_archive(path)
+        weights = _check_keras_archive(path)
     try:
         with zipfile.ZipFile(path) as archive:
             names = archive.namelist()
@@ -328,7 +328,7 @@ def read_keras_file(path):
             raise
         raise corrupt_file_error(path, err) from None
     config = checkpoint_config(_checked(_unwrap(raw, path), path))
-    return KerasWeights(lambda: open_member(path, WEIGHTS_FILE), path), config
+    return KerasWeights(lambda: weights, path), config
 
 
 class _MappedMember(io.RawIOBase):
@@ -405,7 +405,8 @@ _LOCAL_HEADER_SIZE = 30
 
 def _check_keras_archive(path):
     """The checks `read_weights_h5` makes, on the config.json and model.weights.h5 inside a .keras
-    zip, before Keras builds anything from it."""
+    zip, before Keras builds anything from it. Returns model.weights.h5 opened (`open_member`:
+    mapped and CRC-checked once), for the load to read from."""
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
@@ -430,8 +431,13 @@ def _check_keras_archive(path):
         weights_bytes = infos["model.weights.h5"].file_size
         if not _is_bit(_unwrap(config, path)):
             check_config_fits(_unwrap(config, path), weights_bytes, path)
-    with open_member(path, "model.weights.h5") as weights:
+    weights = open_member(path, WEIGHTS_FILE)
+    try:
         _scan_h5(weights, weights_bytes, path)
+    except BaseException:
+        weights.close()
+        raise
+    return weights
 
 
 def _is_hdf5(path):
