@@ -14,6 +14,7 @@ file (lazily, one tensor at a time) into its variables; nothing is converted or 
 huggingface_hub's own copy of the downloaded files.
 """
 
+import contextlib
 import dataclasses
 import os
 import warnings
@@ -316,6 +317,39 @@ def _patch_resize(config, patch_size, image_size, source):
     return PATCH_RESIZE_RULE
 
 
+@contextlib.contextmanager
+def _deferred_variables():
+    """A `keras.StatelessScope` whose variables are initialised when it ends: those it created,
+    and only those.
+
+    Keras keeps every variable created in a stateless scope on one process-wide list and, when
+    the outermost scope ends, initialises the whole list and only then empties it. A value that
+    fails as it is read (a NaN found in a lazily read tensor, a file truncated under the load)
+    would leave the list full of this build's variables, some initialised, and every later build
+    in the process would fail on them ("Variable ... is already initialized"). Here the variables
+    this build created are taken off the list whatever happens, and variables that others left
+    there (a `keras.StatelessScope(initialize_variables=False)` of the caller's) are not touched.
+    """
+    import keras
+    from keras.src.backend.common import global_state
+
+    def pending():
+        return global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
+
+    before = {id(v) for v in pending()}
+    created = []
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            yield
+        created = [v for v in pending() if id(v) not in before]
+        for variable in created:
+            if variable._value is None:
+                variable._deferred_initialize()
+    finally:
+        mine = {id(v) for v in (created or [v for v in pending() if id(v) not in before])}
+        global_state.set_global_attribute("uninitialized_variables", [v for v in pending() if id(v) not in mine])
+
+
 def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, classes=None, pooling=None,
                           classifier_activation=None, keep_representation=True, fresh_head=False, source=None,
                           warn=True, **overrides):
@@ -354,10 +388,10 @@ def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, cl
     if image_size is not None:
         kwargs["image_size"] = image_size
     kwargs.update(overrides)
-    # Variables are created uninitialised (keras.StatelessScope); set_weight_tree makes each
-    # checkpoint tensor its variable's initial value, read from the file when the scope ends and
-    # initialises them one at a time. A fresh head starts at zero; nothing random is drawn.
-    with skip_random_init(), keras.StatelessScope():
+    # Variables are created uninitialised (`_deferred_variables`); set_weight_tree makes each
+    # checkpoint tensor its variable's initial value, read from the file when the scope ends, one
+    # at a time. A fresh head starts at zero; nothing random is drawn.
+    with skip_random_init(), _deferred_variables():
         model = family.model_class()(**kwargs)
         if hasattr(tree, "bind"):
             tree = tree.bind(model)

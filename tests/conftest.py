@@ -119,7 +119,12 @@ def _collect(everything=False):
 
 @pytest.fixture(scope="module", autouse=True)
 def _collect_the_last_module():
-    """Collect what the previous module left, its fixtures included, frozen or not."""
+    """Collect what the previous module left, its fixtures included, frozen or not; this module's
+    fixtures start from a clean Keras session too (they are built before the first test's reset)."""
+    import keras
+
+    keras.config.set_dtype_policy("float32")
+    keras.utils.clear_session(free_memory=False)
     _collect(everything=True)
     yield
 

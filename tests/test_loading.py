@@ -8,6 +8,7 @@ predictions before saving.
 """
 
 import os
+import shutil
 import warnings
 
 import keras
@@ -128,6 +129,34 @@ def test_head_policy_matrix(saved):
         np.testing.assert_array_equal(
             ft.get_layer("encoder_norm").gamma.numpy(), tree["Transformer/encoder_norm/scale"]
         )
+
+
+def test_a_load_that_fails_while_reading_values_leaves_later_builds_working(saved, tmp_path):
+    # The NaN is found only when its tensor is read, as its variable is initialised at the end of
+    # the build: the half-built model must not stay behind in Keras' list of variables waiting for
+    # initialisation, where it failed every later build of the process.
+    import h5py
+
+    from keras_vit.checkpoints import CheckpointError
+
+    bad = tmp_path / "bad"
+    shutil.copytree(saved["root"] / "h5", bad)
+    with h5py.File(bad / "model.weights.h5", "r+") as f:
+        datasets = []
+        f.visititems(lambda name, obj: datasets.append(name) if isinstance(obj, h5py.Dataset) else None)
+        last = f[sorted(datasets)[-1]]
+        last[...] = np.full(last.shape, np.nan, last.dtype)
+    with pytest.raises(CheckpointError, match="non-finite"):
+        keras_vit.load_checkpoint(bad / "model.weights.h5")
+    model = keras_vit.load_checkpoint(saved["root"] / "h5" / "model.weights.h5")
+    np.testing.assert_allclose(model.predict(saved["x"], verbose=0), saved["logits"], rtol=1e-5, atol=1e-5)
+    with keras.StatelessScope():  # Keras' own deferred initialisation works too
+        VisionTransformer(**TINY)
+    # A caller's uninitialised variables are left as they are: the load initialises its own only.
+    with keras.StatelessScope(initialize_variables=False):
+        shapes_only = VisionTransformer(**TINY)
+    keras_vit.load_checkpoint(saved["root"] / "model.npz")
+    assert all(v._value is None for v in shapes_only.weights)  # Keras' mark of a deferred variable
 
 
 def test_a_checkpoint_without_head_needs_classes_or_no_top(tmp_path):
