@@ -113,16 +113,24 @@ def user_error_types():
     return tuple(types)
 
 
-def error_message(error):
-    """The text after `keras-vit <command>: error: ` for a user error."""
+#: The library's advice to start from random weights, as a clause that can be taken out of its sentence.
+_RANDOM_INIT_CLAUSE = re.compile(r"[;,] or (?:pass )?weights=None for a randomly initialised model")
+
+
+def error_message(error, takes_weights=True):
+    """The text after `keras-vit <command>: error: ` for a user error. `takes_weights`: the command
+    has a `--weights` option (the library's advice to pass weights=None becomes `--weights none`;
+    a command without the option, such as `convert`, does not give that advice)."""
     text = str(error).strip() or type(error).__name__
     if isinstance(error, (FileNotFoundError, NotADirectoryError, IsADirectoryError)) and error.filename:
         text = text if str(error.filename) in text else f"{text}: {error.filename}"
     hub = sys.modules.get("keras_vit.hub")
     offline = hub is not None and isinstance(error, getattr(hub, "OfflineError", ()))
+    if not takes_weights:
+        text = _RANDOM_INIT_CLAUSE.sub("", text)
     # The library speaks of the Python argument; on the command line it is a flag.
     text = re.sub(r"\bweights=None\b", "--weights none", text)
-    if offline and "--weights none" not in text:
+    if offline and takes_weights and "--weights none" not in text:
         text += " Or pass --weights none (with --arch) to start from a randomly initialised model."
     return " ".join(text.split()) if offline else text
 
@@ -161,7 +169,7 @@ def main(argv=None):
         _remove_if_left_empty(out, out_existed)
         if not isinstance(error, user_error_types()):
             raise  # a bug: the traceback is what a report needs
-        print(f"keras-vit {args.command}: error: {error_message(error)}", file=sys.stderr)
+        print(f"keras-vit {args.command}: error: {error_message(error, 'weights' in vars(args))}", file=sys.stderr)
         return 2
     if status:
         _remove_if_left_empty(out, out_existed)

@@ -135,8 +135,8 @@ def resolve(source, *, architecture=None, image_size=None):
         return ResolvedWeights(source, folder, detect_format(folder), None, repo, revision, commit)
     if _looks_like_path(source):
         raise FileNotFoundError(
-            f"No checkpoint at {source!r}. Pass an existing checkpoint file or folder, 'hf://owner/repo', a preset "
-            "name (keras_vit.list_presets()), or weights=None for a randomly initialised model."
+            f"No checkpoint at {source!r}. Pass an existing checkpoint file or folder, 'hf://owner/repo' or a preset "
+            "name (keras_vit.list_presets()); or weights=None for a randomly initialised model."
         )
     names.check_name(source, "weights name")
     if architecture is not None and "." not in source:

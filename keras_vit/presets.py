@@ -305,7 +305,7 @@ def find_preset(architecture, weights, image_size=None):
     if not valid:
         raise ValueError(
             f"No pretrained weights are published for {architecture}, so weights={weights!r} cannot be loaded. "
-            "Pass weights=None for a randomly initialised model, or a local checkpoint path / 'hf://owner/repo'."
+            "Pass a local checkpoint path or 'hf://owner/repo', or weights=None for a randomly initialised model."
         )
     close = difflib.get_close_matches(str(weights), valid + list(ALIASES), n=3, cutoff=0.5)
     hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
