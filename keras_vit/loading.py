@@ -337,17 +337,14 @@ def _deferred_variables():
         return global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True)
 
     before = {id(v) for v in pending()}
-    created = []
     try:
         with keras.StatelessScope(initialize_variables=False):
             yield
-        created = [v for v in pending() if id(v) not in before]
-        for variable in created:
+        for variable in [v for v in pending() if id(v) not in before]:
             if variable._value is None:
                 variable._deferred_initialize()
-    finally:
-        mine = {id(v) for v in (created or [v for v in pending() if id(v) not in before])}
-        global_state.set_global_attribute("uninitialized_variables", [v for v in pending() if id(v) not in mine])
+    finally:  # the list as it was before this build
+        global_state.set_global_attribute("uninitialized_variables", [v for v in pending() if id(v) in before])
 
 
 def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, classes=None, pooling=None,

@@ -121,12 +121,16 @@ def _collect(everything=False):
 def _collect_the_last_module():
     """Collect what the previous module left, its fixtures included, frozen or not; this module's
     fixtures start from a clean Keras session too (they are built before the first test's reset)."""
+    _clean_keras_session()
+    _collect(everything=True)
+    yield
+
+
+def _clean_keras_session():
     import keras
 
     keras.config.set_dtype_policy("float32")
     keras.utils.clear_session(free_memory=False)
-    _collect(everything=True)
-    yield
 
 
 @pytest.fixture(autouse=True)
@@ -134,8 +138,7 @@ def _reset_keras_state():
     """Each test starts from float32 and a clean session (tests change the dtype policy)."""
     import keras
 
-    keras.config.set_dtype_policy("float32")
-    keras.utils.clear_session(free_memory=False)
+    _clean_keras_session()
     _collect()
     yield
     keras.config.set_dtype_policy("float32")
