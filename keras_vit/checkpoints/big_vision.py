@@ -26,7 +26,6 @@ the top level (`probe`, ...).
 import math
 import os
 import re
-import tokenize
 import zipfile
 from collections.abc import Mapping
 
@@ -34,14 +33,11 @@ import numpy as np
 
 from keras_vit.checkpoints.common import (
     CheckpointError,
-    LazyArray,
-    check_finite,
-    corrupt_file_error,
     describe_keys,
     infer_config,
     reading,
 )
-from keras_vit.checkpoints.npz import NpzMembers, _single_npz
+from keras_vit.checkpoints.npz import _single_npz, lazy_member, open_members
 from keras_vit.checkpoints.registry import CheckpointFormat
 from keras_vit.models.config import NUMERICS
 
@@ -115,25 +111,7 @@ def detect(path):
 
 
 def _lazy(members, key, index=None):
-    """A LazyArray of member `key` (or its entry `index` of the leading axis), as float32,
-    checked for non-finite values when read."""
-    shape = members.shape(key)
-    if index is not None:
-        shape = shape[1:]
-    path = members.path
-
-    def load():
-        try:
-            array = members[key] if index is None else members.read_index(key, index)
-        except (zipfile.BadZipFile, EOFError, ValueError, OSError) as err:
-            raise corrupt_file_error(path, err) from None
-        if array.dtype != np.float32:
-            with np.errstate(over="ignore"):
-                array = array.astype(np.float32)  # beyond float32's range becomes inf, refused below
-        name = key if index is None else f"{key}[{index}]"
-        return check_finite(array, name, path)
-
-    return LazyArray(load, shape)
+    return lazy_member(members, key, index)
 
 
 def _canonical_block(part, rest, key, source):
@@ -246,13 +224,7 @@ def read_big_vision(path):
     file = _npz_path(path) or path
     if not os.path.exists(file):
         raise FileNotFoundError(f"No checkpoint at {path!r}.")
-    try:
-        members = NpzMembers(file)
-    except (zipfile.BadZipFile, EOFError, ValueError, OSError, NotImplementedError, SyntaxError,
-            tokenize.TokenError) as err:  # numpy parses a damaged .npy header with Python's tokenizer
-        if isinstance(err, (CheckpointError, FileNotFoundError)):
-            raise
-        raise corrupt_file_error(file, err) from None
+    members = open_members(file)
     with members, reading(file):  # closed here; each lazy read reopens the file
         tree, class_token_pe = canonical_from_big_vision(members, source=file)
         config = infer_config(

@@ -28,17 +28,23 @@ import numpy as np
 
 from keras_vit.checkpoints.common import (
     CheckpointError,
-    corrupt_file_error,
     count_units,
     describe_keys,
     materialize,
     open_safetensors,
     read_json,
+    reading,
     safetensors_in_folder,
     width_factor,
 )
+from keras_vit.checkpoints.npz import _single_npz, lazy_member, open_members
 from keras_vit.checkpoints.registry import CheckpointFormat
 from keras_vit.models.config import BIT_NUMERICS
+
+#: The numerics of google-research/big_transfer's own code, which trained and wrote the .npz
+#: files: weight standardisation (w - mean) / sqrt(var + 1e-10) (timm's port uses 1e-8),
+#: GroupNorm eps 1e-5 (torch.nn.GroupNorm's, as in its PyTorch model).
+BIG_TRANSFER_NUMERICS = dict(BIT_NUMERICS, std_conv_epsilon=1e-10, std_conv_epsilon_inside_sqrt=True)
 
 PREFIX = "resnet/"
 _ROOT = PREFIX + "root_block/standardized_conv2d/kernel"
@@ -180,18 +186,34 @@ def read_timm_bit(path, lazy=False):
         ((3, 4, 6, 3), 21843)
     """
     path = os.fspath(path)
+    with reading(path):
+        return _read_timm_bit(path, lazy)
+
+
+def _read_timm_bit(path, lazy):
     config = _timm_config(path)
-    arch = str(config.get("architecture", ""))
+    arch = config.get("architecture", "")
+    if not isinstance(arch, str):
+        raise CheckpointError(f"{path}: config.json's 'architecture' is {arch!r}; expected a timm model name.")
+    args = config.get("model_args") or {}
+    if not isinstance(args, dict):
+        raise CheckpointError(f"{path}: config.json's 'model_args' is {args!r}; expected an object (a dict).")
     if arch and not arch.startswith("resnetv2_"):
         raise CheckpointError(f"{path}: timm architecture {arch!r} is not a ResNetV2 (resnetv2_*_bit).")
-    args = config.get("model_args") or {}
     if args.get("stem_type") not in (None, "fixed"):
         raise CheckpointError(f"{path}: timm stem_type={args['stem_type']!r}; BiT's stem is 'fixed' (zero pad + max pool).")
     if args.get("global_pool") not in (None, "", "avg"):
         raise CheckpointError(f"{path}: timm global_pool={args['global_pool']!r}; BiT pools by averaging ('avg').")
     tree = timm_bit_state_to_tree(_timm_files(path), source=path)
-    size = (config.get("pretrained_cfg") or {}).get("input_size")
-    image_size = tuple(int(s) for s in size[1:]) if size and len(size) == 3 else None
+    pretrained = config.get("pretrained_cfg") or {}
+    size = pretrained.get("input_size") if isinstance(pretrained, dict) else None
+    image_size = None
+    if isinstance(size, list) and len(size) == 3:
+        if not all(isinstance(s, int) and not isinstance(s, bool) and 0 < s <= 2**16 for s in size):
+            raise CheckpointError(
+                f"{path}: config.json's pretrained_cfg.input_size is {size!r}; expected [channels, height, width]."
+            )
+        image_size = tuple(size[1:])
     out = infer_bit_config(tree, source=path, image_size=image_size)
     return (tree if lazy else materialize(tree)), out
 
@@ -204,45 +226,58 @@ def _npz_keys(path):
         return [n[: -len(".npy")] if n.endswith(".npy") else n for n in z.namelist()]
 
 
+def _bit_npz_path(path):
+    """The .npz of `path`: the file itself, or the one .npz of a folder (a Hub snapshot)."""
+    if os.path.isdir(path):
+        return _single_npz(path)
+    return path if os.path.isfile(path) else None
+
+
 def detect_bit_npz(path):
-    """Whether `path` is a big_transfer .npz (it holds `resnet/root_block/standardized_conv2d/kernel`)."""
-    path = os.fspath(path)
-    if not os.path.isfile(path):
+    """Whether `path` is a big_transfer .npz (it holds `resnet/root_block/standardized_conv2d/kernel`),
+    or a folder holding exactly one."""
+    path = _bit_npz_path(os.fspath(path))
+    if path is None:
         return False
     try:
         return _ROOT in _npz_keys(path)
-    except (zipfile.BadZipFile, OSError):
+    except (zipfile.BadZipFile, OSError, ValueError, EOFError):
         return False
 
 
 def read_bit_npz(path):
-    """Read an original BiT .npz (google-research/big_transfer, e.g. BiT-M-R50x1.npz) into
-    (canonical tree, BiTResNet kwargs). GroupNorm parameters stored as (1, 1, 1, C) are flattened.
+    """Read an original BiT .npz (google-research/big_transfer, e.g. BiT-M-R50x1.npz), or a folder
+    holding one (a Hub snapshot), into (lazy canonical tree, BiTResNet kwargs with big_transfer's
+    numerics). GroupNorm parameters stored as (1, 1, 1, C) are flattened.
+
+    Every member's .npy header is checked before anything is read (a declared size must fit the
+    file: `NpzMembers`), each weight is read when the model assigns it, checked against the zip's
+    CRC-32 and for non-finite values.
 
     Example:
         >>> tree, config = read_bit_npz("BiT-M-R50x1.npz")  # doctest: +SKIP
-        >>> config["block_units"], config["width_factor"]
-        ((3, 4, 6, 3), 1)
+        >>> config["block_units"], config["width_factor"], config["std_conv_epsilon"]
+        ((3, 4, 6, 3), 1, 1e-10)
     """
     path = os.fspath(path)
+    file = _bit_npz_path(path) or path
+    if not os.path.exists(file):
+        raise FileNotFoundError(f"No checkpoint at {path!r}.")
     tree = {}
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            for key in data.files:
-                if not key.startswith(PREFIX):
-                    continue  # optimizer state, global step, ...
-                value = np.asarray(data[key])
-                if value.dtype.kind != "f":
-                    raise CheckpointError(f"{path}: weight {key!r} has dtype {value.dtype}; expected floats.")
-                value = value.astype(np.float32, copy=False)
-                if "/group_norm/" in key and value.ndim == 4 and value.shape[:3] == (1, 1, 1):
-                    value = value.reshape(value.shape[-1])
-                tree[key] = value
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError) as err:
-        if isinstance(err, (CheckpointError, FileNotFoundError)):
-            raise
-        raise corrupt_file_error(path, err) from None
-    return tree, infer_bit_config(tree, source=path)
+    with open_members(file) as members, reading(file):  # closed here; each lazy read reopens the file
+        for key in members.keys():
+            if not key.startswith(PREFIX):
+                continue  # optimizer state, global step, ...
+            if members.dtype(key).kind != "f":
+                raise CheckpointError(f"{file}: weight {key!r} has dtype {members.dtype(key)}; expected floats.")
+            shape = members.shape(key)
+            if "/group_norm/" in key and len(shape) == 4 and shape[:3] == (1, 1, 1):
+                tree[key] = lazy_member(members, key, shape=(shape[-1],))
+            else:
+                tree[key] = lazy_member(members, key)
+        config = infer_bit_config(tree, source=file)
+    config.update(BIG_TRANSFER_NUMERICS)
+    return tree, config
 
 
 def write_bit_npz(tree, path):

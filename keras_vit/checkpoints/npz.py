@@ -9,6 +9,7 @@ import math
 import os
 import tokenize
 import zipfile
+import zlib
 from collections.abc import Mapping
 
 import numpy as np
@@ -16,6 +17,7 @@ import numpy as np
 from keras_vit.checkpoints.common import (
     MAX_DEFLATE_RATIO,
     CheckpointError,
+    LazyArray,
     check_finite,
     corrupt_file_error,
     infer_config,
@@ -99,6 +101,42 @@ def read_npz(path):
         return tree, infer_config(tree, NUMERICS["original"], source=path)
 
 
+def lazy_member(members, key, index=None, shape=None):
+    """A LazyArray of member `key` of `members` (an `NpzMembers`), or its entry `index` of the
+    leading axis, as float32 (reshaped to `shape` if given), checked for non-finite values when
+    read; a file damaged since its headers were read raises CheckpointError then."""
+    stored = members.shape(key)
+    if index is not None:
+        stored = stored[1:]
+    path = members.path
+
+    def load():
+        try:
+            array = members[key] if index is None else members.read_index(key, index)
+        except (zipfile.BadZipFile, EOFError, ValueError, OSError) as err:
+            raise corrupt_file_error(path, err) from None
+        if array.dtype != np.float32:
+            with np.errstate(over="ignore"):
+                array = array.astype(np.float32)  # beyond float32's range becomes inf, refused below
+        if shape is not None:
+            array = array.reshape(shape)
+        name = key if index is None else f"{key}[{index}]"
+        return check_finite(array, name, path)
+
+    return LazyArray(load, stored if shape is None else shape)
+
+
+def open_members(path):
+    """`NpzMembers(path)`, with every sign of a damaged zip or .npy header as a CheckpointError."""
+    try:
+        return NpzMembers(path)
+    except (zipfile.BadZipFile, EOFError, ValueError, OSError, NotImplementedError, SyntaxError,
+            tokenize.TokenError) as err:  # numpy parses a damaged .npy header with Python's tokenizer
+        if isinstance(err, (CheckpointError, FileNotFoundError)):
+            raise
+        raise corrupt_file_error(path, err) from None
+
+
 class NpzMembers:
     """The arrays of an .npz, with every member's .npy header checked before anything is read.
 
@@ -113,6 +151,7 @@ class NpzMembers:
         self.path = os.fspath(path)
         self._zip = zipfile.ZipFile(self.path)
         self._members = {}
+        self._crc_checked = set()
         try:
             for info in self._zip.infolist():
                 if info.filename.endswith(".npy"):
@@ -176,10 +215,27 @@ class NpzMembers:
                 raise ValueError(f"member {info.filename!r} has no valid local header")
             name_length, extra_length = (int.from_bytes(local[i : i + 2], "little") for i in (26, 28))
             start = info.header_offset + 30 + name_length + extra_length
+            if key not in self._crc_checked:
+                self._check_crc(f, info, start)
+                self._crc_checked.add(key)
             f.seek(start + offset + index * row)
             if f.readinto(memoryview(array.reshape(-1).view(np.uint8))) != row:
                 raise EOFError(f"member {info.filename!r} is cut short")
         return array
+
+    def _check_crc(self, f, info, start, chunk=2**22):
+        """The zip's CRC-32 over the whole stored member `info` (whose data begin at `start`):
+        the slices `read_index` hands out are then as checked as a whole-member read."""
+        f.seek(start)
+        crc, left = 0, info.file_size
+        while left:
+            block = f.read(min(chunk, left))
+            if not block:
+                raise EOFError(f"member {info.filename!r} is cut short")
+            crc = zlib.crc32(block, crc)
+            left -= len(block)
+        if crc != info.CRC:
+            raise zipfile.BadZipFile(f"Bad CRC-32 for file {info.filename!r}")
 
     def __getitem__(self, key):
         info, shape, fortran, dtype, offset = self._members[key]
