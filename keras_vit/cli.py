@@ -13,6 +13,7 @@ and exit status 2, without a traceback.
 
 import argparse
 import contextlib
+import copy
 import importlib
 import importlib.abc
 import importlib.util
@@ -35,9 +36,41 @@ _TENSORFLOW_NOISE = re.compile(
 )
 
 
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """--help shows each option's default, where it has one (not for flags, nor where the help
+    text already says what happens by default)."""
+
+    def _shows_default(self, action):
+        return (
+            action.option_strings
+            and not any(action.default is nothing for nothing in (None, False, argparse.SUPPRESS))
+            and not isinstance(action, argparse._HelpAction)
+        )
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if self._shows_default(action) and "default" not in text.lower():
+            text += " (default: %(default)s)"
+        return text
+
+    def _format_action(self, action):
+        if not action.help and self._shows_default(action):
+            action = copy.copy(action)
+            action.help = "default: %(default)s"
+        return super()._format_action(action)
+
+
+class _Parser(argparse.ArgumentParser):
+    """The parser of every subcommand: defaults shown in --help."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+
 def build_parser():
     parser = argparse.ArgumentParser(prog="keras-vit", description="Vision Transformers for Keras 3.")
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for name in COMMANDS:
         importlib.import_module(f"keras_vit.commands.{name}").add_parser(subparsers)
     return parser
@@ -64,21 +97,30 @@ def _stderr_filtered(pattern):
 
 class _QuietImport(importlib.abc.MetaPathFinder):
     """Import `name` (when something first imports it) with its stderr lines matching
-    `pattern` dropped; then step aside."""
+    `pattern` dropped; then step aside.
+
+    A lookup that does not import (`importlib.util.find_spec(name)`, which etils makes when
+    JAX's compilation cache starts, to ask whether TensorFlow is installed) leaves the finder in
+    place: it steps aside only once the module is executed."""
 
     def __init__(self, name, pattern):
-        self.name, self.pattern = name, pattern
+        self.name, self.pattern, self._looking = name, pattern, False
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != self.name:
+        if fullname != self.name or self._looking:
             return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
+        self._looking = True  # the lookup below asks the finders again, this one included
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            self._looking = False
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        exec_module, pattern = spec.loader.exec_module, self.pattern
+        exec_module, pattern, finder = spec.loader.exec_module, self.pattern, self
 
         def quiet_exec_module(module):
+            if finder in sys.meta_path:
+                sys.meta_path.remove(finder)
             with _stderr_filtered(pattern):
                 exec_module(module)
 
@@ -141,11 +183,12 @@ def _out_folder(args):
 
 
 def _remove_if_left_empty(folder, existed):
-    """A failed run leaves no empty run folder behind (nor empty folders it created inside)."""
+    """A failed run leaves no run folder behind that holds nothing but its config.json (nor
+    empty folders it created inside)."""
     if folder is None or existed or not os.path.isdir(folder):
         return
     for root, dirs, files in os.walk(folder, topdown=False):
-        if files:
+        if [f for f in files if not (root == folder and f == "config.json")]:
             return
     shutil.rmtree(folder, ignore_errors=True)
 

@@ -1,7 +1,9 @@
 """What the training commands (finetune, evaluate, fewshot) and the demo share: model and data
 arguments, building a model from them, and access to keras_vit.training."""
 
+import argparse
 import json
+import math
 import os
 
 #: The embedded datasets and the prefix of tfds ones, for --help texts.
@@ -10,6 +12,64 @@ DATA_HELP = (
     "dataset, e.g. tfds:cifar100, tfds:vtab/dtd), or an image folder (class-per-subfolder, optional "
     "train/ test/ split folders)"
 )
+
+
+def number(kind=int, *, low=None, high=None, low_open=False, high_open=False, what=None, example=None):
+    """An argparse `type` for a number in a range: `kind` (int or float) at least `low` (above it
+    with `low_open`) and at most `high` (below it with `high_open`). A value outside fails while
+    the arguments are parsed, before anything loads, as one line naming the flag:
+    `keras-vit finetune: error: argument --steps: -5 is not a whole number of at least 1 (e.g. 500)`."""
+    if what is None:
+        whole = "a whole number" if kind is int else "a number"
+        if low is not None and high is not None:
+            what = f"{whole} in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+        elif low is not None:
+            what = f"{whole} {'above' if low_open else 'of at least'} {low:g}"
+        elif high is not None:
+            what = f"{whole} {'below' if high_open else 'of at most'} {high:g}"
+        else:
+            what = whole
+    hint = f" (e.g. {example})" if example is not None else ""
+
+    def parse(text):
+        try:
+            value = kind(text)
+        except (TypeError, ValueError):
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}{hint}") from None
+        if (
+            (kind is float and not math.isfinite(value))
+            or (low is not None and (value <= low if low_open else value < low))
+            or (high is not None and (value >= high if high_open else value > high))
+        ):
+            raise argparse.ArgumentTypeError(f"{text} is not {what}{hint}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse's fallback message names the type
+    return parse
+
+
+#: --batch-size, --steps, ...: 1 or more.
+positive_int = number(int, low=1)
+#: --seed: what NumPy's and Keras' seeding accept.
+seed_int = number(int, low=0, high=2**32 - 1)
+
+
+def shot_counts(text):
+    """--shots: comma-separated positive whole numbers, as a sorted tuple without repeats."""
+    fix = "pass shots per class as positive whole numbers separated by commas, e.g. --shots 1,5,10,25"
+    items = [item.strip() for item in str(text).split(",") if item.strip()]
+    if not items:
+        raise argparse.ArgumentTypeError(f"no shot count in {text!r}; {fix}")
+    counts = set()
+    for item in items:
+        try:
+            count = int(item)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{item!r} is not a whole number; {fix}") from None
+        if count < 1:
+            raise argparse.ArgumentTypeError(f"{count} is not a positive number of shots; {fix}")
+        counts.add(count)
+    return tuple(sorted(counts))
 
 
 def training_api():
@@ -39,7 +99,7 @@ def add_model_args(parser, *, source=True, default_arch=None):
             "\"num_layers\": 4, \"num_heads\": 4, \"mlp_dim\": 128}'"
             + (f" (default: {default_arch})" if default_arch else ""),
         )
-    group.add_argument("--image-size", type=int, default=None,
+    group.add_argument("--image-size", type=positive_int, default=None,
                        help="input resolution (default: the checkpoint's, or 224); the patch size must divide it")
     return group
 
@@ -48,8 +108,8 @@ def add_data_args(parser, split="train"):
     group = parser.add_argument_group("data")
     group.add_argument("--data", required=True, help=DATA_HELP)
     group.add_argument("--data-dir", default=None, help="tensorflow-datasets data directory")
-    group.add_argument("--batch-size", type=int, default=64)
-    group.add_argument("--classes", type=int, default=None,
+    group.add_argument("--batch-size", type=positive_int, default=64, help="images per batch")
+    group.add_argument("--classes", type=number(int, low=2), default=None,
                        help="expected number of classes (checked against the data)")
     group.add_argument("--on-bad-file", choices=("skip", "error"), default="skip",
                        help="image folders: skip corrupt / non-image files with a counted warning, or fail")
@@ -117,6 +177,73 @@ def resolve_weights(args, *, image_size=None):
 def run_config(args, **extra):
     """The arguments of a run as its config.json records them (as typed, with `extra`)."""
     return dict({k: v for k, v in vars(args).items() if not k.startswith("_")}, func=None, **extra)
+
+
+def default_warmup(steps):
+    """finetune's warm-up when --warmup is not given."""
+    return min(500, steps // 5)
+
+
+def check_training_args(args):
+    """Refuse finetune's impossible flag combinations before anything loads (each flag alone is
+    checked by its argparse type)."""
+    if args.warmup is not None and args.warmup >= args.steps:
+        raise ValueError(
+            f"--warmup {args.warmup} must be smaller than --steps {args.steps}: pass a --warmup below {args.steps}, "
+            "omit it (default: min(500, steps // 5)), or train more --steps."
+        )
+
+
+#: Arguments that do not change what a resumed run computes.
+_RESUME_IGNORES = ("command", "func", "out", "resume", "verbose", "data_dir")
+#: The recorded settings that the command works out when a flag is not given.
+_RESUME_DERIVED = {"image_size", "classes"}
+
+
+def _flag(key):
+    return {"train_examples": "the training examples", "eval_examples": "the evaluation examples"}.get(
+        key, "--" + key.replace("_", "-"))
+
+
+def _shown(key, value):
+    if isinstance(value, bool):
+        return "given" if value else "not given"
+    if key == "image_size" and isinstance(value, list) and len(value) == 2 and value[0] == value[1]:
+        value = value[0]
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return "not given" if value is None else str(value)
+
+
+def check_resume(args, config=None):
+    """With --resume, refuse to continue a run folder that was started with other arguments.
+
+    Without `config`, before anything loads: the arguments as typed (with finetune's warm-up
+    worked out), except --image-size and --classes when they are not given now (the run
+    records the values it derived). With `config` (what the run is about to record, once the
+    model and the data are known): every recorded setting."""
+    if not getattr(args, "resume", False):
+        return
+    path = os.path.join(args.out, "config.json")
+    try:
+        with open(path) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return  # nothing recorded to resume from: a new run
+    if config is None:
+        config = run_config(args, warmup=args.warmup if args.warmup is not None else default_warmup(args.steps))
+        config = {k: v for k, v in config.items() if not (k in _RESUME_DERIVED and v is None)}
+        if config.get("image_size") is not None:
+            config["image_size"] = [config["image_size"]] * 2
+    now = json.loads(json.dumps({k: v for k, v in config.items() if k not in _RESUME_IGNORES}, default=str))
+    changed = [k for k in sorted(now) if k in saved and saved[k] != now[k]]
+    if changed:
+        differences = ", ".join(f"{_flag(k)} {_shown(k, saved[k])} (now {_shown(k, now[k])})" for k in changed)
+        raise ValueError(
+            f"--resume: {args.out} holds a run started with other arguments: {differences}. Resume it with the "
+            f"arguments it was started with (its config.json), or start a new run in another --out folder "
+            f"(or delete {args.out} first)."
+        )
 
 
 def check_model_args(args, *, needs_weights=False, default_arch=None):

@@ -52,11 +52,32 @@ def _resolve_images(names):
                     f"Sample {key!r} ships with {SAMPLE_IMAGES[key][0]}, which is not installed; pass image files."
                 )
             paths.append(path)
+        elif os.path.isdir(name):
+            raise ValueError(
+                f"IMAGE {name!r} is a folder, not an image file; pass the images in it "
+                f"(e.g. {os.path.join(name, '*.jpg')}) or sample:NAME."
+            )
         elif not os.path.isfile(name):
             raise FileNotFoundError(f"Image file {name!r} does not exist; pass image files or sample:NAME.")
         else:
+            _check_image(name)
             paths.append(name)
     return paths
+
+
+def _check_image(path):
+    """Refuse a file that Pillow cannot read as an image (before any model loads)."""
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            img.verify()  # reads the whole file: a truncated or damaged image fails here
+    except (UnidentifiedImageError, OSError, SyntaxError, ValueError) as error:
+        reason = "not an image file Pillow can read" if isinstance(error, UnidentifiedImageError) else \
+            f"a damaged image ({error})"
+        raise ValueError(
+            f"IMAGE {path!r} is {reason}; pass JPEG, PNG, GIF, BMP, ... image files or sample:NAME."
+        ) from None
 
 
 def add_parser(subparsers):
@@ -74,8 +95,10 @@ def add_parser(subparsers):
     _common.add_model_args(p)
     p.add_argument("--out", default="explain", help="output directory (created)")
     p.add_argument("--head-fusion", default="mean", choices=("mean", "max", "min"), help="rollout head fusion")
-    p.add_argument("--discard-ratio", type=float, default=0.0, help="rollout: drop this fraction of weakest attention")
-    p.add_argument("--components", type=int, default=28, help="patch-embedding principal components to draw")
+    p.add_argument("--discard-ratio", type=_common.number(float, low=0, high=1, high_open=True), default=0.0,
+                   help="rollout: drop this fraction of weakest attention")
+    p.add_argument("--components", type=_common.positive_int, default=28,
+                   help="patch-embedding principal components to draw")
     p.set_defaults(func=run)
     return p
 
@@ -105,11 +128,16 @@ def _read_image(path, size, channels=3):
 
     if channels not in (1, 3):
         raise ValueError(f"explain reads RGB or greyscale images; the model takes {channels} channels.")
-    with Image.open(path) as img:
-        rgb = img.convert("RGB")
-        original = rgb.copy()
-        original.thumbnail((512, 512), Image.BICUBIC)  # pictures need not be larger
-        resized = rgb.resize((size[1], size[0]), Image.BICUBIC)
+    try:
+        with Image.open(path) as img:
+            rgb = img.convert("RGB")
+            original = rgb.copy()
+            original.thumbnail((512, 512), Image.BICUBIC)  # pictures need not be larger
+            resized = rgb.resize((size[1], size[0]), Image.BICUBIC)
+    except (OSError, SyntaxError) as error:  # FileNotFoundError passes through as it is
+        if isinstance(error, FileNotFoundError):
+            raise
+        raise ValueError(f"IMAGE {path!r} cannot be decoded ({error}); pass an undamaged image file.") from None
     if channels == 1:
         resized = resized.convert("L")
     x = np.asarray(resized, dtype=np.float32).reshape(size[0], size[1], channels)

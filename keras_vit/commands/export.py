@@ -12,6 +12,8 @@ artefacts and their signatures are described in keras_vit/export.py and docs/dep
 import os
 import sys
 
+from keras_vit.commands import _common
+
 
 FORMATS = ("saved_model", "onnx", "litert")
 
@@ -26,7 +28,7 @@ def add_parser(subparsers):
     parser.add_argument("out", metavar="OUT", help="the artefact: a folder (saved_model), a .onnx or a .tflite file")
     parser.add_argument("--format", choices=FORMATS, default="saved_model", help="default: saved_model")
     parser.add_argument("--int8", action="store_true", help="export the int8-quantized model")
-    parser.add_argument("--image-size", type=int, nargs="+", metavar=("H", "W"), default=None,
+    parser.add_argument("--image-size", type=_common.positive_int, nargs="+", metavar=("H", "W"), default=None,
                         help="input size H [W] (default: the checkpoint's); position embeddings are resized")
     parser.add_argument("--with-preprocessing", action="store_true",
                         help="the artefact takes uint8 images of any size and resizes and scales them itself")
@@ -52,12 +54,12 @@ def _image_size(values):
 
 
 def export(args):
-    from keras_vit import export as exports
-    from keras_vit import load_checkpoint
-
     image_size = _image_size(args.image_size)
     if os.path.exists(args.out) and not args.force:
         raise ValueError(f"{args.out!r} exists; pass --force to overwrite it.")
+    from keras_vit import export as exports
+    from keras_vit import load_checkpoint
+
     # Impossible options fail here, before the checkpoint is read.
     exports.check_options(args.out, args.format, int8=args.int8, image_size=image_size)
     model = load_checkpoint(args.source, image_size=image_size)

@@ -18,14 +18,17 @@ def add_parser(subparsers):
                                    description=__doc__.split("\n\n")[0])
     _common.add_model_args(parser)
     _common.add_data_args(parser)
-    parser.add_argument("--shots", default="1,5,10,25", help="comma-separated shots per class")
-    parser.add_argument("--l2-reg", type=float, default=1024.0, help="ridge strength of the least-squares probe")
-    parser.add_argument("--train-split", default="train")
-    parser.add_argument("--test-split", default="test")
-    parser.add_argument("--max-train-images", type=int, default=20_000,
+    parser.add_argument("--shots", type=_common.shot_counts, default="1,5,10,25",
+                        help="comma-separated shots (training images) per class")
+    parser.add_argument("--l2-reg", type=_common.number(float, low=0, low_open=True), default=1024.0,
+                        help="ridge strength of the least-squares probe")
+    parser.add_argument("--train-split", default="train", help="the split the shots are drawn from")
+    parser.add_argument("--test-split", default="test", help="the split the probe is tested on")
+    parser.add_argument("--max-train-images", type=_common.positive_int, default=20_000,
                         help="draw the shots from the first N training images")
-    parser.add_argument("--max-test-images", type=int, default=10_000)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-test-images", type=_common.positive_int, default=10_000,
+                        help="test on the first N test images")
+    parser.add_argument("--seed", type=_common.seed_int, default=0, help="seed of the drawing of the shots")
     parser.add_argument("--out", required=True, help="run folder for metrics and plots")
     parser.set_defaults(func=fewshot)
     return parser
@@ -78,9 +81,7 @@ def fewshot(args):
     from keras_vit.runs import RunFolder
 
     api = _common.training_api()
-    shots = sorted({int(s) for s in str(args.shots).split(",") if s.strip()})
-    if not shots or shots[0] < 1:
-        raise ValueError(f"--shots must be positive integers, e.g. 1,5,10,25; got {args.shots!r}.")
+    shots = args.shots  # sorted positive counts (checked while parsing)
     model = _common.load_model(args, image_size=args.image_size, include_top=False, fresh_classes=1)
     image_size = tuple(model.image_size)
     common = dict(image_size=image_size, batch_size=args.batch_size, classes=args.classes, data_dir=args.data_dir,

@@ -23,33 +23,47 @@ def add_parser(subparsers):
     _common.add_model_args(parser)
     _common.add_data_args(parser)
     group = parser.add_argument_group("training")
-    group.add_argument("--steps", type=int, default=500, help="optimizer updates (paper: CIFAR 10k, Pets 500)")
-    group.add_argument("--lr", type=float, default=0.003, help="base learning rate (paper: 0.001-0.03)")
-    group.add_argument("--warmup", type=int, default=None, help="warm-up steps (default: min(500, steps // 5))")
-    group.add_argument("--eval-every", type=int, default=None, help="evaluate every N steps (default: steps // 5)")
-    group.add_argument("--eval-steps", type=int, default=None, help="batches per evaluation (default: all)")
-    group.add_argument("--train-split", default="train")
-    group.add_argument("--eval-split", default="test")
-    group.add_argument("--label-smoothing", type=float, default=0.0)
-    group.add_argument("--min-crop-area", type=float, default=0.05, help="Inception crop area lower bound")
+    group.add_argument("--steps", type=_common.positive_int, default=500,
+                       help="optimizer updates (paper: CIFAR 10k, Pets 500)")
+    group.add_argument("--lr", type=_common.number(float, low=0, low_open=True, example="0.003"), default=0.003,
+                       help="base learning rate (paper: 0.001-0.03)")
+    group.add_argument("--warmup", type=_common.number(int, low=0), default=None,
+                       help="warm-up steps, fewer than --steps (default: min(500, steps // 5))")
+    group.add_argument("--eval-every", type=_common.positive_int, default=None,
+                       help="evaluate every N steps (default: steps // 5; adjusted so that the evaluations "
+                       "divide --steps evenly)")
+    group.add_argument("--eval-steps", type=_common.positive_int, default=None,
+                       help="batches per evaluation (default: all)")
+    group.add_argument("--train-split", default="train", help="the split to train on")
+    group.add_argument("--eval-split", default="test", help="the split to evaluate on")
+    group.add_argument("--label-smoothing", type=_common.number(float, low=0, high=1, high_open=True), default=0.0,
+                       help="label smoothing of the loss")
+    group.add_argument("--min-crop-area", type=_common.number(float, low=0, high=1, low_open=True), default=0.05,
+                       help="Inception crop area lower bound (fraction of the image)")
     group.add_argument("--no-crop", action="store_true", help="no Inception crop (resize only)")
     group.add_argument("--no-flip", action="store_true", help="no random horizontal flip")
-    group.add_argument("--ema", type=float, default=None, metavar="MOMENTUM",
-                       help="Polyak averaging of the weights (paper: 0.9999 for long runs); evaluate and save the "
-                       "averages")
+    group.add_argument("--ema", type=_common.number(float, low=0, high=1, low_open=True, high_open=True,
+                                                    example="0.9999"),
+                       default=None, metavar="MOMENTUM",
+                       help="Polyak averaging of the weights, a momentum in (0, 1) (paper: 0.9999 for long runs); "
+                       "evaluate and save the averages (default: no averaging)")
     group.add_argument("--resume", action="store_true",
                        help="back up weights + optimizer state in OUT/backup each evaluation and resume an "
-                       "interrupted run from it")
-    group.add_argument("--seed", type=int, default=0)
+                       "interrupted run from it (with the arguments it was started with)")
+    group.add_argument("--seed", type=_common.seed_int, default=0, help="seed of the initialisation and the data")
     group.add_argument("--out", required=True, help="run folder (metrics, curves, model.keras)")
-    group.add_argument("--verbose", type=int, default=1, help="Keras verbosity: 1 progress bars, 2 lines, 0 quiet")
+    group.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
+                       help="Keras verbosity: 1 progress bars, 2 lines, 0 quiet")
     parser.set_defaults(func=finetune)
     return parser
 
 
 def steps_plan(steps, eval_every):
-    """(epochs, steps_per_epoch) with epochs * steps_per_epoch == steps (eval_every adjusted)."""
-    eval_every = max(1, min(eval_every or max(1, steps // 5), steps))
+    """(epochs, steps_per_epoch) with epochs * steps_per_epoch == steps (eval_every adjusted: at
+    most `steps`, and a divisor of it)."""
+    if steps < 1 or (eval_every is not None and eval_every < 1):
+        raise ValueError(f"--steps {steps} and --eval-every {eval_every} must be positive whole numbers.")
+    eval_every = min(eval_every or max(1, steps // 5), steps)
     epochs = max(1, round(steps / eval_every))
     while steps % epochs:
         epochs -= 1
@@ -58,6 +72,8 @@ def steps_plan(steps, eval_every):
 
 def finetune(args):
     _common.check_model_args(args)  # before anything loads
+    _common.check_training_args(args)
+    _common.check_resume(args)
     _common.resolve_weights(args)  # model_for_task loads the base at its own resolution
     import keras
 
@@ -87,13 +103,12 @@ def finetune(args):
     eval_ds, eval_info = kd.load_dataset(args.data, args.eval_split, training=False, **common)
     epochs, steps_per_epoch = steps_plan(args.steps, args.eval_every)
     total = epochs * steps_per_epoch
-    warmup = min(500, total // 5) if args.warmup is None else args.warmup
-    if warmup >= total:
-        raise ValueError(f"--warmup {warmup} must be smaller than --steps {total}.")
+    warmup = _common.default_warmup(total) if args.warmup is None else args.warmup  # below total: checked above
+    config = _common.run_config(args, image_size=list(image_size), classes=classes, warmup=warmup,
+                                train_examples=train_info.num_examples, eval_examples=eval_info.num_examples)
+    _common.check_resume(args, config)  # what the model and the data decided, against the run's record
     run = RunFolder(args.out)  # created once the model and data are ready: a failed start leaves none
-    run.save_config(_common.run_config(args, image_size=list(image_size), classes=classes, warmup=warmup,
-                                       train_examples=train_info.num_examples,
-                                       eval_examples=eval_info.num_examples))
+    run.save_config(config)
     backup, done = None, 0
     if args.resume:
         import os
