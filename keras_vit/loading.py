@@ -282,9 +282,9 @@ def _family(config):
 PATCH_RESIZE_RULE = "bicubic_antialias"
 
 
-def _patch_resize(config, patch_size, image_size, source):
-    """The rule to PI-resize the checkpoint's patch embedding with, or None when `patch_size` is
-    the checkpoint's own; raises a ValueError for what cannot be resized."""
+def _patch_resize(config, patch_size, image_size, source, rule=None):
+    """The rule to PI-resize the checkpoint's patch embedding with (`rule`, by default timm's), or
+    None when `patch_size` is the checkpoint's own; raises a ValueError for what cannot be resized."""
     if patch_size is None or patch_size == config.get("patch_size"):
         return None
     what = f" {source!r}" if source else ""
@@ -314,7 +314,7 @@ def _patch_resize(config, patch_size, image_size, source):
             f"patch_size={stride} does not divide the image size {size[0]}x{size[1]}{whose}. "
             f"Pass an image_size that it divides as well, e.g. image_size={options[0]} or {options[-1]}."
         )
-    return PATCH_RESIZE_RULE
+    return rule or PATCH_RESIZE_RULE
 
 
 @contextlib.contextmanager
@@ -349,7 +349,7 @@ def _deferred_variables():
 
 def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, classes=None, pooling=None,
                           classifier_activation=None, keep_representation=True, fresh_head=False, source=None,
-                          warn=True, **overrides):
+                          warn=True, patch_resize_rule=None, **overrides):
     """Build the model a checkpoint's (tree, config) describes, once and without random
     initialisation, and stream the weights into it.
 
@@ -363,6 +363,8 @@ def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, cl
             `patch_size` other than the checkpoint's runs the weights at that patch size: the
             patch-embedding kernel is PI-resized (`keras_vit.resize_patch_embedding`, timm's
             bicubic antialiased rule) and the position embeddings follow the new grid.
+        patch_resize_rule: the pixel resize that PI-resize inverts (`layers.resize.PATCH_RESIZE_RULES`);
+            default timm's "bicubic_antialias" (`load` passes the source format's own).
 
     Raises:
         WeightTreeError when the tree does not fit (nothing is assigned then).
@@ -372,7 +374,7 @@ def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, cl
     from keras_vit.layers.init_scope import skip_random_init
     from keras_vit.models.weight_tree import set_weight_tree, weight_variables
 
-    patch_resize = _patch_resize(config, overrides.get("patch_size"), image_size, source)
+    patch_resize = _patch_resize(config, overrides.get("patch_size"), image_size, source, patch_resize_rule)
     family = _family(config)
     # A classifier named by the caller (big_vision's "0" and "none" look like "gap" in the file)
     # also decides how a headless model is pooled.
@@ -427,8 +429,10 @@ def load(source, *, architecture=None, image_size=None, include_top=True, classe
         architecture = get_architecture(architecture)
     arch_name = architecture.name if architecture is not None else None
     resolved = resolve(source, architecture=arch_name, image_size=image_size)
-    tree, config = resolved.format.read(resolved.path)
+    tree, config = resolved.format.read_at(resolved.path, image_size)
     source = resolved.source
+    # The PI-resize of the source's framework (big_vision's FlexiViT: bilinear), unless named.
+    overrides.setdefault("patch_resize_rule", resolved.format.patch_resize_rule)
     if architecture is not None:
         check_architecture(architecture, config, source)
     return build_from_checkpoint(
@@ -463,7 +467,10 @@ def load_checkpoint(source, *, image_size=None, patch_size=None, include_top=Tru
         patch_size: run the weights at another patch size (FlexiViT): the patch-embedding kernel
             is PI-resized (`keras_vit.resize_patch_embedding`) and the position embeddings are
             resized to the new grid. Plain ViTs lose accuracy away from the patch size they were
-            trained at (FlexiViT-trained weights do not); hybrids are refused.
+            trained at (FlexiViT-trained weights do not); hybrids are refused. The kernel inverts
+            the pixel resize of the checkpoint's framework (big_vision: "bilinear", as its
+            FlexiViT does; otherwise timm's "bicubic_antialias"); pass `patch_resize_rule=` to
+            choose another of `keras_vit.layers.PATCH_RESIZE_RULES`.
         include_top: True (a head), False (features), or None (as the checkpoint is: its head if
             it has one, else pooled features).
         classes: None keeps the checkpoint's head; another number attaches a fresh

@@ -325,3 +325,91 @@ def test_damaged_files_raise_clear_errors(tmp_path):
     with pytest.raises(CheckpointError, match="non-finite"):
         keras_vit.load_checkpoint(save(nan, tmp_path / "nan.npz"))
     assert os.path.exists(path)
+
+
+# === Grids that are not square, big_vision's patch resize, scanned files' CRC ===
+
+
+def _with_grid(params, rows, cols, seed=7):
+    pos = np.random.default_rng(seed).standard_normal((1, rows * cols, WIDTH)).astype(np.float32) * 0.5
+    return dict(params, pos_embedding=pos)
+
+
+def test_a_grid_that_is_not_square_loads_at_its_own_size(tmp_path):
+    """big_vision uses a stored embedding unchanged when its shape is the model's
+    (`resample_posemb`): a 4x6 grid loads at image_size=(32, 48); without an image size the grid
+    is ambiguous and refused with a message that asks for one."""
+    params = _with_grid(big_vision_params(pool_type="gap"), 4, 6)
+    path = save(params, tmp_path / "wide.npz")
+    model, err = check(path, lambda x: big_vision_forward(params, x, pool_type="gap"), image_size=(32, 48))
+    assert model.grid_size == (4, 6)
+    with pytest.raises(CheckpointError, match=r"24 tokens, not a square grid.*Pass image_size=\(height, width\)"):
+        keras_vit.load_checkpoint(path)
+    with pytest.raises(CheckpointError, match=r"Pass image_size"):
+        keras_vit.load_checkpoint(path, image_size=64)  # 8x8: not the stored grid, which is not square
+    print(f"4x6 grid: max relative error {err:.2e}")
+
+
+def test_a_class_token_file_on_a_grid_of_n_squared_plus_one_cells(tmp_path):
+    """A `tok` file on a 2x5 grid holds 10 = 3^2 + 1 embeddings: also the count of the old layout
+    (a class-token row, then 3x3). The image size tells them apart; without one it is refused,
+    not read as the old layout."""
+    params = _with_grid(big_vision_params(pool_type="tok"), 2, 5)
+    path = save(params, tmp_path / "tok_2x5.npz")
+    _, err = check(path, lambda x: big_vision_forward(params, x, pool_type="tok"), image_size=(16, 40))
+    with pytest.raises(CheckpointError, match=r"10 tokens, either the old layout \(3x3 patches after a class-token "
+                                              r"row\) or a 2x5 grid"):
+        keras_vit.read_checkpoint(path)
+    # The same count stored where the old code kept it is the old layout (test_old_checkpoint_layouts),
+    # and at an image size of 3x3 patches the top-level one is too.
+    cls_row, grid = params["pos_embedding"][:, :1], params["pos_embedding"][:, 1:]
+    old = dict(params, cls=params["cls"] + cls_row, pos_embedding=grid)
+    _, err_old = check(path, lambda x: big_vision_forward(old, x, pool_type="tok"), image_size=24)
+    print(f"2x5 tok: max relative error {err:.2e}; read at 3x3 as the old layout: {err_old:.2e}")
+
+
+def _big_vision_pi_resize(kernel, new):
+    """big_vision's FlexiViT `resample_patchemb`, written out: the matrix of tf.image.resize
+    (bilinear, no antialias) applied to every basis image, its transpose pseudo-inverted."""
+    import tensorflow as tf
+
+    old = kernel.shape[:2]
+    basis = np.eye(old[0] * old[1]).reshape(-1, old[0], old[1], 1)
+    resized = tf.image.resize(basis, new, method="bilinear").numpy().reshape(len(basis), -1)  # (old cells, new cells)
+    pinv = np.linalg.pinv(resized)  # (new cells, old cells)
+    flat = kernel.reshape(old[0] * old[1], -1).astype(np.float64)
+    return (pinv @ flat).reshape(*new, *kernel.shape[2:]).astype(np.float32)
+
+
+@pytest.mark.parametrize("patch,image", [(4, 16), (12, 48)])
+def test_another_patch_size_uses_big_visions_resize(patch, image, tmp_path):
+    """load_checkpoint(big_vision_file, patch_size=...) PI-resizes the kernel as big_vision's
+    FlexiViT does (bilinear), not as timm does (bicubic, antialiased), unless told otherwise.
+    The grid stays 4x4, so only the kernel changes."""
+    params = big_vision_params(pool_type="tok")
+    path = save(params, tmp_path / "bv.npz")
+    resized = dict(params, **{"embedding/kernel": _big_vision_pi_resize(params["embedding/kernel"], (patch, patch))})
+    model, err = check(path, lambda x: big_vision_forward(resized, x, pool_type="tok"), image_size=image,
+                       patch_size=patch)
+    assert model.patch_size == patch and model.grid_size == (4, 4)
+    timm_rule = keras_vit.load_checkpoint(path, image_size=image, patch_size=patch,
+                                          patch_resize_rule="bicubic_antialias")
+    x = images(image)
+    other = relative_error(timm_rule(x), big_vision_forward(resized, x, pool_type="tok"))
+    assert other > 100 * TOL, other  # the two rules are far apart: the test tells them apart
+    print(f"patch 8 -> {patch}: max relative error {err:.2e}; with timm's rule {other:.2e}")
+
+
+def test_a_flipped_byte_in_a_scanned_kernel_is_refused(tmp_path):
+    """Each layer's slice of a scanned array is read on its own; the zip's CRC-32 of the whole
+    member is checked first, as for a per-layer file."""
+    stacked = scanned(big_vision_params(pool_type="gap"))
+    path = save(stacked, tmp_path / "scanned.npz")
+    data = bytearray(open(path, "rb").read())
+    kernel = stacked["Transformer/encoderblock/MlpBlock_0/Dense_0/kernel"]
+    start = bytes(data).index(kernel[1].tobytes()[:64])  # inside layer 1's slice
+    data[start + 10] ^= 0x04
+    damaged = tmp_path / "damaged.npz"
+    damaged.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="CRC"):
+        keras_vit.load_checkpoint(str(damaged))

@@ -47,7 +47,7 @@ def test_convert_to_npz_writes_the_original_layout(tiny_preset, tmp_path, capsys
     dst = str(tmp_path / "out.npz")
     assert main(["convert", src, dst]) == 0
     out = capsys.readouterr().out
-    assert "reading" in out and "wrote original-layout .npz" in out
+    assert "reading" in out and "wrote an original google-research/vision_transformer .npz" in out
     with np.load(dst) as f:
         arrays = dict(f)
     assert arrays["Transformer/encoderblock_1/MultiHeadDotProductAttention_1/query/kernel"].shape == (24, 3, 8)
@@ -80,3 +80,77 @@ def test_help_lists_the_commands():
 
     text = build_parser().format_help()
     assert "presets" in text and "convert" in text
+
+
+# === convert from and to every format with a writer ===
+
+_BIT_TINY = dict(image_size=32, block_units=(1, 1), width_factor=0.5, classes=5)
+
+
+def _writer_formats():
+    from keras_vit.checkpoints.registry import formats
+
+    return {name: fmt for name, fmt in formats().items() if fmt.write is not None}
+
+
+def _family_sources(model, folder):
+    """{format: path} of `model` written in every format that holds its family: a .keras file,
+    a preset folder, and each registered writer whose file reads back as its own format."""
+    from keras_vit.checkpoints.registry import detect_format
+
+    paths = {"keras": str(folder / "src.keras"), "keras_preset": str(folder / "src_preset")}
+    model.save(paths["keras"])
+    keras_vit.save_preset(model, paths["keras_preset"], readme=False)
+    for name, fmt in _writer_formats().items():
+        path = str(folder / f"src_{name}.npz")
+        try:
+            fmt.write(model, path)
+        except ValueError:
+            continue  # a writer of the other family
+        if detect_format(path).name == name:
+            paths[name] = path
+    return paths
+
+
+@pytest.mark.parametrize("family", ["vit", "bit"])
+def test_convert_from_and_to_every_format_with_a_writer(family, tmp_path, capsys):
+    """Every source format of the family to every destination, logits equal to the model's.
+    The ViT is big_vision's layout (no position embedding for the class token, as a `tok` file
+    loads); the BiT has big_transfer's numerics (its .npz files load with them)."""
+    if family == "vit":
+        model = keras_vit.VisionTransformer(**dict(TINY, class_token_position_embedding=False), classifier_activation=None)
+        x = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    else:
+        from keras_vit.checkpoints.bit import BIG_TRANSFER_NUMERICS
+
+        model = keras_vit.models.BiTResNet(**_BIT_TINY, **BIG_TRANSFER_NUMERICS, classifier_activation=None)
+        x = np.random.default_rng(1).uniform(-1, 1, (2, 32, 32, 3)).astype("float32")
+    randomize(model, seed=5)
+    expected = model.predict(x, verbose=0)
+    sources = _family_sources(model, tmp_path)
+    npz_formats = sorted(set(sources) - {"keras", "keras_preset"})
+    assert npz_formats == (["big_vision", "npz"] if family == "vit" else ["bit_npz"]), sources
+    for src_name, src in sources.items():
+        for to in sources:
+            dst = str(tmp_path / f"{src_name}_to_{to}") + (".keras" if to == "keras" else ".npz" if to in npz_formats
+                                                         else "")
+            assert main(["convert", src, dst, "--to", to]) == 0, (src_name, to)
+            out, err = capsys.readouterr()
+            assert "wrote" in out and "note:" not in err, (src_name, to, err)
+            loaded = keras_vit.load_checkpoint(dst)
+            # Measured: 0 (the same float32 operations on the same weights); 1e-6 allows another
+            # summation order of one backend.
+            np.testing.assert_allclose(loaded.predict(x, verbose=0), expected, rtol=0, atol=1e-6,
+                                       err_msg=f"{src_name} -> {to}")
+
+
+def test_convert_says_when_the_destination_loads_with_other_numerics(tmp_path, capsys):
+    model = randomize(keras_vit.models.BiTResNet(**_BIT_TINY), seed=2)  # timm's numerics (eps 1e-8)
+    keras_vit.save_preset(model, tmp_path / "timm_bit", readme=False)
+    assert main(["convert", str(tmp_path / "timm_bit"), str(tmp_path / "b.npz")]) == 0
+    err = capsys.readouterr().err
+    assert "std_conv_epsilon=1e-08 (the file loads with 1e-10)" in err
+    assert main(["convert", str(tmp_path / "timm_bit"), str(tmp_path / "b2.npz"), "--to", "big_vision"]) == 2
+    assert "cannot be written as" in capsys.readouterr().err
+    assert main(["convert", str(tmp_path / "timm_bit"), str(tmp_path / "b3"), "--to", "pth"]) == 2
+    assert "--to 'pth' is not a format convert writes" in capsys.readouterr().err

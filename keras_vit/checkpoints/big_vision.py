@@ -124,8 +124,8 @@ def _canonical_block(part, rest, key, source):
 
 
 def canonical_from_big_vision(members, source="checkpoint"):
-    """(canonical tree of LazyArrays, class_token_position_embedding) from the '/'-joined
-    members of a big_vision .npz (an object with keys(), shape(key), dtype(key), [key] and
+    """(canonical tree of LazyArrays, the stored name of its position embedding or None) from
+    the '/'-joined members of a big_vision .npz (an object with keys(), shape(key), dtype(key), [key] and
     read_index(key, i), such as `NpzMembers`)."""
     names = members.keys()
     prefix = parameter_prefix(set(names))
@@ -191,29 +191,73 @@ def canonical_from_big_vision(members, source="checkpoint"):
                 f"'{prefix}Transformer/encoderblock/'); this is not a complete big_vision ViT checkpoint."
             )
 
-    class_token_position_embedding = False
     if _POS in tree:
         pos = tree[_POS]
         if pos.ndim != 3 or pos.shape[0] != 1:
             raise CheckpointError(f"{source}: {positions[0]} has shape {pos.shape}; expected (1, tokens, width).")
-        tokens = pos.shape[1]
-        if tokens > 1 and math.isqrt(tokens - 1) ** 2 == tokens - 1:
-            # The old order (prepend the class token, then add): the first row is the class
-            # token's. With a class token that is the original layout; without one it is unused.
-            if "cls" in tree:
-                class_token_position_embedding = True
-            else:
-                tree[_POS] = pos[:, 1:]
-    return tree, class_token_position_embedding
+    return tree, (positions[0][len(prefix):] if positions else None)
 
 
-def read_big_vision(path):
+def _nontrivial_grids(tokens):
+    """The (rows, cols) grids of `tokens` cells other than a single row or column."""
+    return [(r, tokens // r) for r in range(2, tokens // 2 + 1) if tokens % r == 0]
+
+
+def position_layout(tree, position_key, image_size, source="checkpoint"):
+    """(class_token_position_embedding, image_size) of a big_vision tree whose position embedding
+    `tree[_POS]` was stored under `position_key`, as big_vision's own loader would read it at
+    `image_size` (the resolution the load asks for; None: unknown).
+
+    big_vision uses a stored embedding as it is when its shape is the model's (`resample_posemb`),
+    whatever the grid; otherwise it takes the stored grid as square. An embedding of n^2 + 1
+    tokens is the old layout whose first row belongs to the class token (`fix_old_checkpoints`).
+    Here the load's `image_size` decides first: a grid of as many cells as the stored tokens
+    (or one fewer: the old layout) is the stored grid. Without one that fits, a square count is
+    a square grid, and n^2 + 1 tokens the old layout where nothing else is plausible (the embedding
+    sits where the old code kept it, or the count has no other grid). Anything else is ambiguous
+    and refused with a CheckpointError that asks for the image size.
+    """
+    tokens = tree[_POS].shape[1]
+    patch = tree["embedding/kernel"].shape[0]
+    if image_size is not None:
+        h, w = (image_size, image_size) if isinstance(image_size, int) else (int(image_size[0]), int(image_size[1]))
+        if min(h, w) >= patch:
+            cells = (h // patch) * (w // patch)
+            if cells == tokens:
+                return False, (h // patch * patch, w // patch * patch)
+            if cells == tokens - 1:
+                return True, (h // patch * patch, w // patch * patch)
+    side = math.isqrt(tokens)
+    if side * side == tokens:
+        return False, (side * patch, side * patch)
+    side = math.isqrt(tokens - 1)
+    old_place = position_key != "pos_embedding"
+    if tokens > 1 and side * side == tokens - 1 and (old_place or not _nontrivial_grids(tokens)):
+        return True, (side * patch, side * patch)
+    grids = _nontrivial_grids(tokens)
+    if side * side == tokens - 1:
+        what = (f"either the old layout ({side}x{side} patches after a class-token row) or a {grids[0][0]}x"
+                f"{grids[0][1]} grid")
+    else:
+        what = "not a square grid"
+    example = grids[len(grids) // 2] if grids else (1, tokens)
+    raise CheckpointError(
+        f"{source}: the position embedding holds {tokens} tokens, {what}, and the file does not store its image "
+        f"size. Pass image_size=(height, width) of the resolution it was trained at (patch {patch}: e.g. "
+        f"image_size=({example[0] * patch}, {example[1] * patch}) for a {example[0]}x{example[1]} grid)."
+    )
+
+
+def read_big_vision(path, image_size=None):
     """Read a big_vision ViT .npz (or a folder holding one) into (lazy canonical tree,
     VisionTransformer kwargs with big_vision's numerics).
 
     The tree's values are LazyArrays (read, and for scanned files sliced per layer, when the
     model assigns them). A file without `pos_embedding` used big_vision's "sincos2d"
     embedding; its resolution is then not stored (224 is assumed: pass image_size to the load).
+    `image_size` is the resolution the load asks for: where the stored position embedding has
+    as many cells as its grid, that is the stored grid (see `position_layout`; a grid that is not
+    square can only be told this way).
 
     Example:
         >>> tree, config = read_big_vision("vit_s16_i1k_90ep.npz")   # doctest: +SKIP
@@ -226,11 +270,18 @@ def read_big_vision(path):
         raise FileNotFoundError(f"No checkpoint at {path!r}.")
     members = open_members(file)
     with members, reading(file):  # closed here; each lazy read reopens the file
-        tree, class_token_pe = canonical_from_big_vision(members, source=file)
+        tree, position_key = canonical_from_big_vision(members, source=file)
+        class_token_pe, size = False, image_size
+        if position_key is not None:
+            class_token_pe, size = position_layout(tree, position_key, image_size, source=file)
+            if class_token_pe and "cls" not in tree:
+                tree[_POS] = tree[_POS][:, 1:]  # the old layout's class-token row, without a class token: unused
+                class_token_pe = False
         config = infer_config(
             tree,
             NUMERICS["big_vision"],
             source=file,
+            image_size=size,
             class_token_position_embedding=class_token_pe,
             position_embedding="learned" if _POS in tree else "sincos2d",
         )
@@ -265,14 +316,14 @@ def write_big_vision_npz(tree, path, *, config=None, prefix="", scan=False):
     if not isinstance(tree, Mapping):
         from keras_vit.models.weight_tree import get_weight_tree
 
-        config = tree.config
+        config = getattr(tree, "config", None)
         tree = get_weight_tree(tree)
     if config is None:
         class_token_pe = True
     elif isinstance(config, Mapping):
         class_token_pe = config.get("class_token_position_embedding", True)
     else:
-        class_token_pe = config.class_token_position_embedding
+        class_token_pe = getattr(config, "class_token_position_embedding", True)
     out, layers = {}, {}
     for key, value in tree.items():
         value = np.asarray(value, dtype=np.float32)
@@ -313,7 +364,11 @@ FORMAT = CheckpointFormat(
     description="a google-research/big_vision ViT .npz (top level, params/ or params/img/; scanned or not)",
     detect=detect,
     read=read_big_vision,
+    read_sized=read_big_vision,
     write=write_big_vision_npz,
     numerics="big_vision",
     hub_files=("*.npz",),
+    # big_vision's FlexiViT (`models/proj/flexi/vit.py`, `resample_patchemb`) inverts
+    # tf.image.resize(method="bilinear"): half-pixel bilinear without antialiasing.
+    patch_resize_rule="bilinear",
 )

@@ -293,8 +293,14 @@ def write_npz(tree, path, *, prefix="", group_norm_shape="flat"):
 
         config = getattr(tree, "config", None)
         tree = get_weight_tree(tree)
-        if config is not None and config.classifier == "token" and not config.class_token_position_embedding:
+        if getattr(config, "classifier", None) == "token" and not config.class_token_position_embedding:
             tree = _with_class_token_row(tree)
+    if "embedding/kernel" not in tree:
+        raise ValueError(
+            "Not a ViT weight tree: it has no 'embedding/kernel'"
+            + ("; write BiT ResNets with keras_vit.checkpoints.bit.write_bit_npz." if any(
+                k.startswith("resnet/") for k in tree) else ".")
+        )
     if group_norm_shape not in ("flat", "legacy"):
         raise ValueError(f"group_norm_shape must be 'flat' or 'legacy'; got {group_norm_shape!r}.")
     path = os.fspath(path)

@@ -49,6 +49,11 @@ class CheckpointFormat:
         numerics: the row of keras_vit.models.config.NUMERICS its framework computes with
             (None where the file states its own, as Keras-native files do).
         hub_files: glob patterns of the files a Hub repository in this format needs.
+        patch_resize_rule: the pixel resize (a `keras_vit.layers.resize.PATCH_RESIZE_RULES` name)
+            whose effect a load at another patch size inverts (FlexiViT's PI-resize), as the
+            format's framework does it; None: timm's rule, the default of `load_checkpoint`.
+        read_sized: (path, image_size) -> (tree, config), for formats whose grid the load's
+            `image_size` may have to decide (see `read_at`).
     """
 
     name: str
@@ -58,6 +63,16 @@ class CheckpointFormat:
     write: Optional[Callable] = None
     numerics: Optional[str] = None
     hub_files: tuple = ()
+    patch_resize_rule: Optional[str] = None
+    read_sized: Optional[Callable] = None
+
+    def read_at(self, path, image_size=None):
+        """`read(path)`, or for a format whose files may not tell their own grid (a big_vision
+        position embedding that is not square), `read_sized(path, image_size)`: the resolution
+        the load asks for decides it where the file's shape fits it."""
+        if self.read_sized is not None:
+            return self.read_sized(path, image_size)
+        return self.read(path)
 
     @property
     def resize_rule(self):

@@ -1,22 +1,42 @@
-"""`keras-vit convert SRC DST`: any readable checkpoint -> a Keras preset folder, .keras or .npz."""
+"""`keras-vit convert SRC DST`: any readable checkpoint -> a Keras preset folder, a .keras file,
+or an .npz of any registered format with a writer (original, big_vision, big_transfer)."""
 
 import os
+import sys
 import time
 
 from keras_vit.commands import _common
+
+#: DST endings and the formats they are written in, besides a Keras preset folder.
+_KERAS_FILE = "keras"
+_PRESET = "keras_preset"
+
+
+def _npz_writers():
+    """{name: CheckpointFormat} of the registered formats with a writer."""
+    from keras_vit.checkpoints.registry import formats
+
+    return {name: fmt for name, fmt in formats().items() if fmt.write is not None}
 
 
 def add_parser(subparsers):
     parser = subparsers.add_parser(
         "convert",
         help="convert a checkpoint (file, folder, hf://owner/repo or preset name) to a Keras preset, .keras or .npz",
-        description="Convert SRC (an original .npz, a timm or transformers folder/.safetensors, a Keras preset or "
-        ".keras file, hf://owner/repo[@revision], or a preset name such as ViTB16.augreg2_in21k_ft_in1k) to DST: "
-        "a .keras file, an original-layout .npz, or otherwise a Keras preset folder.",
+        description="Convert SRC (an original, big_vision or big_transfer (BiT) .npz, a timm or transformers "
+        "folder/.safetensors, a Keras preset or .keras file, hf://owner/repo[@revision], or a preset name such as "
+        "ViTB16.augreg2_in21k_ft_in1k) to DST: a .keras file, an .npz (by default the original layout of the "
+        "model's family: google-research/vision_transformer for ViTs, big_transfer for BiT ResNets; --to "
+        "big_vision for big_vision's), or otherwise a Keras preset folder.",
     )
     parser.add_argument("source", metavar="SRC")
     parser.add_argument("destination", metavar="DST")
     _common.add_model_args(parser, source=False)
+    parser.add_argument(
+        "--to", default=None, metavar="FORMAT",
+        help="the format of DST: keras, keras_preset, or an .npz format with a writer (npz, big_vision, bit_npz) "
+        "(default: from DST's ending: .keras, .npz in the model family's original layout, else a preset folder)",
+    )
     parser.add_argument("--force", action="store_true", help="overwrite DST if it exists")
     parser.set_defaults(func=run)
 
@@ -37,10 +57,34 @@ def check_destination(dst, force):
         )
 
 
+def destination_format(dst, to, is_bit):
+    """The name of the format DST is written in ("keras", "keras_preset" or an .npz writer's)."""
+    writers = _npz_writers()
+    if to is not None:
+        known = (_KERAS_FILE, _PRESET, *writers)
+        if to not in known:
+            raise ValueError(f"--to {to!r} is not a format convert writes; choose one of: {', '.join(known)}.")
+        return to
+    if dst.endswith(".keras"):
+        return _KERAS_FILE
+    if dst.endswith(".npz"):
+        return "bit_npz" if is_bit else "npz"
+    return _PRESET
+
+
+def _numerics(config):
+    from keras_vit.models.config import ViTConfig
+
+    fields = set(ViTConfig.numerics_fields()) - {"position_embedding_resize"}
+    return {k: config[k] for k in sorted(fields) if k in config}
+
+
 def run(args):
     start = time.monotonic()
     dst = args.destination
     check_destination(dst, args.force)
+    if args.to is not None:
+        destination_format(dst, args.to, False)  # an unknown --to fails before anything is read
     from keras_vit import loading
 
     _step(f"resolving {args.source}", start)
@@ -48,23 +92,39 @@ def run(args):
     _step(f"reading {resolved.path} ({resolved.format.description})", start)
     model = loading.load(resolved, image_size=args.image_size, include_top=None)
     c = model.get_config()
+    is_bit = c.get("block_units") is not None
+    h, w = c["image_size"] if not isinstance(c["image_size"], int) else (c["image_size"],) * 2
     _step(
-        f"built {c['hidden_size']}-wide, {c['num_layers']}-layer model at {c['image_size'][0]}x{c['image_size'][1]}, "
-        f"{model.count_params():,} parameters, classes: {c['classes'] if c['include_top'] else 'none'}",
+        f"built {loading._describe(c)} at {h}x{w}, {model.count_params():,} parameters, "
+        f"classes: {c['classes'] if c['include_top'] else 'none'}",
         start,
     )
-    if dst.endswith(".keras"):
+    to = destination_format(dst, args.to, is_bit)
+    if to == _KERAS_FILE:
         model.save(dst)
         kind = ".keras file"
-    elif dst.endswith(".npz"):
-        from keras_vit import get_weight_tree, write_npz
-
-        write_npz(get_weight_tree(model), dst)
-        kind = "original-layout .npz"
-    else:
+    elif to == _PRESET:
         from keras_vit import save_preset
 
         save_preset(model, dst, metadata={"source": args.source})
         kind = "Keras preset folder"
+    else:
+        fmt = _npz_writers()[to]
+        try:
+            fmt.write(model, dst)
+        except ValueError as err:
+            raise ValueError(f"This model cannot be written as {fmt.description}: {err}") from None
+        kind = fmt.description
+        # An .npz states no numerics: its reader assumes its framework's. Say so where they differ.
+        _, written = fmt.read(dst)
+        differ = {k: (v, written[k]) for k, v in _numerics(c).items() if k in written and written[k] != v}
+        if differ:
+            listed = ", ".join(f"{k}={a!r} (the file loads with {b!r})" for k, (a, b) in differ.items())
+            print(
+                f"keras-vit convert: note: {dst} loads with its format's numerics, not this model's: {listed}. "
+                "Pass them to load_checkpoint to reproduce these logits, or convert to .keras or a preset folder, "
+                "which keep them.",
+                file=sys.stderr,
+            )
     _step(f"wrote {kind} {dst}", start)
     return 0
