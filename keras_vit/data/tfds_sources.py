@@ -29,6 +29,7 @@ class TfdsSource:
     vtab: str = None  # "natural" | "specialized" | "structured" for VTAB-1k tasks
     pixel_scale: int = 1  # dsprites stores 0/1 pixels: x255 brings them to [0, 255]
     note: str = ""
+    prepare: str = ""  # the command that prepares the data, when it is not `tfds build BUILDER`
 
 
 def _vtab(name, builder, train, val, test, classes, group, label="label", note="", pixel_scale=1):
@@ -61,7 +62,7 @@ def _clevr_distance(example):
 
     depth = tf.reduce_min(example["objects"]["pixel_coords"][:, 2])
     thresholds = tf.constant([0.0, 8.0, 8.5, 9.0, 9.5, 10.0, 100.0])
-    return tf.reduce_max(tf.where(thresholds - depth < 0))[0]
+    return tf.reduce_max(tf.where(thresholds - depth < 0))
 
 
 def _binned(feature, original, classes):
@@ -83,7 +84,7 @@ def _kitti_closest_vehicle(example):
     depth = tf.gather(objects["location"][:, 2], vehicles[:, 0])
     depth = tf.reduce_min(tf.concat([depth, [1000.0]], 0))
     thresholds = tf.constant([-100.0, 8.0, 20.0, 999.0])
-    return tf.reduce_max(tf.where(thresholds - depth < 0))[0]
+    return tf.reduce_max(tf.where(thresholds - depth < 0))
 
 
 # tfds percent slices stand in for the benchmarks' 98% / 90% / 80% / 60% train-val cuts.
@@ -100,7 +101,21 @@ TFDS_DATASETS = {
         TfdsSource(
             "imagenet2012", "imagenet2012", _std("train[:99%]", "train[99%:]", "validation"), 1000,
             note="needs the manual download of ILSVRC2012 into tfds' manual_dir",
+            prepare="tfds build imagenet2012 --manual_dir DIR (DIR holds ILSVRC2012_img_train.tar and "
+            "ILSVRC2012_img_val.tar from image-net.org)",
         ),
+        # --- ImageNet evaluation sets: ReaL labels of the validation images, ImageNet-V2 ---
+        TfdsSource(
+            "imagenet2012_real", "imagenet2012_real", {"validation": "validation", "test": "validation"}, 1000,
+            label="original_label",
+            note="needs the manual download of the ILSVRC2012 validation images into tfds' manual_dir",
+            prepare="tfds build imagenet2012_real --manual_dir DIR (DIR holds ILSVRC2012_img_val.tar from "
+            "image-net.org)",
+        ),
+        TfdsSource("imagenet_v2", "imagenet_v2/matched-frequency", {"test": "test"}, 1000),
+        TfdsSource("imagenet_v2/matched-frequency", "imagenet_v2/matched-frequency", {"test": "test"}, 1000),
+        TfdsSource("imagenet_v2/threshold-0.7", "imagenet_v2/threshold-0.7", {"test": "test"}, 1000),
+        TfdsSource("imagenet_v2/topimages", "imagenet_v2/topimages", {"test": "test"}, 1000),
         # --- VTAB-1k: natural ---
         _vtab("vtab/caltech101", "caltech101:3.*.*", "train[:90%]", "train[90%:]", "test", 102, "natural"),
         _vtab("vtab/cifar100", "cifar100", "train[:90%]", "train[90%:]", "test", 100, "natural"),
@@ -178,9 +193,9 @@ def read_tfds_split(source, builder, split):
         if "could not find data" not in str(error):
             raise
         extra = f" ({source.note})" if source.note else ""
+        command = source.prepare or f"tfds build {source.builder.split(':')[0]}"
         raise DatasetNotPreparedError(
             f"tfds dataset {source.builder!r} is not prepared in {builder.data_dir!r}{extra}: dataset not prepared; "
-            f"run `tfds download`/`tfds build {source.builder.split(':')[0].split('/')[0]}` on a machine with internet "
-            "(this package never downloads at run time), then point data_dir= / --data-dir (or TFDS_DATA_DIR) at "
-            "that directory."
+            f"run `{command}` on a machine with internet (this package never downloads at run time), then point "
+            "data_dir= / --data-dir (or TFDS_DATA_DIR) at that directory."
         ) from None

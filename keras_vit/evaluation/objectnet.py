@@ -1,0 +1,127 @@
+"""ObjectNet (Barbu et al. 2019) evaluated by its protocol, as the paper does (appendix D.9).
+
+ObjectNet is a test set only. Its download (objectnet.dev, a manual download) holds one folder
+per class, `images/<class folder>/*.png`. Of its 313 classes, 113 overlap ImageNet-1k; the
+mapping published with ObjectNet (shipped as keras_vit/resources/objectnet_imagenet_mapping.json)
+assigns each of them one or more ImageNet classes. The protocol:
+
+- only images of the 113 overlapping classes count;
+- each image carries a 1-pixel red border, cropped off before the model's preprocessing;
+- an ImageNet model's scores become ObjectNet scores: each ObjectNet class scores the best of
+  its ImageNet classes (ImageNet classes outside the mapping take no part);
+- top-1 and top-5 accuracy over the 113 classes.
+"""
+
+import functools
+import json
+import os
+import re
+
+import numpy as np
+
+from keras_vit.data.folder import IMAGE_EXTENSIONS
+
+MAPPING_FILE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "resources",
+                            "objectnet_imagenet_mapping.json")
+
+#: Pixels cropped off each side of an ObjectNet image (its border).
+BORDER = 1
+
+
+def normalise_class_name(name):
+    """A class or folder name without case, spaces or punctuation: 'Binder (closed)' and
+    'binder_closed' are both 'binderclosed'."""
+    return re.sub(r"[^a-z0-9]", "", str(name).lower())
+
+
+@functools.lru_cache(maxsize=None)
+def load_mapping(path=None):
+    """((ObjectNet class names, ...), (ImageNet index tuples, ...)) of the published mapping."""
+    with open(path or MAPPING_FILE) as f:
+        classes = json.load(f)["classes"]
+    return tuple(c["name"] for c in classes), tuple(tuple(c["imagenet"]) for c in classes)
+
+
+def objectnet_scores(imagenet_scores, mapping=None):
+    """(N, 113) ObjectNet scores from (N, 1000) ImageNet scores: each ObjectNet class takes the
+    maximum over its ImageNet classes.
+
+    Example:
+        >>> scores = np.zeros((1, 1000)); scores[0, 530] = 0.9   # digital clock
+        >>> int(objectnet_scores(scores).argmax())                # Alarm clock
+        0
+    """
+    imagenet_scores = np.asarray(imagenet_scores)
+    if imagenet_scores.ndim != 2 or imagenet_scores.shape[1] != 1000:
+        raise ValueError(
+            f"ObjectNet's mapping reads ImageNet-1k predictions: scores of shape (batch, 1000), got "
+            f"{imagenet_scores.shape}. Evaluate a model with a 1000-class ImageNet head."
+        )
+    _, members = mapping or load_mapping()
+    return np.stack([imagenet_scores[:, list(m)].max(1) for m in members], axis=1)
+
+
+def index_objectnet_folder(path, mapping=None):
+    """(image paths, ObjectNet class indices, class names found) of an ObjectNet download.
+
+    `path` is the download's root (holding `images/`) or its `images/` folder. Folders are
+    matched to the mapping's classes ignoring case and punctuation; folders of the 200
+    non-overlapping classes are skipped. A folder where no class of the mapping is found is an
+    error that says which names were expected.
+    """
+    names, _ = mapping or load_mapping()
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        raise FileNotFoundError(
+            f"ObjectNet folder {path!r} does not exist. Download ObjectNet (objectnet.dev, a manual download), "
+            "unpack it and pass the folder that holds images/ (e.g. objectnet-1.0)."
+        )
+    root = os.path.join(path, "images") if os.path.isdir(os.path.join(path, "images")) else path
+    wanted = {normalise_class_name(n): i for i, n in enumerate(names)}
+    found = {}
+    for entry in sorted(os.listdir(root)):
+        full = os.path.join(root, entry)
+        key = normalise_class_name(entry)
+        if os.path.isdir(full) and key in wanted:
+            found[wanted[key]] = full
+    if not found:
+        sample = ", ".join(sorted(os.listdir(root))[:5]) or "nothing"
+        raise ValueError(
+            f"{root!r} holds none of ObjectNet's {len(names)} classes that overlap ImageNet (found: {sample}). "
+            f"Pass the unpacked ObjectNet download (its images/ folder has one folder per class, e.g. "
+            f"{', '.join(sorted(names)[:3])}, as alarm_clock, backpack, ...)."
+        )
+    paths, labels = [], []
+    for index in sorted(found):
+        for dirpath, _, files in sorted(os.walk(found[index])):
+            for name in sorted(files):
+                if name.lower().endswith(IMAGE_EXTENSIONS):
+                    paths.append(os.path.join(dirpath, name))
+                    labels.append(index)
+    if not paths:
+        raise ValueError(f"The ObjectNet class folders in {root!r} hold no images ({', '.join(IMAGE_EXTENSIONS)}).")
+    return paths, np.asarray(labels, np.int64), [names[i] for i in sorted(found)]
+
+
+def crop_border(image, border=BORDER):
+    """`image` (H, W, C) without its outer `border` pixels on every side (tf)."""
+    return image[border:-border, border:-border, :]
+
+
+def objectnet_dataset(path, image_size, batch_size=64, mapping=None):
+    """(tf.data of (images in [-1, 1], ObjectNet labels), number of images, class names found):
+    each image decoded, its border cropped, then the evaluation preprocessing (resize)."""
+    import tensorflow as tf
+
+    from keras_vit.data import preprocessing
+
+    paths, labels, found = index_objectnet_folder(path, mapping)
+
+    def load(file, label):
+        image = tf.io.decode_image(tf.io.read_file(file), channels=3, expand_animations=False)
+        image = crop_border(image)
+        return preprocessing.eval_preprocess(image, image_size), label
+
+    ds = tf.data.Dataset.from_tensor_slices((paths, labels))
+    ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).batch(batch_size)
+    return ds.prefetch(tf.data.AUTOTUNE), len(paths), found

@@ -1,0 +1,251 @@
+"""The VTAB-1k suite (Zhai et al. 2019) with the paper's single setting (its Table 4).
+
+    from keras_vit.evaluation import run_vtab
+    table = run_vtab(keras_vit.ViTB16(weights="augreg_in21k", include_top=False), "runs/vtab")
+
+Each of the 19 tasks fine-tunes a copy of the model (`keras_vit.training.for_finetuning`: a
+zero head, position embeddings resized) on the task's 800 training + 200 validation examples
+and reports the top-1 accuracy on its test split. The three groups (natural, specialized,
+structured) and the whole suite are the means over their tasks.
+
+The run folder holds one file per finished task (tasks/<task>.json), so an interrupted run
+resumes with the next task; vtab.json / vtab.csv (the table with the group means) and vtab.png
+(Figure 2's group bars) are rewritten after every task.
+"""
+
+import dataclasses
+import json
+import math
+import os
+import time
+
+import numpy as np
+
+from keras_vit.data.tfds_sources import TFDS_DATASETS, VTAB_TASKS, get_tfds_source
+
+GROUPS = ("natural", "specialized", "structured")
+
+
+@dataclasses.dataclass(frozen=True)
+class VtabSetting:
+    """One fine-tuning setting for every VTAB-1k task."""
+
+    steps: int = 2500
+    learning_rate: float = 0.01
+    batch_size: int = 512
+    image_size: int = 384
+    momentum: float = 0.9
+    global_clipnorm: float = 1.0
+    warmup_steps: int = 500  # the original code's fine-tuning warm-up (no more than a fifth of the steps)
+    train_split: str = "train800val200"  # the first 800 train + first 200 val examples
+    test_split: str = "test"
+    weight_decay: float = 0.0  # none: SGD with momentum, cosine decay
+
+
+#: The paper's VTAB-1k setting (Table 4): 2500 steps at learning rate 0.01, batch 512, 384 px,
+#: SGD momentum 0.9, global-norm clipping at 1.0, cosine decay, no weight decay.
+VTAB_1K = VtabSetting()
+
+
+def resolve_tasks(tasks=None):
+    """The VTAB task names of `tasks` (names with or without "vtab/", a list or a comma-separated
+    string; None: all 19). An unknown name is an error that lists the tasks."""
+    if tasks is None:
+        return list(VTAB_TASKS)
+    if isinstance(tasks, str):
+        tasks = [t for t in tasks.split(",") if t.strip()]
+    names = []
+    for task in tasks:
+        name = task.strip()
+        name = name if name.startswith("vtab/") else f"vtab/{name}"
+        if name not in VTAB_TASKS:
+            get_tfds_source(name)  # raises the error that lists the tasks
+        if name not in names:
+            names.append(name)
+    if not names:
+        raise ValueError(f"No VTAB task given. Tasks: {', '.join(VTAB_TASKS)}.")
+    return names
+
+
+def _task_file(out, task):
+    return os.path.join(out, "tasks", task.split("/", 1)[1] + ".json")
+
+
+def summarise(rows):
+    """Group means and the suite mean (fractions) of per-task rows ({"task", "group", "top1"})."""
+    summary = {}
+    for group in GROUPS:
+        values = [r["top1"] for r in rows if r["group"] == group]
+        total = sum(1 for t in VTAB_TASKS if TFDS_DATASETS[t].vtab == group)
+        summary[group] = {"mean": float(np.mean(values)) if values else None, "tasks": len(values), "of": total}
+    values = [r["top1"] for r in rows]
+    summary["all"] = {"mean": float(np.mean(values)) if values else None, "tasks": len(values), "of": len(VTAB_TASKS)}
+    return summary
+
+
+def read_results(out):
+    """The finished tasks' rows of a VTAB run folder, in the suite's order."""
+    rows = []
+    for task in VTAB_TASKS:
+        try:
+            with open(_task_file(out, task)) as f:
+                rows.append(json.load(f))
+        except FileNotFoundError:
+            continue
+    return rows
+
+
+def write_tables(out, rows, setting_record):
+    """vtab.json (tasks, groups, setting), vtab.csv (one row per task, then the group means) and vtab.png."""
+    import csv
+
+    summary = summarise(rows)
+    with open(os.path.join(out, "vtab.json"), "w") as f:
+        json.dump({"tasks": rows, "groups": summary, "setting": setting_record}, f, indent=2)
+    with open(os.path.join(out, "vtab.csv"), "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["task", "group", "top1", "examples"])
+        for r in rows:
+            writer.writerow([r["task"], r["group"], f"{r['top1']:.6f}", r["examples"]])
+        for group in (*GROUPS, "all"):
+            s = summary[group]
+            writer.writerow([f"mean ({s['tasks']} of {s['of']} tasks)", group,
+                             "" if s["mean"] is None else f"{s['mean']:.6f}", ""])
+    plot_groups(rows, os.path.join(out, "vtab.png"))
+    return summary
+
+
+def plot_groups(rows, path, title="VTAB-1k"):
+    """Figure 2's layout: one bar per group (VTAB overall, Natural, Specialized, Structured) with
+    the mean top-1 accuracy in %, each task a dot on its group's bar."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    summary = summarise(rows)
+    labels = ["VTAB (19 tasks)", "Natural (7)", "Specialized (4)", "Structured (8)"]
+    keys = ["all", *GROUPS]
+    colours = ["#4c72b0", "#55a868", "#c44e52", "#8172b2"]
+    figure = Figure(figsize=(8, 4), dpi=100)
+    FigureCanvasAgg(figure)
+    ax = figure.subplots()
+    for i, (key, colour) in enumerate(zip(keys, colours)):
+        mean = summary[key]["mean"]
+        if mean is None:
+            continue
+        ax.bar(i, 100 * mean, color=colour, width=0.6)
+        ax.text(i, 100 * mean + 1, f"{100 * mean:.1f}", ha="center", fontsize=9)
+        points = [100 * r["top1"] for r in rows if key == "all" or r["group"] == key]
+        ax.plot(np.full(len(points), i) + np.linspace(-0.2, 0.2, len(points)), points, "k.", ms=4, alpha=0.6)
+    ax.set_xticks(range(len(labels)), labels)
+    ax.set_ylabel("top-1 accuracy [%]")
+    ax.set_ylim(0, 105)
+    done = summary["all"]["tasks"]
+    ax.set_title(title + ("" if done == len(VTAB_TASKS) else f" ({done} of {len(VTAB_TASKS)} tasks)"))
+    ax.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path)
+    return path
+
+
+def _setting_record(setting, micro_batch_size):
+    record = dataclasses.asdict(setting)
+    record["micro_batch_size"] = micro_batch_size
+    return record
+
+
+def run_vtab(model, out, *, tasks=None, setting=VTAB_1K, steps=None, batch_size=None, image_size=None,
+             micro_batch_size=None, eval_batch_size=None, data_dir=None, seed=0, verbose=1):
+    """Fine-tune `model` on VTAB-1k tasks and evaluate each on its test split.
+
+    Args:
+        model: a keras_vit VisionTransformer (e.g. a pre-trained one, any head); each task
+            fine-tunes its own copy.
+        out: run folder (created): tasks/<task>.json per finished task, vtab.json, vtab.csv, vtab.png.
+        tasks: task names (e.g. ["dtd", "vtab/clevr_count"]); default: all 19.
+        setting: a VtabSetting (default: the paper's); `steps`, `batch_size`, `image_size`
+            override its fields for quick runs.
+        micro_batch_size: examples per forward pass; the batch is then reached by gradient
+            accumulation (batch_size must be a multiple). Default: the whole batch at once.
+        eval_batch_size: test batch (default: micro_batch_size or batch_size, at most 256).
+
+    Returns:
+        {"tasks": rows, "groups": group means} (top-1 accuracies as fractions).
+    """
+    import keras
+
+    import keras_vit.data as kd
+    from keras_vit import training
+    from keras_vit.evaluation.evaluators import evaluate_classifier
+
+    overrides = {k: v for k, v in (("steps", steps), ("batch_size", batch_size), ("image_size", image_size))
+                 if v is not None}
+    setting = dataclasses.replace(setting, **overrides)
+    warmup = min(setting.warmup_steps, setting.steps // 5)
+    setting = dataclasses.replace(setting, warmup_steps=warmup)
+    micro = micro_batch_size or setting.batch_size
+    if micro > setting.batch_size or setting.batch_size % micro:
+        raise ValueError(
+            f"The batch of {setting.batch_size} examples cannot be made of micro-batches of {micro}: pass a micro-batch "
+            f"size that divides it (e.g. {math.gcd(setting.batch_size, max(1, micro))})."
+        )
+    accumulation = setting.batch_size // micro
+    names = resolve_tasks(tasks)
+    os.makedirs(os.path.join(out, "tasks"), exist_ok=True)
+    record = _setting_record(setting, micro)
+    compared = {k: v for k, v in record.items() if k != "micro_batch_size"}
+    for task in names:
+        path = _task_file(out, task)
+        if os.path.exists(path):
+            with open(path) as f:
+                done = json.load(f)
+            if {k: done["setting"].get(k) for k in compared} != compared:
+                raise ValueError(
+                    f"{out!r} holds {task} results of another setting ({done['setting']}); resume with that setting "
+                    "or write this run to another --out folder."
+                )
+    for number, task in enumerate(names, 1):
+        path = _task_file(out, task)
+        if os.path.exists(path):
+            print(f"[{number}/{len(names)}] {task}: done before (resumed)")
+            continue
+        source = get_tfds_source(task)
+        print(f"[{number}/{len(names)}] {task}: fine-tuning {setting.steps} steps at {setting.image_size} px, batch "
+              f"{setting.batch_size}" + (f" ({accumulation} x {micro})" if accumulation > 1 else ""))
+        start = time.time()
+        train_ds, info = kd.load_dataset(
+            f"tfds:{task}", setting.train_split, image_size=setting.image_size, batch_size=micro, training=True,
+            seed=seed, classes=source.classes, data_dir=data_dir,
+        )
+        keras.utils.set_random_seed(seed)
+        task_model = training.for_finetuning(model, image_size=setting.image_size, classes=source.classes,
+                                             classifier_activation=None)
+        task_model.compile(
+            optimizer=training.finetune_optimizer(
+                setting.learning_rate, total_steps=setting.steps, warmup_steps=setting.warmup_steps,
+                momentum=setting.momentum, global_clipnorm=setting.global_clipnorm,
+                gradient_accumulation_steps=accumulation if accumulation > 1 else None,
+            ),
+            loss=training.classification_loss(task_model),
+        )
+        history = task_model.fit(train_ds, steps_per_epoch=setting.steps * accumulation, epochs=1,
+                                 verbose=verbose, shuffle=False)
+        result = evaluate_classifier(task_model, f"tfds:{task}", setting.test_split,
+                                     batch_size=eval_batch_size or min(micro, 256), data_dir=data_dir,
+                                     verbose=verbose)
+        row = {
+            "task": task, "group": source.vtab, "top1": result.metrics["top1"],
+            "examples": result.metrics["examples"], "classes": source.classes,
+            "train_examples": info.num_examples, "final_train_loss": float(history.history["loss"][-1]),
+            "seconds": round(time.time() - start, 1), "setting": record,
+        }
+        with open(path + ".tmp", "w") as f:
+            json.dump(row, f, indent=2)
+        os.replace(path + ".tmp", path)  # a task's file appears whole or not at all
+        print(f"[{number}/{len(names)}] {task}: top-1 {row['top1']:.4f} on {row['examples']} test images "
+              f"({row['seconds']:.0f} s)")
+        rows = read_results(out)
+        write_tables(out, rows, record)
+        del task_model
+    rows = read_results(out)
+    summary = write_tables(out, rows, record)
+    return {"tasks": rows, "groups": summary}

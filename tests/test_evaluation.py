@@ -1,0 +1,315 @@
+"""keras_vit.evaluation and `keras-vit evaluate` / `keras-vit report`: top-1 / top-5 / per-class
+accuracy, ImageNet ReaL, ImageNet-V2 and ObjectNet by their protocols, on hand-made data with
+known answers (tfds' mock data for the tfds datasets, an ObjectNet folder written here)."""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+from PIL import Image
+
+import keras_vit
+from keras_vit import evaluation
+from keras_vit.cli import main
+from keras_vit.data import get_tfds_source
+
+IMAGE = 16
+
+
+def colour_classifier(centres, classes=1000):
+    """A Keras classifier whose ImageNet class is read off the mean red value of the image:
+    `centres` maps class -> red pixel value (0-255); the class whose value is nearest wins,
+    the others rank by distance; classes without a centre score far below."""
+    inputs = keras.Input((IMAGE, IMAGE, 3))
+    x = keras.layers.GlobalAveragePooling2D()(inputs)
+    head = keras.layers.Dense(classes)
+    outputs = head(x)
+    model = keras.Model(inputs, outputs)
+    kernel = np.zeros((3, classes), np.float32)
+    bias = np.full((classes,), -1e4, np.float32)
+    for cls, pixel in centres.items():
+        a = pixel / 127.5 - 1.0  # the pipeline's [-1, 1] scaling
+        kernel[0, cls] = 2 * a  # -(v - a)^2 = 2 a v - a^2 - v^2, and v^2 is common to all classes
+        bias[cls] = -a * a
+    head.set_weights([kernel, bias])
+    return model
+
+
+def uniform_image(red, size=6):
+    image = np.zeros((size, size, 3), np.uint8)
+    image[..., 0] = red
+    return image
+
+
+# === Metrics on arrays (answers worked out by hand) ===
+
+
+def test_top_k_and_per_class_known_answer():
+    scores = np.array([
+        [0.1, 0.6, 0.3, 0.0],  # label 1: top-1 right
+        [0.5, 0.1, 0.4, 0.0],  # label 2: second -> top-2 right
+        [0.4, 0.3, 0.2, 0.1],  # label 3: last -> wrong at top-2
+        [0.7, 0.1, 0.1, 0.1],  # label 0: right
+    ])
+    labels = np.array([1, 2, 3, 0])
+    m = evaluation.ClassificationMetrics(4, top_k=2)
+    m.update(scores[:2], labels[:2])
+    m.update(scores[2:], labels[2:])
+    r = m.result()
+    assert r["top1"] == 0.5 and r["top2"] == 0.75 and r["examples"] == 4
+    assert r["loss"] == pytest.approx(-np.mean(np.log([0.6, 0.4, 0.1, 0.7])))
+    rows = m.per_class(["a", "b", "c", "d"])
+    assert [(row["class"], row["examples"], row["accuracy"]) for row in rows] == [
+        ("a", 1, 1.0), ("b", 1, 1.0), ("c", 1, 0.0), ("d", 1, 0.0)]
+    assert r["mean_per_class_accuracy"] == 0.5
+    # Logits are turned into probabilities for the loss.
+    logits = np.log(np.array([[0.2, 0.8]]))
+    m2 = evaluation.ClassificationMetrics(2)
+    m2.update(logits, np.array([1]))
+    assert m2.result()["loss"] == pytest.approx(-np.log(0.8)) and m2.result()["top5"] == 1.0
+
+
+def test_real_top1_known_answer():
+    # Top-1 predictions 2, 0, 1, 3, 1 (5 classes).
+    scores = np.eye(5)[[2, 0, 1, 3, 1]]
+    original = np.array([2, 1, 1, 3, 4])
+    real = [[2], [0, 1], [4], [], []]  # image 1 right only under ReaL, image 2 only originally, 3-4 unlabelled
+    m = evaluation.ClassificationMetrics(5, real=True)
+    m.update(scores, original, real=real)
+    r = m.result()
+    assert r["top1"] == 3 / 5
+    assert r["real_examples"] == 3 and r["real_top1"] == 2 / 3
+    counted, correct = evaluation.real_top1_correct(scores, real)
+    assert counted.tolist() == [True, True, True, False, False]
+    assert correct.tolist() == [True, True, False, False, False]
+    # A 0/1 matrix is the same as the lists.
+    matrix = np.zeros((5, 5), np.uint8)
+    for i, labels in enumerate(real):
+        matrix[i, labels] = 1
+    assert evaluation.real_top1_correct(scores, matrix)[1].tolist() == correct.tolist()
+
+
+def test_objectnet_mapping_shipped():
+    names, members = evaluation.load_mapping()
+    assert len(names) == 113 and len(set(names)) == 113
+    flat = [i for m in members for i in m]
+    assert len(flat) == len(set(flat)) == 125 and all(0 <= i < 1000 for i in flat)
+    by_name = dict(zip(names, members))
+    assert by_name["Alarm clock"] == (409, 530)  # analog clock, digital clock
+    assert by_name["Banana"] == (954,) and by_name["Bicycle"] == (444, 671)
+    assert by_name["Pen"] == (418, 563, 749) and by_name["Skirt"] == (601, 655, 689)
+    # Scores: the best of each class's ImageNet scores; other ImageNet classes take no part.
+    scores = np.zeros((1, 1000))
+    scores[0, [0, 530, 954]] = [5.0, 3.0, 1.0]
+    mapped = evaluation.objectnet_scores(scores)
+    assert mapped.shape == (1, 113)
+    assert mapped[0, names.index("Alarm clock")] == 3.0 and mapped[0, names.index("Banana")] == 1.0
+    with pytest.raises(ValueError, match="1000"):
+        evaluation.objectnet_scores(np.zeros((1, 21843)))
+
+
+# === ObjectNet: a hand-made download ===
+
+OBJECTNET_CENTRES = {0: 100, 954: 110, 409: 120, 530: 130, 671: 140, 444: 150,
+                     414: 160, 419: 170, 790: 180, 434: 190, 440: 200}
+
+
+def _objectnet_folder(root):
+    """images/<class>/ with 6x6 PNGs: a 1-pixel red border around a uniform 4x4 interior."""
+    images = {  # folder: interior red values
+        "banana": [100, 138, 200],  # unmapped tench first, then banana | banana 4th | banana 6th
+        "alarm_clock": [128],  # digital clock (one of the class's two ImageNet classes)
+        "bicycle": [118],  # analog clock, banana, digital clock, mountain bike: top-5 only
+        "air_freshener": [110],  # not one of the 113 classes: skipped
+    }
+    for folder, values in images.items():
+        os.makedirs(root / "images" / folder)
+        for i, value in enumerate(values):
+            image = uniform_image(value)
+            image[0, :], image[-1, :], image[:, 0], image[:, -1] = (255, 0, 0), (255, 0, 0), (255, 0, 0), (255, 0, 0)
+            Image.fromarray(image).save(root / "images" / folder / f"{i}.png")
+    return root
+
+
+def test_objectnet_protocol_known_answer(tmp_path):
+    root = _objectnet_folder(tmp_path / "objectnet-1.0")
+    paths, labels, found = evaluation.index_objectnet_folder(root)
+    assert sorted(found) == ["Alarm clock", "Banana", "Bicycle"] and len(paths) == 5
+    model = colour_classifier(OBJECTNET_CENTRES)
+    result = evaluation.evaluate_classifier(model, f"objectnet:{root}", verbose=0)
+    # Right at top-1: banana (tench is not an ObjectNet class), alarm clock (digital clock).
+    # Top-5 only: bicycle (3rd), banana at 138 (4th). Wrong: banana at 200 (6th).
+    assert result.metrics["examples"] == 5
+    assert result.metrics["top1"] == pytest.approx(2 / 5) and result.metrics["top5"] == pytest.approx(4 / 5)
+    assert result.metrics["protocol"] == "objectnet" and result.metrics["classes_found"] == 3
+    per_class = {r["class"]: (r["examples"], r["correct"]) for r in result.per_class}
+    assert per_class == {"Alarm clock": (1, 1), "Banana": (3, 1), "Bicycle": (1, 0)}
+
+
+def test_objectnet_errors(tmp_path):
+    (tmp_path / "images" / "foo").mkdir(parents=True)
+    with pytest.raises(ValueError, match="none of ObjectNet's 113 classes"):
+        evaluation.index_objectnet_folder(tmp_path)
+    with pytest.raises(FileNotFoundError, match="objectnet.dev"):
+        evaluation.index_objectnet_folder(tmp_path / "missing")
+
+
+# === tfds: ReaL and ImageNet-V2 through tfds' mock data ===
+
+REAL_EXAMPLES = [  # (interior red value -> predicted class, original label, ReaL labels)
+    (110, 954, [954]),  # right under both
+    (130, 409, [530, 409]),  # predicted 530: right only under ReaL
+    (140, 671, [444]),  # predicted 671: right only under the original label
+    (100, 0, []),  # no ReaL label: not counted for ReaL
+    (190, 440, []),  # no ReaL label, wrong originally
+]
+
+
+def _real_as_dataset(self, split, **kwargs):
+    def generate():
+        for i, (red, label, real) in enumerate(REAL_EXAMPLES):
+            yield {"image": uniform_image(red, 8), "original_label": label,
+                   "real_label": np.asarray(real, np.int64), "file_name": f"ILSVRC2012_val_{i:08d}.JPEG"}
+
+    return tf.data.Dataset.from_generator(generate, output_signature={
+        "image": tf.TensorSpec((None, None, 3), tf.uint8), "original_label": tf.TensorSpec((), tf.int64),
+        "real_label": tf.TensorSpec((None,), tf.int64), "file_name": tf.TensorSpec((), tf.string)})
+
+
+def test_real_protocol_known_answer():
+    model = colour_classifier({954: 110, 530: 130, 409: 125, 671: 140, 444: 155, 0: 100, 434: 190, 440: 205})
+    with tfds.testing.mock_data(as_dataset_fn=_real_as_dataset, policy=tfds.testing.MockPolicy.USE_CODE):
+        result = evaluation.evaluate_classifier(model, "tfds:imagenet2012_real", batch_size=2, verbose=0)
+    m = result.metrics
+    assert m["examples"] == 5 and m["top1"] == pytest.approx(3 / 5)
+    assert m["real_examples"] == 3 and m["real_top1"] == pytest.approx(2 / 3)
+
+
+def _tiny_vit(classes, predicted=None):
+    model = keras_vit.VisionTransformer(image_size=IMAGE, patch_size=8, hidden_size=8, num_layers=1, num_heads=2,
+                                        mlp_dim=16, classes=classes, classifier_activation=None)
+    if predicted is not None:  # a zero kernel and a bias that makes `predicted` every image's top-1
+        kernel, bias = model.get_layer("head").get_weights()
+        bias = np.zeros_like(bias)
+        bias[predicted] = 1.0
+        model.get_layer("head").set_weights([np.zeros_like(kernel), bias])
+    return model
+
+
+@pytest.fixture(scope="module")
+def vit_409(tmp_path_factory):
+    path = tmp_path_factory.mktemp("w") / "vit409.keras"
+    _tiny_vit(1000, predicted=409).save(path)
+    return str(path)
+
+
+def test_evaluate_command_real_metrics_json(vit_409, tmp_path):
+    out = tmp_path / "real"
+    with tfds.testing.mock_data(as_dataset_fn=_real_as_dataset, policy=tfds.testing.MockPolicy.USE_CODE):
+        assert main(["evaluate", "--weights", vit_409, "--data", "tfds:imagenet2012_real", "--batch-size", "4",
+                     "--verbose", "0", "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    # Every image is predicted 409: one original label is 409; of the 3 images with ReaL labels one has 409.
+    assert metrics["top1"] == pytest.approx(1 / 5) and metrics["real_top1"] == pytest.approx(1 / 3)
+    # The other 999 classes tie: classes 0-3 follow 409 in the top 5, so the image labelled 0 counts too.
+    assert metrics["top5"] == pytest.approx(2 / 5)
+    assert metrics["real_examples"] == 3 and metrics["examples"] == 5 and metrics["ema_weights"] is False
+    assert {"per_class.csv", "confusion.png", "config.json"} <= set(os.listdir(out))
+
+
+def test_imagenet_v2_variants(vit_409, tmp_path):
+    with tfds.testing.mock_data(num_examples=5, policy=tfds.testing.MockPolicy.USE_CODE):
+        for data in ("tfds:imagenet_v2", "tfds:imagenet_v2/threshold-0.7"):
+            out = tmp_path / data.replace("/", "_").replace(":", "_")
+            assert main(["evaluate", "--weights", vit_409, "--data", data, "--verbose", "0", "--out", str(out)]) == 0
+            metrics = json.loads((out / "metrics.json").read_text())
+            builder = tfds.builder(get_tfds_source(data[5:]).builder)
+            labels = [int(ex["label"]) for ex in builder.as_dataset(split="test")]
+            assert metrics["examples"] == 5
+            assert metrics["top1"] == pytest.approx(np.mean(np.asarray(labels) == 409))
+
+
+def test_ema_weights_are_evaluated(tmp_path):
+    """A .keras file saved with an optimizer that keeps an EMA: the averages are what is evaluated."""
+    model = _tiny_vit(10)
+    model.compile(optimizer=keras_vit.training.finetune_optimizer(0.5, total_steps=4, warmup_steps=0, use_ema=True,
+                                                                  ema_momentum=0.5),
+                  loss=keras_vit.training.classification_loss(model))
+    x = np.random.default_rng(0).uniform(-1, 1, (8, IMAGE, IMAGE, 3)).astype("float32")
+    model.fit(x, np.arange(8) % 10, batch_size=4, epochs=1, verbose=0)
+    averages = [keras.ops.convert_to_numpy(a) for a in model.optimizer._model_variables_moving_average]
+    raw = [keras.ops.convert_to_numpy(v) for v in model.trainable_variables]
+    # Put raw weights that differ from the averages into the model, as mid-training.
+    for variable, value in zip(model.trainable_variables, raw):
+        variable.assign(value + 1.0)
+    model.save(tmp_path / "m.keras")
+    loaded = evaluation.load_for_evaluation(tmp_path / "m.keras")
+    assert loaded is not None
+    for variable, average in zip(loaded.trainable_variables, averages):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(variable), average, rtol=1e-6, atol=1e-6)
+    # A file without an optimizer is loaded the ordinary way.
+    plain = tmp_path / "plain.keras"
+    _tiny_vit(10).save(plain)
+    assert evaluation.load_for_evaluation(plain) is None
+
+
+# === Bad input ===
+
+
+def test_missing_manual_download_names_the_command(vit_409, tmp_path, capsys):
+    assert main(["evaluate", "--weights", vit_409, "--data", "tfds:imagenet2012_real", "--data-dir", str(tmp_path),
+                 "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "tfds build imagenet2012_real --manual_dir DIR" in err and "ILSVRC2012_img_val.tar" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_class_count_that_does_not_fit(tmp_path, capsys):
+    path = tmp_path / "in21k.keras"
+    _tiny_vit(21843).save(path)
+    assert main(["evaluate", "--weights", str(path), "--data", "tfds:imagenet2012_real", "--out",
+                 str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "head has 21843 classes" in err and "1000" in err and "ImageNet-21k" in err
+
+
+def test_objectnet_folder_without_the_classes(vit_409, tmp_path, capsys):
+    (tmp_path / "on" / "images" / "not_a_class").mkdir(parents=True)
+    assert main(["evaluate", "--weights", vit_409, "--data", f"objectnet:{tmp_path / 'on'}", "--out",
+                 str(tmp_path / "o")]) == 2
+    assert "none of ObjectNet's 113 classes" in capsys.readouterr().err
+
+
+# === Report: Table 2's layout ===
+
+
+def test_report_table2(tmp_path, capsys):
+    real = tmp_path / "real"
+    real.mkdir()
+    (real / "metrics.json").write_text(json.dumps({"data": "tfds:imagenet2012_real", "top1": 0.8, "real_top1": 0.85}))
+    (real / "config.json").write_text(json.dumps({"weights": "ViTB16.augreg2_in21k_ft_in1k"}))
+    cifar = tmp_path / "cifar"
+    cifar.mkdir()
+    (cifar / "metrics.json").write_text(json.dumps({"data": "tfds:cifar10", "top1": 0.9912}))
+    (cifar / "config.json").write_text(json.dumps({"weights": "ViTB16.augreg2_in21k_ft_in1k"}))
+    vtab = tmp_path / "vtab"
+    vtab.mkdir()
+    (vtab / "vtab.json").write_text(json.dumps({"groups": {"all": {"mean": 0.5, "tasks": 2, "of": 19}}}))
+    assert main(["report", str(real), str(cifar), str(vtab), "--out", str(tmp_path / "t")]) == 0
+    markdown = capsys.readouterr().out
+    lines = markdown.splitlines()
+    assert "ViTB16.augreg2_in21k_ft_in1k" in lines[0] and "vtab" in lines[0]
+    assert "paper: ViT-H/14 (JFT)" in lines[0] and "paper: BiT-L (ResNet152x4)" in lines[0]
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in lines[2:]}
+    assert list(rows) == list(evaluation.ROWS)
+    assert rows["ImageNet"][:2] == ["80.00", ""] and rows["ImageNet ReaL"][0] == "85.00"
+    assert rows["CIFAR-10"][0] == "99.12" and rows["VTAB (19 tasks)"][1] == "50.00 (2 of 19 tasks)"
+    assert rows["ImageNet"][2] == "88.55 ± 0.04" and rows["VTAB (19 tasks)"][2] == "77.63 ± 0.23"
+    assert (tmp_path / "t" / "table2.md").read_text() == markdown
+    assert (tmp_path / "t" / "table2.csv").read_text().splitlines()[1].startswith("ImageNet,80.00")
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "does not exist" in capsys.readouterr().err
