@@ -24,7 +24,7 @@ import sys
 import tempfile
 
 #: Subcommand modules under keras_vit.commands, in the order `keras-vit --help` lists them.
-COMMANDS = ["explain", "finetune", "evaluate", "fewshot", "presets", "convert", "export"]
+COMMANDS = ["explain", "finetune", "evaluate", "vtab", "report", "fewshot", "presets", "convert", "export"]
 
 
 #: TensorFlow start-up lines that TF_CPP_MIN_LOG_LEVEL does not reach (absl logs them before it
