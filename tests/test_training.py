@@ -11,14 +11,15 @@ from tests.conftest import TINY, randomize
 # === Schedules ===
 
 
-def _original_schedule(s, base, total, warmup, decay, end):
-    """The original train.py formula, written out independently (s = 1-based update number)."""
-    progress = np.clip((s - warmup) / (total - warmup), 0.0, 1.0)
+def _original_schedule(t, base, total, warmup, decay, end):
+    """The original create_learning_rate_schedule, written out independently: the rate of update
+    t, counted from 0 (optax's schedule count)."""
+    progress = np.clip((t - warmup) / (total - warmup), 0.0, 1.0)
     if decay == "cosine":
         lr = base * 0.5 * (1 + np.cos(np.pi * progress))
     else:
         lr = end + (base - end) * (1 - progress)
-    return lr * min(1.0, s / warmup) if warmup else lr
+    return lr * min(1.0, t / warmup) if warmup else lr
 
 
 @pytest.mark.parametrize(
@@ -35,15 +36,34 @@ def test_schedule_values_match_formula(cls, kwargs, decay):
     total, warmup = kwargs["total_steps"], kwargs["warmup_steps"]
     for step in sorted({0, 1, warmup // 2, max(warmup - 1, 0), warmup, (warmup + total) // 2, total - 1, total + 5}):
         got = float(keras.ops.convert_to_numpy(schedule(step)))
-        want = _original_schedule(step + 1, kwargs["base_learning_rate"], total, warmup, decay, end)
+        want = _original_schedule(step, kwargs["base_learning_rate"], total, warmup, decay, end)
         assert got == pytest.approx(want, rel=1e-5, abs=1e-9), (step, got, want)
-    # Hand-picked points: end of warm-up = peak, cosine half-way = base / 2.
-    peak = float(keras.ops.convert_to_numpy(schedule(max(warmup - 1, 0))))
+    # Hand-picked points: the first update of a warm-up has rate 0, update `warmup` the peak,
+    # cosine half-way = base / 2.
+    peak = float(keras.ops.convert_to_numpy(schedule(warmup)))
+    assert peak == pytest.approx(kwargs["base_learning_rate"], rel=1e-6)
     if warmup:
-        assert peak == pytest.approx(kwargs["base_learning_rate"], rel=1e-6)
+        assert float(keras.ops.convert_to_numpy(schedule(0))) == 0.0
     if decay == "cosine" and warmup:
         mid = warmup + (total - warmup) // 2
-        assert float(schedule(mid - 1)) == pytest.approx(kwargs["base_learning_rate"] / 2, rel=1e-5)
+        assert float(schedule(mid)) == pytest.approx(kwargs["base_learning_rate"] / 2, rel=1e-5)
+
+
+@pytest.mark.parametrize("accumulation", [None, 2])
+def test_update_t_uses_the_original_rate_for_t(accumulation):
+    """Through the optimizer, as fit drives it: the rate in force at update t (from 0) is the
+    original's rate for t: 0, 0.015, 0.03, 0.0256, 0.015, 0.0044 for base 0.03, 2 warm-up
+    updates, 6 updates, cosine. Under accumulation every micro-batch of update t sees it too."""
+    variable = keras.Variable(np.ones(3, "float32"))
+    opt = training.finetune_optimizer(0.03, total_steps=6, warmup_steps=2, gradient_accumulation_steps=accumulation)
+    rates = []
+    for _ in range(6 * (accumulation or 1)):
+        rates.append(float(keras.ops.convert_to_numpy(opt.learning_rate)))
+        opt.apply([keras.ops.zeros((3,))], [variable])
+    want = [_original_schedule(t, 0.03, 6, 2, "cosine", 0.0) for t in range(6)]
+    np.testing.assert_allclose(rates, np.repeat(want, accumulation or 1), rtol=1e-6, atol=1e-9)
+    np.testing.assert_allclose(want, [0.0, 0.015, 0.03, 0.025607, 0.015, 0.004393], atol=1e-6)
+    assert int(opt.iterations) == 6
 
 
 def test_schedule_serialises_and_validates():
@@ -61,9 +81,14 @@ def test_schedule_serialises_and_validates():
 
 def test_recipe_optimizer_settings():
     ft = training.finetune_optimizer(0.01, total_steps=100, warmup_steps=10)
-    assert (ft.momentum, ft.global_clipnorm, ft.weight_decay) == (0.9, 1.0, None)
+    assert (ft.momentum, ft.global_clipnorm, ft.weight_decay, ft.momentum_dtype) == (0.9, 1.0, None, None)
     pt = training.pretrain_optimizer(1e-3, total_steps=100, warmup_steps=10)
-    assert (pt.beta_1, pt.beta_2, pt.weight_decay, pt.global_clipnorm) == (0.9, 0.999, 0.1, 1.0)
+    assert (pt.beta_1, pt.beta_2, pt.weight_decay, pt.global_clipnorm, pt.epsilon) == (0.9, 0.999, 0.1, 1.0, 1e-8)
+    half = training.finetune_optimizer(0.01, total_steps=100, warmup_steps=10, momentum_dtype="bfloat16")
+    again = keras.optimizers.deserialize(keras.optimizers.serialize(half))
+    assert again.momentum_dtype == "bfloat16"
+    with pytest.raises(ValueError, match="momentum_dtype"):
+        training.finetune_optimizer(0.01, total_steps=100, warmup_steps=10, momentum_dtype="int8")
     assert isinstance(pt._learning_rate, training.WarmupLinearDecay)
 
 
@@ -123,7 +148,7 @@ def test_adamw_decays_kernels_only():
     opt = training.pretrain_optimizer(0.5, total_steps=10, warmup_steps=0, weight_decay=0.1)
     before = [np.array(v.numpy()) for v in chosen]
     opt.apply([keras.ops.zeros(v.shape) for v in chosen], chosen)
-    lr = training.warmup_decay_value(1, 0.5, 10, 0, "linear", 1e-5)
+    lr = training.warmup_decay_value(0, 0.5, 10, 0, "linear", 1e-5)  # the rate of the first update
     for v, b in zip(chosen, before):
         factor = (1 - lr * 0.1) if v.path.endswith("kernel") else 1.0
         np.testing.assert_allclose(v.numpy(), b * factor, rtol=1e-6, err_msg=v.path)

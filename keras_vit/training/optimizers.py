@@ -1,30 +1,38 @@
-"""The paper's optimizers: SGD with momentum for fine-tuning, Adam with decoupled weight decay
-for pre-training, both with global-norm clipping, optional gradient accumulation and Polyak
-averaging (EMA).
+"""The paper's optimizers, with the original code's arithmetic: SGD momentum in optax's trace
+form for fine-tuning, Adam with decoupled weight decay for pre-training, both after a
+global-norm clip, with optional gradient accumulation and Polyak averaging (EMA).
 
-They are Keras' own `SGD` and `AdamW` with corrections, so `model.fit` runs them compiled on
-JAX, TensorFlow and PyTorch:
+They subclass Keras' `SGD` and `AdamW`, so `model.fit` runs them compiled on JAX, TensorFlow
+and PyTorch, and Keras' clipping, accumulation, EMA and serialisation apply:
 
-- With `gradient_accumulation_steps=N` Keras averages N micro-batch gradients and applies one
-  update (clipping the averaged gradient), which is one step on the N-times larger batch. But
-  Keras 3 evaluates a learning-rate schedule at the micro-step count (so warm-up and decay
-  would run N times too fast), and its EMA moves on every micro-batch (decaying with
-  momentum**N per update). Here the schedule sees applied updates and the EMA moves only when
-  an update is applied: N accumulated micro-batches then equal one large-batch step exactly
-  (tests/test_training_fit.py).
-- `AdamW` decays only variables whose name matches `weight_decay_pattern` (default: kernels),
-  the rule of big_vision (`.*/kernel$`): biases, LayerNorm/GroupNorm scales, the class token and
-  the position embedding are not decayed. The 2020 code (flax.optim.Adam(weight_decay=...))
-  decayed every parameter; pass `weight_decay_pattern=None` for that.
-
+- `SGD` is optax's `sgd(rate, momentum)` after `clip_by_global_norm` (the original fine-tuning
+  code, vit_jax/train.py): `trace <- g + momentum * trace; w <- w - rate_t * trace`. The rate is
+  applied outside the trace (Keras' own SGD keeps it inside the velocity, v <- m v - rate_t g,
+  which differs whenever the schedule moves). `momentum_dtype="bfloat16"` stores the trace in
+  bfloat16 as the original's `accumulator_dtype="bfloat16"`: the new trace is computed in the
+  gradient's dtype (the stored trace times the momentum, both bfloat16, rounded to bfloat16,
+  plus the gradient), the update uses it unrounded and the stored copy is rounded.
+- `AdamW` is optax's `adamw` after the clip: moments m, v; m_hat = m / (1 - b1^k),
+  v_hat = v / (1 - b2^k) (k = updates including this one); w <- w - rate_t * (m_hat /
+  (sqrt(v_hat) + eps) + wd * w) for decayed variables. eps is added outside the bias
+  correction (optax; default 1e-8), unlike Keras' Adam. The decay is decoupled and scaled by
+  the current rate: big_vision's `wd` (added after its `lr` scale, before the schedule) equals
+  `weight_decay * base rate` here (its ImageNet-21k ViT config: lr 1e-3, wd 1e-4 = 0.1 x 1e-3).
+  Only variables whose name matches `weight_decay_pattern` (default: kernels) decay, big_vision's
+  `.*/kernel$` rule: biases, LayerNorm/GroupNorm scales, the class token and the position
+  embedding are not decayed. `weight_decay_pattern=None` decays every parameter.
+- Gradient accumulation (`gradient_accumulation_steps=N`, fed micro-batches of B / N): Keras
+  sums the gradients of N successive micro-batches, divides by N, clips the average and applies
+  ONE update, which is the original's `accumulate_gradient` on the batch of B made of those
+  micro-batches in order. Keras 3 evaluates a learning-rate schedule at the micro-step count
+  and moves its EMA on every micro-batch; here the schedule sees applied updates and the EMA
+  moves only when an update is applied.
 - On JAX, Keras' `finalize_variable_values` (end of `fit` with use_ema) assigns the averages'
   own arrays to the model variables; both are donated to the next train step, so a second
   `fit` fails. Copies are assigned here.
 
-Keras decays as w <- w - lr * wd * w (decoupled, scaled by the current learning rate), which is
-flax.optim.Adam's weight decay. Keras' SGD momentum keeps lr inside the velocity
-(v <- m v - lr g; w <- w + v), the original (optax/flax momentum) outside (v <- m v + g;
-w <- w - lr v): identical for a constant rate, slightly different while the schedule moves.
+The update runs per variable in `update_step` (fused by XLA on JAX and TensorFlow), or as
+`torch._foreach_*` calls over all variables on PyTorch, as Keras' own optimizers do.
 """
 
 import re
@@ -35,6 +43,10 @@ from keras import ops
 from keras_vit.training.schedules import WarmupCosineDecay, WarmupLinearDecay
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
+
+
+def _torch():
+    return keras.backend.backend() == "torch"
 
 
 class _AccumulationFixes:
@@ -78,32 +90,134 @@ class _AccumulationFixes:
                 var.assign(ops.copy(average.value))
 
 
+
 @register
 class SGD(_AccumulationFixes, keras.optimizers.SGD):
-    """keras.optimizers.SGD whose EMA moves once per applied update under gradient accumulation.
+    """SGD with momentum as optax's `sgd`: the trace of raw gradients, the rate applied outside.
+
+    trace <- g + momentum * trace;  w <- w - rate_t * trace  (Nesterov: w <- w - rate_t *
+    (g + momentum * trace)). Clipping, accumulation and EMA are Keras' (see the module notes).
+
+    Args:
+        momentum_dtype: dtype of the stored trace. None: the variable's. "bfloat16": the
+            original fine-tuning code's `accumulator_dtype` (half the optimizer state); the
+            trace is computed in the gradient's dtype and rounded when stored, as optax does.
+        Other arguments: those of keras.optimizers.SGD.
 
     Example:
-        >>> opt = SGD(0.01, momentum=0.9, global_clipnorm=1.0, use_ema=True, gradient_accumulation_steps=4)
+        >>> opt = SGD(0.01, momentum=0.9, momentum_dtype="bfloat16", global_clipnorm=1.0)
+        >>> opt.momentum_dtype
+        'bfloat16'
     """
+
+    def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False, *, momentum_dtype=None, **kwargs):
+        super().__init__(learning_rate=learning_rate, momentum=momentum, nesterov=nesterov, **kwargs)
+        if momentum_dtype is not None:
+            momentum_dtype = keras.backend.standardize_dtype(momentum_dtype)
+            if momentum_dtype not in ("float16", "bfloat16", "float32", "float64"):
+                raise ValueError(
+                    f"momentum_dtype must be a floating dtype such as 'float32' or 'bfloat16' (or None for "
+                    f"the variables' own dtype); got {momentum_dtype!r}."
+                )
+        self.momentum_dtype = momentum_dtype
+
+    def build(self, variables):
+        if self.built:
+            return
+        # Keras' optimizer build (accumulators, EMA, indices); the trace variables are made here.
+        super(keras.optimizers.SGD, self).build(variables)
+        self.momentums = []
+        if self.momentum != 0:
+            self.momentums = [self._add_trace(v) for v in variables]
+
+    def _add_trace(self, variable):
+        if getattr(variable, "overwrite_with_gradient", False):
+            return None
+        if self.momentum_dtype is None or self.momentum_dtype == variable.dtype:
+            return self.add_variable_from_reference(variable, name="momentum")
+        path = getattr(variable, "path", None) or str(variable.name).replace(":", "_")
+        make = lambda: self.add_variable(  # noqa: E731
+            shape=variable.shape, dtype=self.momentum_dtype, name=f"{path.replace('/', '_')}_momentum",
+            layout=getattr(variable, "_layout", None),
+        )
+        strategy = getattr(self, "_distribution_strategy", None)  # TensorFlow: beside the variable
+        if strategy is None:
+            return make()
+        with strategy.extended.colocate_vars_with(getattr(variable, "value", variable)):
+            return make()
+
+    def update_step(self, gradient, variable, learning_rate):
+        learning_rate = ops.cast(learning_rate, variable.dtype)
+        gradient = ops.cast(gradient, variable.dtype)
+        if self.momentum == 0:
+            self.assign_sub(variable, ops.multiply(gradient, learning_rate))
+            return
+        trace = self.momentums[self._get_variable_index(variable)]
+        # optax's `g + momentum * trace`: the product in the stored trace's dtype (the momentum
+        # rounded to it), the sum in the gradient's.
+        decayed = ops.multiply(trace, ops.cast(self.momentum, trace.dtype))
+        new_trace = ops.add(gradient, ops.cast(decayed, gradient.dtype))
+        self.assign(trace, new_trace if trace.dtype == new_trace.dtype else ops.cast(new_trace, trace.dtype))
+        if self.nesterov:
+            new_trace = ops.add(gradient, ops.multiply(new_trace, ops.cast(self.momentum, gradient.dtype)))
+        self.assign_sub(variable, ops.multiply(new_trace, learning_rate))
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        traces = [self.momentums[self._get_variable_index(v)] for v in trainable_variables] if self.momentum else []
+        same = all(t.dtype == v.dtype for t, v in zip(traces, trainable_variables))
+        if not _torch() or not same:
+            return super()._backend_update_step(grads, trainable_variables, learning_rate)
+        import torch
+
+        with torch.no_grad():
+            values = [v.value for v in trainable_variables]
+            grads = [g.to(v.dtype) for g, v in zip(grads, values)]
+            rate = -learning_rate
+            if not self.momentum:
+                torch._foreach_add_(values, grads, alpha=rate)
+                return
+            buffers = [t.value for t in traces]
+            torch._foreach_mul_(buffers, self.momentum)
+            torch._foreach_add_(buffers, grads)
+            if self.nesterov:
+                torch._foreach_add_(values, grads, alpha=rate)
+                torch._foreach_add_(values, buffers, alpha=rate * self.momentum)
+            else:
+                torch._foreach_add_(values, buffers, alpha=rate)
+
+    def get_config(self):
+        config = super().get_config()
+        config["momentum_dtype"] = self.momentum_dtype
+        return config
 
 
 @register
 class AdamW(_AccumulationFixes, keras.optimizers.AdamW):
-    """keras.optimizers.AdamW that decays only variables whose name matches `weight_decay_pattern`.
+    """Adam with decoupled weight decay as optax's `adamw`, decaying only the variables whose name
+    matches `weight_decay_pattern`.
+
+    m <- b1 m + (1 - b1) g;  v <- b2 v + (1 - b2) g^2;  k = updates including this one;
+    w <- w - rate_t * (m / (1 - b1^k) / (sqrt(v / (1 - b2^k)) + eps) + weight_decay * w).
 
     Args:
+        epsilon: added to sqrt(v_hat), after the bias correction (optax); default 1e-8.
         weight_decay_pattern: regular expression searched in each variable's name (without a
             ":0" suffix); default "kernel$" (dense, attention and conv kernels). None decays all.
-        Other arguments: those of keras.optimizers.AdamW.
+        Other arguments: those of keras.optimizers.AdamW (amsgrad is not supported).
 
     Example:
         >>> opt = AdamW(1e-3, weight_decay=0.1)
-        >>> opt.weight_decay_pattern
-        'kernel$'
+        >>> opt.weight_decay_pattern, opt.epsilon
+        ('kernel$', 1e-08)
     """
 
-    def __init__(self, *args, weight_decay_pattern="kernel$", **kwargs):
-        super().__init__(*args, **kwargs)
+    def __init__(self, learning_rate=0.001, weight_decay=0.004, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
+                 amsgrad=False, *, weight_decay_pattern="kernel$", **kwargs):
+        if amsgrad:
+            raise ValueError("keras_vit's AdamW is optax's adamw, without AMSGrad; use keras.optimizers.AdamW"
+                             "(amsgrad=True) for that.")
+        super().__init__(learning_rate=learning_rate, weight_decay=weight_decay, beta_1=beta_1, beta_2=beta_2,
+                         epsilon=epsilon, amsgrad=False, **kwargs)
         self.weight_decay_pattern = weight_decay_pattern
         self._weight_decay_regex = None if weight_decay_pattern is None else re.compile(weight_decay_pattern)
 
@@ -114,6 +228,44 @@ class AdamW(_AccumulationFixes, keras.optimizers.AdamW):
             return True
         name = str(variable.name).split(":")[0].split("/")[-1]
         return self._weight_decay_regex.search(name) is not None
+
+    def update_step(self, gradient, variable, learning_rate):
+        # The decay term (rate_t * weight_decay * w) is Keras' `_apply_weight_decay`, applied
+        # before this step from the same w.
+        dtype = variable.dtype
+        lr = ops.cast(learning_rate, dtype)
+        g = ops.cast(gradient, dtype)
+        count = ops.cast(self.iterations + 1, dtype)
+        index = self._get_variable_index(variable)
+        m, v = self._momentums[index], self._velocities[index]
+        new_m = ops.add(ops.multiply(g, 1.0 - self.beta_1), ops.multiply(m, self.beta_1))
+        new_v = ops.add(ops.multiply(ops.square(g), 1.0 - self.beta_2), ops.multiply(v, self.beta_2))
+        self.assign(m, new_m)
+        self.assign(v, new_v)
+        m_hat = ops.divide(new_m, 1.0 - ops.power(ops.cast(self.beta_1, dtype), count))
+        v_hat = ops.divide(new_v, 1.0 - ops.power(ops.cast(self.beta_2, dtype), count))
+        self.assign_sub(variable, ops.multiply(ops.divide(m_hat, ops.add(ops.sqrt(v_hat), self.epsilon)), lr))
+
+    def _backend_update_step(self, grads, trainable_variables, learning_rate):
+        if not _torch():
+            return super()._backend_update_step(grads, trainable_variables, learning_rate)
+        import torch
+
+        with torch.no_grad():
+            index = [self._get_variable_index(v) for v in trainable_variables]
+            values = [v.value for v in trainable_variables]
+            grads = [g.to(v.dtype) for g, v in zip(grads, values)]
+            m_list = [self._momentums[i].value for i in index]
+            v_list = [self._velocities[i].value for i in index]
+            count = float(self.iterations) + 1.0
+            torch._foreach_mul_(m_list, self.beta_1)
+            torch._foreach_add_(m_list, grads, alpha=1.0 - self.beta_1)
+            torch._foreach_mul_(v_list, self.beta_2)
+            torch._foreach_addcmul_(v_list, grads, grads, value=1.0 - self.beta_2)
+            denominators = torch._foreach_sqrt(v_list)
+            torch._foreach_div_(denominators, (1.0 - self.beta_2**count) ** 0.5)
+            torch._foreach_add_(denominators, self.epsilon)
+            torch._foreach_addcdiv_(values, m_list, denominators, value=-float(learning_rate) / (1.0 - self.beta_1**count))
 
     def get_config(self):
         config = super().get_config()
@@ -138,21 +290,31 @@ def finetune_optimizer(
     warmup_steps=500,
     *,
     momentum=0.9,
+    momentum_dtype=None,
+    decay="cosine",
     global_clipnorm=1.0,
     gradient_accumulation_steps=None,
     use_ema=False,
     ema_momentum=0.9999,
 ):
-    """The paper's fine-tuning optimizer: SGD momentum 0.9, global-norm clip 1.0, no weight
-    decay, linear warm-up then cosine decay.
+    """The paper's fine-tuning optimizer, as the original code builds it (vit_jax/train.py:
+    `optax.chain(clip_by_global_norm(1.0), sgd(schedule, momentum=0.9))`): SGD momentum 0.9 in
+    optax's trace form, global-norm clip 1.0, no weight decay, linear warm-up then cosine decay,
+    the rate of update t (from 0) being the original `create_learning_rate_schedule`'s for t.
 
     Args:
         learning_rate: base learning rate (the paper sweeps {0.001, 0.003, 0.01, 0.03}) or a
             ready LearningRateSchedule.
         total_steps: optimizer updates of the run (CIFAR 10k, ImageNet 20k, Pets/Flowers 500).
         warmup_steps: linear warm-up updates (500; 100 for the 500-step runs).
-        gradient_accumulation_steps: average the gradients of this many micro-batches per update
-            (the paper's batch 512 as e.g. 8 x 64). Steps above count updates, not micro-batches.
+        momentum_dtype: "bfloat16" stores the momentum trace in bfloat16, as the original code's
+            `accumulator_dtype="bfloat16"` (half the optimizer state); None keeps float32.
+        decay: "cosine" (the paper's fine-tuning runs) or "linear" (to 1e-5, the original's
+            other `decay_type`).
+        gradient_accumulation_steps: N micro-batches per update. Feed `fit` micro-batches of
+            B / N: N successive ones make one update, equal to the original's
+            `accumulate_gradient` with `accum_steps=N` on the batch of B they form (the paper's
+            batch 512 as e.g. 8 x 64). total_steps and warmup_steps count updates.
         use_ema, ema_momentum: Polyak averaging of the weights (the paper's 0.9999 for Table 2);
             evaluate/save with it through `SwapEMAWeights` / `ema_weights`. At the end of `fit`
             Keras leaves the averaged weights in the model.
@@ -162,9 +324,13 @@ def finetune_optimizer(
         >>> opt.momentum, opt.global_clipnorm
         (0.9, 1.0)
     """
+    if decay not in ("cosine", "linear"):
+        raise ValueError(f"decay must be 'cosine' or 'linear'; got {decay!r}.")
+    schedule_cls = WarmupCosineDecay if decay == "cosine" else WarmupLinearDecay
     return SGD(
-        learning_rate=_schedule(learning_rate, total_steps, warmup_steps, WarmupCosineDecay),
+        learning_rate=_schedule(learning_rate, total_steps, warmup_steps, schedule_cls),
         momentum=momentum,
+        momentum_dtype=momentum_dtype,
         global_clipnorm=global_clipnorm,
         gradient_accumulation_steps=gradient_accumulation_steps,
         use_ema=use_ema,
@@ -180,6 +346,7 @@ def pretrain_optimizer(
     weight_decay=0.1,
     beta_1=0.9,
     beta_2=0.999,
+    epsilon=1e-8,
     end_learning_rate=1e-5,
     global_clipnorm=1.0,
     weight_decay_pattern="kernel$",
@@ -188,9 +355,13 @@ def pretrain_optimizer(
     ema_momentum=0.9999,
 ):
     """The paper's pre-training optimizer: Adam (0.9, 0.999) with decoupled weight decay 0.1,
-    global-norm clip 1.0, linear warm-up (10k steps) then linear decay to 1e-5.
+    global-norm clip 1.0, linear warm-up (10k steps) then linear decay to 1e-5; optax's
+    `chain(clip_by_global_norm(1.0), adamw(schedule, 0.9, 0.999, eps=1e-8, weight_decay=0.1,
+    mask=kernels))`, the same schedule indexing as `finetune_optimizer`.
 
-    Weight decay applies to kernels only (see `AdamW`); `weight_decay_pattern=None` decays all.
+    The decay is multiplied by the current rate: w <- w - rate_t * (adam_update + 0.1 * w), which
+    is big_vision's `wd = 0.1 * base rate` (1e-4 at base 1e-3, its ImageNet-21k ViT setting). It
+    applies to kernels only (see `AdamW`); `weight_decay_pattern=None` decays all.
 
     Example:
         >>> opt = pretrain_optimizer(1e-3, total_steps=100_000)
@@ -204,6 +375,7 @@ def pretrain_optimizer(
         weight_decay=weight_decay,
         beta_1=beta_1,
         beta_2=beta_2,
+        epsilon=epsilon,
         global_clipnorm=global_clipnorm,
         weight_decay_pattern=weight_decay_pattern,
         gradient_accumulation_steps=gradient_accumulation_steps,

@@ -1,16 +1,17 @@
 """Learning-rate schedules of the paper's recipes: linear warm-up, then cosine or linear decay.
 
-The formula is the original code's (google-research/vision_transformer, `train.py`), evaluated
-at the update number s = 1, 2, ..., total_steps:
+The formula is the original code's (google-research/vision_transformer `vit_jax/utils.py`
+`create_learning_rate_schedule`; big_vision's is the same), evaluated at the update number
+t = 0, 1, ..., total_steps - 1, the count optax's schedule state holds when update t is made:
 
-    progress = clip((s - warmup_steps) / (total_steps - warmup_steps), 0, 1)
+    progress = clip((t - warmup_steps) / (total_steps - warmup_steps), 0, 1)
     cosine:  lr = base * 0.5 * (1 + cos(pi * progress))
-    linear:  lr = end + (base - end) * (1 - progress)
-    then     lr = lr * min(1, s / warmup_steps)          (when warmup_steps > 0)
+    linear:  lr = end + (base - end) * (1 - progress)          (end: `linear_end`, 1e-5)
+    then     lr = lr * min(1, t / warmup_steps)                (when warmup_steps > 0)
 
-Keras calls a schedule with `optimizer.iterations`, the number of updates already applied
-(0 for the first one), so the schedule evaluates the formula at s = step + 1: the first update
-gets base / warmup_steps, as in the original loop (which counts steps from 1).
+So a run with warm-up makes its first update with rate 0 and reaches `base` at update
+`warmup_steps`. Keras calls a schedule with `optimizer.iterations`, the number of updates
+already applied (0 for the first), which is t: update t uses the original's rate for t.
 """
 
 import math
@@ -23,11 +24,13 @@ register = keras.saving.register_keras_serializable(package="keras_vit")
 
 def warmup_decay_value(step, base_learning_rate, total_steps, warmup_steps=0, decay="cosine",
                        end_learning_rate=0.0):
-    """The schedule at update number `step` (1-based), in plain Python: the formula above.
+    """The rate of update number `step` (counted from 0), in plain Python: the formula above.
 
     Example:
         >>> round(warmup_decay_value(50, 0.01, 1000, warmup_steps=100), 6)
         0.005
+        >>> warmup_decay_value(0, 0.01, 1000, warmup_steps=100)   # the first update
+        0.0
     """
     progress = (step - warmup_steps) / float(max(1, total_steps - warmup_steps))
     progress = min(max(progress, 0.0), 1.0)
@@ -55,12 +58,13 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
         end_learning_rate: final value of linear decay (the original code's `linear_end`, 1e-5);
             cosine decays to 0.
 
-    With gradient accumulation Keras passes the number of *applied* updates, so `total_steps`
-    counts large-batch updates, not micro-batches.
+    Called with the number of updates already applied (`optimizer.iterations`; with gradient
+    accumulation, the keras_vit optimizers pass applied updates, not micro-batches), so
+    `total_steps` counts updates.
 
     Example:
         >>> schedule = WarmupDecay(0.01, total_steps=1000, warmup_steps=100)
-        >>> round(float(schedule(49)), 6)   # 50th update: half-way through warm-up
+        >>> round(float(schedule(50)), 6)   # update 50: half-way through warm-up
         0.005
     """
 
@@ -83,7 +87,7 @@ class WarmupDecay(keras.optimizers.schedules.LearningRateSchedule):
         self.name = name
 
     def __call__(self, step):
-        s = ops.cast(step, "float32") + 1.0
+        s = ops.cast(step, "float32")
         span = float(max(1, self.total_steps - self.warmup_steps))
         progress = ops.clip((s - float(self.warmup_steps)) / span, 0.0, 1.0)
         if self.decay == "cosine":
@@ -133,7 +137,7 @@ class WarmupLinearDecay(WarmupDecay):
 
     Example:
         >>> schedule = WarmupLinearDecay(1e-3, total_steps=100, warmup_steps=10)
-        >>> round(float(schedule(99)), 8)   # the last update reaches the end value
+        >>> round(float(schedule(100)), 8)   # the end value, from update total_steps on
         1e-05
     """
 
