@@ -29,9 +29,10 @@ _MODULES = (
     "transformers",
     "big_vision",  # before "npz": both are .npz files, big_vision's told apart by its member names
     "npz",
+    "axial_deeplab",
 )
 
-_PICKLES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+_PICKLES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pth.tar")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +53,8 @@ class CheckpointFormat:
         patch_resize_rule: the pixel resize (a `keras_vit.layers.resize.PATCH_RESIZE_RULES` name)
             whose effect a load at another patch size inverts (FlexiViT's PI-resize), as the
             format's framework does it; None: timm's rule, the default of `load_checkpoint`.
+        torch_zip: whether its files are PyTorch zip files (`.pth`, `.pth.tar`, `.bin`, ...), read
+            by checkpoints.torch_zip; only such formats are asked about one.
         read_sized: (path, image_size) -> (tree, config), for formats whose grid the load's
             `image_size` may have to decide (see `read_at`).
     """
@@ -65,6 +68,7 @@ class CheckpointFormat:
     hub_files: tuple = ()
     patch_resize_rule: Optional[str] = None
     read_sized: Optional[Callable] = None
+    torch_zip: bool = False
 
     def read_at(self, path, image_size=None):
         """`read(path)`, or for a format whose files may not tell their own grid (a big_vision
@@ -118,17 +122,34 @@ def detect_format(path):
     """The CheckpointFormat of the local file or folder `path`.
 
     Raises:
-        FileNotFoundError when nothing exists at `path`; CheckpointError for pickles (never
-        loaded: unpickling can run arbitrary code) and for anything no format recognises.
+        FileNotFoundError when nothing exists at `path`; CheckpointError for pickles other than
+        PyTorch zip files (never loaded: unpickling can run arbitrary code), for PyTorch zip files
+        whose pickle names anything but tensors and containers, and for anything no format
+        recognises.
     """
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"No checkpoint at {path!r}.")
     if os.path.isfile(path) and path.endswith(_PICKLES):
+        # PyTorch zip files are read by a restricted unpickler that runs nothing from the file
+        # (checkpoints.torch_zip); legacy torch files and other pickles are never unpickled.
+        from keras_vit.checkpoints.torch_zip import TorchZipFile, is_legacy_torch_file, is_torch_zip, legacy_error
+
+        if is_legacy_torch_file(path):
+            raise legacy_error(path)
+        if not is_torch_zip(path):
+            raise CheckpointError(
+                f"{path!r} is a pickle, not a PyTorch zip file; this package never unpickles (it can run arbitrary "
+                "code). Convert it to safetensors (save_pretrained(..., safe_serialization=True), or timm's "
+                "save_for_hf(..., safe_serialization=True))."
+            )
+        TorchZipFile(path)  # refuses a pickle that names anything but tensors and containers, naming it
+        for fmt in formats().values():
+            if fmt.torch_zip and fmt.detect(path):
+                return fmt
         raise CheckpointError(
-            f"{path!r} is a pickled PyTorch file; this package never unpickles (it can run arbitrary code). "
-            "Convert it to safetensors (save_pretrained(..., safe_serialization=True), or timm's "
-            "save_for_hf(..., safe_serialization=True))."
+            f"{path!r} is a PyTorch zip file of no model family this package reads on its own. For timm or "
+            "transformers weights (pytorch_model.bin) pass the folder that holds it with its config.json."
         )
     for fmt in formats().values():
         if fmt.detect(path):

@@ -19,15 +19,14 @@ from keras_vit.checkpoints.common import (
     materialize,
     heads_from_table,
     infer_config,
-    open_safetensors,
     looks_like_safetensors,
     read_json,
     read_json_or_empty,
     safetensors_flavour,
     reading,
-    safetensors_in_folder,
 )
 from keras_vit.checkpoints.registry import CheckpointFormat
+from keras_vit.checkpoints.torch_zip import open_weights, weights_in_folder
 from keras_vit.models.config import NUMERICS, all_architectures
 
 # === timm's architecture names ===
@@ -218,7 +217,7 @@ def _read_timm(path, lazy):
     folder = path if os.path.isdir(path) else os.path.dirname(path)
     weights = path
     if os.path.isdir(path):
-        weights = safetensors_in_folder(path, "save the model with safe_serialization=True")
+        weights = weights_in_folder(path, "save the model with safe_serialization=True")
     config_path = os.path.join(folder, "config.json")
     config = read_json(config_path) if os.path.exists(config_path) else {}
     if config and "architecture" not in config:
@@ -236,7 +235,7 @@ def _read_timm(path, lazy):
             "this package converts (vit_{tiny,small,base,large,huge}_patch*, vit_base_patch16_gap_224, "
             "vit_*_r*_s* hybrids)."
         )
-    files = open_safetensors(weights)
+    files = open_weights(weights)  # safetensors, or a PyTorch zip read without pickle
     tree = timm_state_to_tree(files, num_heads, source=weights)
     out = infer_config(tree, NUMERICS["timm"], source=weights, image_size=_image_size(config))
     pool = args.get("global_pool", config.get("global_pool"))

@@ -16,15 +16,14 @@ from keras_vit.checkpoints.common import (
     describe_keys,
     infer_config,
     materialize,
-    open_safetensors,
     looks_like_safetensors,
     read_json,
     read_json_or_empty,
     safetensors_flavour,
     reading,
-    safetensors_in_folder,
 )
 from keras_vit.checkpoints.registry import CheckpointFormat
+from keras_vit.checkpoints.torch_zip import open_weights, weights_in_folder
 from keras_vit.models.config import NUMERICS
 
 #: transformers `hidden_act` -> gelu_approximate (tanh form) of VisionTransformer.
@@ -62,7 +61,7 @@ def _read_transformers(path, lazy):
             "ViTForImageClassification checkpoints are converted."
         )
     if os.path.isdir(path):
-        weights = safetensors_in_folder(path, "save with save_pretrained(..., safe_serialization=True)")
+        weights = weights_in_folder(path, "save with save_pretrained(..., safe_serialization=True)")
     else:
         weights = path
     act = hf.get("hidden_act", "gelu")
@@ -73,7 +72,7 @@ def _read_transformers(path, lazy):
     heads = hf.get("num_attention_heads")
     if isinstance(heads, bool) or not isinstance(heads, int) or heads < 1:
         raise CheckpointError(f"{config_path}: num_attention_heads is {str(heads)[:40]!r}; expected a positive integer.")
-    files = open_safetensors(weights)
+    files = open_weights(weights)  # safetensors, or a PyTorch zip read without pickle
     tree = transformers_state_to_tree(files, heads, source=weights)
     eps = hf.get("layer_norm_eps", 1e-12)
     if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:

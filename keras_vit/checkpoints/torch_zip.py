@@ -1,0 +1,492 @@
+"""PyTorch checkpoint files (`torch.save`'s zip format) read without torch and without running
+any code from the file.
+
+A `torch.save` file is a zip archive: `<name>/data.pkl` is a pickle of the saved object whose
+tensors are calls of `torch._utils._rebuild_tensor_v2(storage, offset, size, stride, ...)`, each
+storage a persistent id `("storage", torch.FloatStorage, "<key>", "<device>", numel)` whose bytes
+are the member `<name>/data/<key>`. Unpickling such a file with `pickle` or `torch.load` would
+call whatever the pickle names; here a restricted unpickler resolves only
+
+- the tensor and parameter rebuild functions (to functions of this module that record the
+  layout, nothing of torch's),
+- the typed storage classes (`torch.FloatStorage`, `torch.HalfStorage`, `torch.BFloat16Storage`,
+  `torch.LongStorage`, ...),
+- `collections.OrderedDict`; dicts, lists, tuples, strings and numbers are pickle's own.
+
+Any other global (`os.system`, `builtins.eval`, `torch.load` itself, ...) is a CheckpointError
+naming it, raised when the unpickler meets the name, before anything could be called. Storages
+are read from the zip into NumPy when a tensor is converted (lazily), with every size, offset
+and stride checked against the member's size first, and the member's CRC-32 checked.
+Legacy (pre-1.6, non-zip) torch files are refused: their format interleaves pickles and raw
+storages in a way that has no table of contents to check against.
+
+    state = TorchZipFile("checkpoint.pth.tar").state_dict()   # {key: TorchTensor}
+    kernel = np.asarray(state["conv1.weight"])                  # read now, float32
+"""
+
+import _compat_pickle
+import collections
+import io
+import math
+import os
+import pickle
+import struct
+import zipfile
+import zlib
+
+import numpy as np
+
+from keras_vit.checkpoints.common import MAX_DEFLATE_RATIO, CheckpointError, LazyArray, check_finite
+
+#: The largest data.pkl read (a ViT-H state dict's pickle is ~50 KB; optimizer states a few MB).
+MAX_PICKLE_BYTES = 256 * 2**20
+
+#: Python-level pickle magic of torch's legacy format (torch.serialization.MAGIC_NUMBER).
+_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
+
+# === Storages ===
+
+
+class _StorageType:
+    """A typed storage class named in the pickle (`torch.FloatStorage` -> float32)."""
+
+    def __init__(self, name, dtype):
+        self.name, self.dtype = name, np.dtype(dtype)
+
+    def __repr__(self):
+        return f"torch.{self.name}"
+
+    def __call__(self, *args, **kwargs):  # a pickle that REDUCEs a storage class itself
+        raise pickle.UnpicklingError(f"torch.{self.name} is only accepted as a storage's type")
+
+
+#: torch's typed storages -> the NumPy dtype of their bytes (bfloat16 kept as its uint16 bits).
+STORAGE_TYPES = {
+    name: _StorageType(name, dtype)
+    for name, dtype in {
+        "FloatStorage": np.float32,
+        "DoubleStorage": np.float64,
+        "HalfStorage": np.float16,
+        "BFloat16Storage": np.uint16,
+        "LongStorage": np.int64,
+        "IntStorage": np.int32,
+        "ShortStorage": np.int16,
+        "CharStorage": np.int8,
+        "ByteStorage": np.uint8,
+        "BoolStorage": np.bool_,
+    }.items()
+}
+
+
+class _Storage:
+    """One storage of the archive: its member, element type and element count (read on demand)."""
+
+    __slots__ = ("archive", "key", "type", "numel", "member")
+
+    def __init__(self, archive, key, storage_type, numel, member):
+        self.archive, self.key, self.type, self.numel, self.member = archive, key, storage_type, numel, member
+
+    @property
+    def nbytes(self):
+        return self.numel * self.type.dtype.itemsize
+
+    def read(self):
+        """The storage's elements as a 1-D array of its dtype (the member's CRC-32 checked)."""
+        array = np.empty(self.numel, self.type.dtype)
+        self.archive.read_member(self.member, memoryview(array.view(np.uint8)), self.nbytes)
+        if self.archive.byteorder == "big" and array.dtype.itemsize > 1:
+            array = array.byteswap()
+        return array
+
+
+# === Tensors ===
+
+
+class TorchTensor(LazyArray):
+    """A tensor of a torch zip file: shape, dtype and layout known, values read when converted.
+
+    `np.asarray(tensor)` gives float32 for floating-point storages (bfloat16 and float16
+    widened exactly, non-finite values refused) and the stored integer type otherwise;
+    `tensor.numpy()` gives the stored dtype (bfloat16 as float32, which holds it exactly).
+    """
+
+    __slots__ = ("storage", "offset", "stride", "torch_dtype")
+
+    def __init__(self, storage, offset, shape, stride, name=None):
+        self.storage, self.offset, self.stride = storage, offset, tuple(stride)
+        self.torch_dtype = storage.type.name.replace("Storage", "")
+        super().__init__(self._float32, shape)
+
+    @property
+    def dtype(self):
+        kind = self.storage.type.dtype
+        return np.dtype(np.float32) if kind.kind == "f" or self.torch_dtype == "BFloat16" else kind
+
+    @property
+    def is_floating_point(self):
+        return self.storage.type.dtype.kind == "f" or self.torch_dtype == "BFloat16"
+
+    def numpy(self):
+        """The values in their stored dtype (bfloat16 as float32), C-contiguous."""
+        flat = self.storage.read()
+        itemsize = flat.dtype.itemsize
+        view = np.lib.stride_tricks.as_strided(
+            flat[self.offset:], shape=self.shape, strides=tuple(s * itemsize for s in self.stride), writeable=False
+        )
+        array = np.array(view, copy=True, order="C")
+        if self.torch_dtype == "BFloat16":
+            array = (array.astype(np.uint32) << 16).view(np.float32)
+        return array
+
+    def _float32(self):
+        array = self.numpy()
+        if array.dtype.kind == "f":
+            with np.errstate(over="ignore"):
+                array = array.astype(np.float32, copy=False)
+            return check_finite(array, self.storage.key, self.storage.archive.path)
+        return array
+
+    def __repr__(self):
+        return f"TorchTensor({self.torch_dtype}, shape={self.shape})"
+
+
+def _nonnegative_ints(values, what):
+    if not isinstance(values, (tuple, list)) or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values
+    ):
+        raise pickle.UnpicklingError(f"a tensor's {what} {str(values)[:80]} is not a tuple of non-negative integers")
+    return tuple(values)
+
+
+def _rebuild_tensor(storage, storage_offset, size, stride, *_ignored):
+    """Stands in for torch._utils._rebuild_tensor_v2: checks the layout against the storage and
+    records it (the `requires_grad`, backward hooks and metadata arguments are dropped)."""
+    if not isinstance(storage, _Storage):
+        raise pickle.UnpicklingError("a tensor's storage is not a storage of the archive")
+    shape = _nonnegative_ints(size, "size")
+    stride = _nonnegative_ints(stride, "stride")
+    offset = _nonnegative_ints((storage_offset,), "storage offset")[0]
+    if len(shape) != len(stride):
+        raise pickle.UnpicklingError(f"a tensor has {len(shape)} dimensions but {len(stride)} strides")
+    numel = math.prod(shape)
+    if numel:
+        last = offset + sum((n - 1) * s for n, s in zip(shape, stride))
+        if last >= storage.numel:
+            raise CheckpointError(
+                f"{storage.archive.path}: a tensor of shape {shape} (offset {offset}, stride {stride}) reaches element "
+                f"{last} of storage {storage.key!r}, which holds {storage.numel}; the file is corrupt."
+            )
+        if numel > storage.numel:
+            raise CheckpointError(
+                f"{storage.archive.path}: a tensor of shape {shape} has {numel} elements in a storage of "
+                f"{storage.numel} (overlapping strides {stride}, e.g. an expanded tensor); such layouts are "
+                "not read. Save `tensor.contiguous()` (or `.clone()`) instead."
+            )
+    return TorchTensor(storage, offset, shape, stride)
+
+
+def _rebuild_parameter(data, requires_grad=None, backward_hooks=None, state=None):
+    """Stands in for torch._utils._rebuild_parameter(_with_state): a parameter is its tensor."""
+    if not isinstance(data, TorchTensor):
+        raise pickle.UnpicklingError("a parameter does not hold a tensor")
+    return data
+
+
+#: The only globals a data.pkl may name, and what each resolves to.
+ALLOWED_GLOBALS = {
+    ("torch._utils", "_rebuild_tensor_v2"): _rebuild_tensor,
+    ("torch._utils", "_rebuild_tensor"): _rebuild_tensor,
+    ("torch._utils", "_rebuild_parameter"): _rebuild_parameter,
+    ("torch._utils", "_rebuild_parameter_with_state"): _rebuild_parameter,
+    ("collections", "OrderedDict"): collections.OrderedDict,
+    **{("torch", name): storage_type for name, storage_type in STORAGE_TYPES.items()},
+}
+
+
+class _RestrictedUnpickler(pickle.Unpickler):
+    def __init__(self, data, archive):
+        super().__init__(io.BytesIO(data))
+        self.archive = archive
+        self.storages = {}
+
+    def find_class(self, module, name):
+        found = ALLOWED_GLOBALS.get((module, name))
+        if found is None:
+            # Python 2 names (protocol <= 2 pickles write __builtin__.eval) as Python 3 calls them
+            module, name = _compat_pickle.NAME_MAPPING.get(
+                (module, name), (_compat_pickle.IMPORT_MAPPING.get(module, module), name))
+            raise CheckpointError(
+                f"{self.archive.path}: its pickle names {str(module)[:80]}.{str(name)[:80]}, which is not a tensor, storage "
+                "or container of a PyTorch checkpoint. Nothing was loaded or run: unpickling this file "
+                "(torch.load, pickle.load) would call it. Use weights from a source you trust, saved as a "
+                "plain state dict, or as safetensors."
+            )
+        return found
+
+    def persistent_load(self, pid):
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+            raise pickle.UnpicklingError(f"persistent id {str(pid)[:80]} is not a storage")
+        _, storage_type, key, _location, numel = pid
+        if not isinstance(storage_type, _StorageType):
+            raise CheckpointError(
+                f"{self.archive.path}: a storage has type {str(storage_type)[:60]}; the types read are "
+                f"{', '.join(f'torch.{n}' for n in STORAGE_TYPES)}."
+            )
+        if not isinstance(key, str) or isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
+            raise pickle.UnpicklingError(f"storage id {str(pid)[:80]} is malformed")
+        if key in self.storages:
+            storage = self.storages[key]
+            if storage.type is not storage_type or storage.numel != numel:
+                raise pickle.UnpicklingError(f"storage {key!r} is declared twice with different types or sizes")
+            return storage
+        member = self.archive.storage_member(key)
+        nbytes = numel * storage_type.dtype.itemsize
+        if nbytes > member.file_size:
+            raise CheckpointError(
+                f"{self.archive.path}: storage {key!r} claims {numel:,} elements ({nbytes:,} bytes) but its member "
+                f"holds {member.file_size:,} bytes; the file is truncated or corrupt."
+            )
+        storage = self.storages[key] = _Storage(self.archive, key, storage_type, numel, member)
+        return storage
+
+
+# === Archive ===
+
+
+def is_legacy_torch_file(path):
+    """Whether `path` starts like torch's legacy (non-zip) serialization: a pickled magic number."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return False
+    # protocol-2 pickle of the magic int: \x80\x02 then LONG1 (\x8a) of 10 bytes
+    return head[:3] == b"\x80\x02\x8a" and int.from_bytes(head[4:14], "little") == _LEGACY_MAGIC
+
+
+def is_torch_zip(path):
+    """Whether `path` is a zip archive holding a `data.pkl` (torch.save's format since 1.6)."""
+    try:
+        if not zipfile.is_zipfile(path):
+            return False
+        with zipfile.ZipFile(path) as archive:
+            return any(n == "data.pkl" or n.endswith("/data.pkl") for n in archive.namelist())
+    except (OSError, zipfile.BadZipFile, ValueError, EOFError, struct.error):
+        return False
+
+
+def legacy_error(path):
+    return CheckpointError(
+        f"{os.fspath(path)!r} is a PyTorch file in the legacy (pre-1.6, non-zip) format, which is a stream of "
+        "pickles with no table of contents: it can only be read by running its pickles, which this package never "
+        "does. Re-save it with a current torch (torch.save(torch.load(path, weights_only=True), new_path)) or "
+        "as safetensors."
+    )
+
+
+class TorchZipFile:
+    """A `torch.save` zip archive, parsed without torch: `object` is the saved object with
+    `TorchTensor` leaves; `state_dict()` finds the weights in it.
+
+    Raises CheckpointError for a legacy torch file, a file that is not a torch zip, a corrupt or
+    truncated archive, a pickle naming anything but tensors, storages and containers, and
+    storages or tensors larger than their members.
+    """
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        if is_legacy_torch_file(self.path):
+            raise legacy_error(self.path)
+        self.size = os.path.getsize(self.path)
+        try:
+            with zipfile.ZipFile(self.path) as archive:
+                infos = archive.infolist()
+        except (zipfile.BadZipFile, ValueError, EOFError, struct.error, NotImplementedError) as err:
+            raise CheckpointError(
+                f"Cannot read {self.path!r}: it is not a PyTorch zip file or it is truncated or corrupt "
+                f"({type(err).__name__}: {err}). Delete it and download or save it again."
+            ) from None
+        pickles = [i for i in infos if i.filename == "data.pkl" or i.filename.endswith("/data.pkl")]
+        if len(pickles) != 1:
+            raise CheckpointError(
+                f"{self.path}: a PyTorch zip file holds one data.pkl; this archive holds {len(pickles)}, so it was not "
+                "written by torch.save."
+            )
+        self.prefix = pickles[0].filename[: -len("data.pkl")]
+        self.members = {}
+        for info in infos:
+            self._check_member(info)
+            self.members[info.filename] = info
+        order = self.members.get(self.prefix + "byteorder")
+        self.byteorder = "little"
+        if order is not None:
+            self.byteorder = self._read_small(order).decode("ascii", "replace").strip()
+            if self.byteorder not in ("little", "big"):
+                raise CheckpointError(f"{self.path}: byteorder {self.byteorder[:20]!r} is neither 'little' nor 'big'.")
+        data = self._read_small(pickles[0])
+        try:
+            self.object = _RestrictedUnpickler(data, self).load()
+        except CheckpointError:
+            raise
+        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, KeyError, IndexError, AttributeError,
+                OverflowError, RecursionError, MemoryError, struct.error, UnicodeDecodeError) as err:
+            raise CheckpointError(
+                f"Cannot read {self.path!r}: its data.pkl is malformed ({type(err).__name__}: {str(err)[:200]}). Delete "
+                "it and download or save it again."
+            ) from None
+
+    def _check_member(self, info):
+        if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
+            raise CheckpointError(f"{self.path}: member {info.filename!r} uses zip compression {info.compress_type}, "
+                                  "which torch.save never writes.")
+        if info.header_offset + 30 + info.compress_size > self.size:
+            raise CheckpointError(
+                f"Cannot read {self.path!r}: member {info.filename!r} extends past the end of the file; the file is "
+                "truncated. Delete it and download or save it again."
+            )
+        limit = info.compress_size if info.compress_type == zipfile.ZIP_STORED else info.compress_size * MAX_DEFLATE_RATIO
+        if info.file_size > limit:
+            raise CheckpointError(
+                f"{self.path}: member {info.filename!r} claims {info.file_size:,} bytes from {info.compress_size:,} "
+                "stored bytes; the file is corrupt."
+            )
+
+    def storage_member(self, key):
+        member = self.members.get(f"{self.prefix}data/{key}")
+        if member is None:
+            raise CheckpointError(f"{self.path}: storage {key[:40]!r} has no member data/{key[:40]} in the archive; the "
+                                  "file is incomplete.")
+        return member
+
+    def _read_small(self, info):
+        if info.file_size > MAX_PICKLE_BYTES:
+            raise CheckpointError(f"{self.path}: {info.filename} claims {info.file_size:,} bytes, more than a "
+                                  f"checkpoint's pickle holds (at most {MAX_PICKLE_BYTES:,}).")
+        buffer = bytearray(info.file_size)
+        self.read_member(info, memoryview(buffer), info.file_size)
+        return bytes(buffer)
+
+    def read_member(self, info, out, nbytes):
+        """Read the first `nbytes` of member `info` into the writable buffer `out`, checking the
+        whole member's CRC-32."""
+        try:
+            with open(self.path, "rb") as f:
+                if info.compress_type == zipfile.ZIP_STORED:
+                    self._read_stored(f, info, out, nbytes)
+                    return
+            with zipfile.ZipFile(self.path) as archive, archive.open(info) as member:
+                got = member.readinto(out[:nbytes]) if nbytes else 0
+                rest = member.read(info.file_size - nbytes)  # to the end: zipfile checks the CRC there
+                if got != nbytes or len(rest) != info.file_size - nbytes:
+                    raise EOFError("cut short")
+        except (zipfile.BadZipFile, EOFError, zlib.error) as err:
+            raise CheckpointError(
+                f"Cannot read {self.path!r}: member {info.filename!r} is truncated or corrupt ({err}). Delete the file "
+                "and download or save it again."
+            ) from None
+
+    def _read_stored(self, f, info, out, nbytes):
+        f.seek(info.header_offset)
+        header = f.read(30)
+        if len(header) != 30 or header[:4] != b"PK\x03\x04":
+            raise zipfile.BadZipFile("bad local file header")
+        name_length, extra_length = struct.unpack("<HH", header[26:30])
+        start = info.header_offset + 30 + name_length + extra_length
+        if start + info.compress_size > self.size:
+            raise EOFError("member extends past the end of the file")
+        f.seek(start)
+        got = f.readinto(out[:nbytes]) if nbytes else 0
+        if got != nbytes:
+            raise EOFError("cut short")
+        crc = zlib.crc32(out[:nbytes])
+        remaining = info.file_size - nbytes
+        while remaining:
+            chunk = f.read(min(remaining, 1 << 22))
+            if not chunk:
+                raise EOFError("cut short")
+            crc = zlib.crc32(chunk, crc)
+            remaining -= len(chunk)
+        if crc != info.CRC:
+            raise zipfile.BadZipFile(f"bad CRC-32 for {info.filename!r}")
+
+    def state_dict(self, keys=("state_dict", "model", "module")):
+        """The {name: TorchTensor} map in the file: the saved object itself when it is one, else
+        the first of `keys` holding one (training scripts save {"epoch", "state_dict", ...})."""
+        return find_state_dict(self.object, self.path, keys)
+
+
+def _is_state_dict(value):
+    return isinstance(value, dict) and value and all(
+        isinstance(k, str) and isinstance(v, TorchTensor) for k, v in value.items()
+    )
+
+
+def find_state_dict(obj, source, keys=("state_dict", "model", "module")):
+    """The {name: TorchTensor} map of an unpickled checkpoint object (see TorchZipFile.state_dict)."""
+    if _is_state_dict(obj):
+        return dict(obj)
+    if isinstance(obj, dict):
+        for key in keys:
+            if _is_state_dict(obj.get(key)):
+                return dict(obj[key])
+        shown = ", ".join(repr(k)[:40] for k in list(obj)[:10])
+        raise CheckpointError(
+            f"{source}: no state dict of tensors found; the saved dict holds {shown}, none of them a "
+            f"{{name: tensor}} map under {', '.join(map(repr, keys))}."
+        )
+    raise CheckpointError(f"{source}: the saved object is a {type(obj).__name__}, not a state dict of tensors.")
+
+
+class TorchStateFile:
+    """A torch zip state dict behind the interface of `common.SafetensorsFile` (`keys`, `shape`,
+    `lazy`, `get`, `in`), so the timm and transformers readers take either file."""
+
+    def __init__(self, path):
+        self.path = os.fspath(path)
+        self._tensors = TorchZipFile(self.path).state_dict()
+
+    def keys(self):
+        return list(self._tensors)
+
+    def __contains__(self, key):
+        return key in self._tensors
+
+    def shape(self, key):
+        return self._tensors[key].shape
+
+    def lazy(self, key):
+        tensor = self._tensors[key]
+        if not tensor.is_floating_point:
+            raise CheckpointError(f"{self.path}: tensor {key!r} has dtype {tensor.torch_dtype}; weights must be floating "
+                                  "point.")
+        return tensor
+
+    def get(self, key):
+        return np.asarray(self.lazy(key))
+
+
+# === Hub-layout folders (timm, transformers) ===
+
+#: Weight files of a Hub-layout folder, in the order they are preferred.
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def weights_in_folder(folder, how_to_save):
+    """The weights file of a Hub-layout folder: safetensors when present, else a PyTorch zip
+    `pytorch_model.bin` (read with the restricted unpickler of this module)."""
+    for name in WEIGHT_FILES:
+        candidate = os.path.join(folder, name)
+        if os.path.exists(candidate):
+            return candidate
+    raise CheckpointError(f"{folder}: no model.safetensors or pytorch_model.bin; {how_to_save}.")
+
+
+def open_weights(path):
+    """{key: file} for a .safetensors (or sharded index) or a PyTorch zip file (.bin, .pt, .pth)."""
+    from keras_vit.checkpoints.common import open_safetensors
+
+    path = os.fspath(path)
+    if path.endswith((".bin", ".pt", ".pth", ".tar")):
+        f = TorchStateFile(path)
+        return {key: f for key in f.keys()}
+    return open_safetensors(path)

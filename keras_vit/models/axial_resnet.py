@@ -1,0 +1,181 @@
+"""AxialResNet (Wang et al., "Axial-DeepLab", ECCV 2020): the paper's D.6 baseline, as
+csrhddlam/axial-deeplab's `lib/models/axialnet.py` builds it.
+
+A ResNet-50 layout whose bottleneck 3x3 convolution is a height then a width position-sensitive
+axial attention (keras_vit.layers.axial), with `s` scaling every width: a 7x7 stride-2 stem conv
+with BatchNorm and ReLU, a 3x3 stride-2 max pool, four stages of `AxialBlock`s of 128s, 256s,
+512s and 1024s attention channels (outputs twice that), global average pooling and a linear
+head. Every norm is a BatchNorm (PyTorch's eps 1e-5); inference uses the running statistics.
+
+Its weight tree keeps the original's module paths with Keras layouts and leaf names
+(`conv1/kernel` (7, 7, 3, 64s), `layer1/0/hight_block/qkv_transform/kernel` (in, 2 * out),
+`layer1/0/hight_block/relative` (2 * head width, 2 * span - 1), `layer2/0/downsample/1/gamma`,
+`fc/kernel` (in, classes), BatchNorms as gamma, beta, moving_mean, moving_variance), given by
+`AxialResNet.weight_tree_variables()`; keras_vit.checkpoints.axial_deeplab reads the original's
+files into it.
+
+Spans are fixed per block by the image size (see keras_vit.models.axial_resnet_family): 224 px
+gives the original's 56, 56, 28, 14; other square sizes whose stem grid halves evenly build a
+network of other spans, which the original's weights do not fit.
+"""
+
+import keras
+
+from keras_vit import compilation
+from keras_vit.backend_workarounds import TraceTrainStepOnce
+from keras_vit.layers.axial import BATCH_NORM_EPSILON, BATCH_NORM_MOMENTUM, AxialBlock, _bn_variables
+from keras_vit.layers.init_scope import initializer as _init
+from keras_vit.layers.resnet import MaxPoolZeroPad
+from keras_vit.models.axial_resnet_family import AxialResNetConfig, axial_spans
+
+_POOLING = (None, "avg", "gap", "max")
+
+
+@keras.saving.register_keras_serializable(package="keras_vit")
+class AxialResNet(TraceTrainStepOnce, keras.Model):
+    """AxialResNet: a functional model whose layers carry the original's module names.
+
+    Args:
+        image_size: int or (height, width), square; sets every block's attention span (224 for
+            the original's weights). Sizes that cannot work raise a ValueError saying why.
+        block_units: blocks per stage, (1, 2, 4, 1) for 26-S, (3, 4, 6, 3) for the 50s.
+        width_multiplier: the original's `s` (0.5 S, 0.75 M, 1 L); fractions such as 0.25 make
+            small test models.
+        groups: attention heads per axial attention (8 in the original).
+        classes: size of the linear head.
+        include_top: whether to end in global average pooling and the head.
+        pooling: with include_top=False: None returns the (batch, h, w, channels) features of
+            the last stage; "avg" (alias "gap") or "max" pool them to (batch, channels).
+        classifier_activation: activation of the head ("softmax", None for logits, ...).
+        batch_norm_epsilon: every BatchNorm's epsilon (PyTorch's 1e-5).
+        num_channels: input channels.
+        name, dtype: as for any Keras model.
+
+    Example:
+        >>> model = AxialResNet(image_size=32, block_units=(1, 1), width_multiplier=0.25, classes=10)
+        >>> model.output_shape
+        (None, 10)
+    """
+
+    def __init__(
+        self,
+        *,
+        image_size=224,
+        block_units=(3, 4, 6, 3),
+        width_multiplier=0.5,
+        groups=8,
+        classes=1000,
+        include_top=True,
+        pooling=None,
+        classifier_activation="softmax",
+        batch_norm_epsilon=BATCH_NORM_EPSILON,
+        num_channels=3,
+        name=None,
+        dtype=None,
+        **kwargs,
+    ):
+        if pooling not in _POOLING:
+            raise ValueError(f"pooling must be one of None, 'avg' (alias 'gap') or 'max'; got {pooling!r}.")
+        if include_top and (classes is None or int(classes) < 1):
+            raise ValueError(f"include_top=True needs a positive number of classes; got classes={classes!r}.")
+        config = AxialResNetConfig.from_dict(dict(
+            image_size=image_size, block_units=tuple(int(u) for u in block_units), width_multiplier=width_multiplier,
+            groups=int(groups), classes=None if classes is None else int(classes),
+            batch_norm_epsilon=float(batch_norm_epsilon), num_channels=int(num_channels),
+        ))
+        height, width = config.image_size
+        spans = axial_spans(config.image_size, config.block_units)
+        s, eps = config.width_multiplier, config.batch_norm_epsilon
+
+        # === Layers / graph ===
+        images = keras.Input(shape=(height, width, config.num_channels), name="images")
+        x = keras.layers.ZeroPadding2D(3, dtype=dtype, name="conv1_pad")(images)
+        x = keras.layers.Conv2D(
+            int(64 * s), 7, strides=2, use_bias=False, dtype=dtype, name="conv1",
+            kernel_initializer=_init(keras.initializers.VarianceScaling(2.0, "fan_out", "untruncated_normal")),
+        )(x)
+        x = keras.layers.BatchNormalization(epsilon=eps, momentum=BATCH_NORM_MOMENTUM, dtype=dtype, name="bn1")(x)
+        x = keras.layers.ReLU(dtype=dtype, name="relu")(x)
+        # Zero padding equals PyTorch's -inf padding here: the pool follows a ReLU.
+        x = MaxPoolZeroPad(3, 2, 1, dtype=dtype, name="maxpool")(x)
+        inplanes, index = int(64 * s), 0
+        for stage, units in enumerate(config.block_units):
+            planes = int(128 * 2**stage * s)
+            for unit in range(units):
+                span, stride = spans[index]
+                index += 1
+                x = AxialBlock(
+                    planes, span, config.groups, stride,
+                    downsample=unit == 0 and (stride != 1 or inplanes != AxialBlock.expansion * planes),
+                    epsilon=eps, dtype=dtype, name=f"layer{stage + 1}_{unit}",
+                )(x)
+                inplanes = AxialBlock.expansion * planes
+        if include_top:
+            x = keras.layers.GlobalAveragePooling2D(dtype=dtype, name="avgpool")(x)
+            x = keras.layers.Dense(config.classes, dtype=dtype, name="fc")(x)
+            x = keras.layers.Activation(classifier_activation, dtype="float32", name="predictions")(x)
+        elif pooling in ("avg", "gap"):
+            x = keras.layers.GlobalAveragePooling2D(dtype=dtype, name="avgpool")(x)
+        elif pooling == "max":
+            x = keras.layers.GlobalMaxPooling2D(dtype=dtype, name="maxpool_features")(x)
+        super().__init__(inputs=images, outputs=x, name=name or "axial_resnet", **kwargs)
+        compilation.configure_model(self)
+
+        # === Config ===
+        self.image_size = (height, width)
+        self.block_units = config.block_units
+        self.width_multiplier = config.width_multiplier
+        self.groups = config.groups
+        self.classes = config.classes
+        self.include_top = bool(include_top)
+        self.pooling = pooling
+        self.classifier_activation = keras.activations.serialize(keras.activations.get(classifier_activation))
+        self.batch_norm_epsilon = eps
+        self.num_channels = config.num_channels
+
+    @property
+    def stride(self):
+        """Input pixels per position of the final feature map."""
+        return 4 * 2 ** (len(self.block_units) - 1)
+
+    @property
+    def spans(self):
+        """[(span, stride)] of every block, in order."""
+        return axial_spans(self.image_size, self.block_units)
+
+    def weight_tree_variables(self):
+        """{canonical key: keras.Variable}: the original's module paths, Keras layouts."""
+        tree = {"conv1/kernel": self.get_layer("conv1").kernel}
+        tree.update({f"bn1/{k}": v for k, v in _bn_variables(self.get_layer("bn1")).items()})
+        for stage, units in enumerate(self.block_units):
+            for unit in range(units):
+                block = self.get_layer(f"layer{stage + 1}_{unit}")
+                tree.update({f"layer{stage + 1}/{unit}/{k}": v for k, v in block.weight_tree_variables().items()})
+        if self.include_top:
+            head = self.get_layer("fc")
+            tree["fc/kernel"] = head.kernel
+            tree["fc/bias"] = head.bias
+        return tree
+
+    def get_config(self):
+        return {
+            "image_size": list(self.image_size),
+            "block_units": list(self.block_units),
+            "width_multiplier": self.width_multiplier,
+            "groups": self.groups,
+            "classes": self.classes,
+            "include_top": self.include_top,
+            "pooling": self.pooling,
+            "classifier_activation": self.classifier_activation,
+            "batch_norm_epsilon": self.batch_norm_epsilon,
+            "num_channels": self.num_channels,
+            "name": self.name,
+            "trainable": self.trainable,
+        }
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        config = dict(config)
+        if "dtype" in config and isinstance(config["dtype"], dict):
+            config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
+        return cls(**config)

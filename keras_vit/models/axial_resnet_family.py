@@ -1,0 +1,215 @@
+"""AxialResNet's config, architecture table and spans, without Keras (the CLI and the preset
+table read them without a backend).
+
+The original (csrhddlam/axial-deeplab `lib/models/axialnet.py`) fixes each stage's attention
+span for 224-px inputs: 56, 56, 28, 14 for the first block of each stage (the span of the
+blocks after a strided one is half). Its relative-embedding tables have one column per offset
+of the span, so a network runs only at the size its spans were made for; keras_vit derives the
+spans from `image_size` (the stem's output grid, ceil(size / 4), then halved per strided stage),
+which gives the original's at 224 (and at 221-223, which reach the same 56x56 grid), and other
+networks at other sizes. A checkpoint's weights fit only the spans it was trained with, so
+the original's checkpoints load at 224 px; other sizes are refused when the weights are loaded.
+"""
+
+import dataclasses
+
+#: PyTorch's BatchNorm epsilon, which every norm of the original uses.
+BATCH_NORM_EPSILON = 1e-5
+
+# === Architecture table ===
+
+
+@dataclasses.dataclass(frozen=True)
+class AxialResNetArchitecture:
+    """One AxialResNet constructor: blocks per stage and the width multiplier `s`."""
+
+    name: str
+    paper_name: str
+    block_units: tuple
+    width_multiplier: float
+    params: int  # trainable parameters with the 1000-class head, counted from the original's modules
+
+    stride = 32
+
+    def kwargs(self):
+        return {"block_units": self.block_units, "width_multiplier": self.width_multiplier}
+
+
+AXIAL_RESNET_ARCHITECTURES = {
+    a.name: a
+    for a in (
+        AxialResNetArchitecture("AxialResNet26S", "Axial-ResNet-26-S", (1, 2, 4, 1), 0.5, 5_944_936),
+        AxialResNetArchitecture("AxialResNet50S", "Axial-ResNet-50-S", (3, 4, 6, 3), 0.5, 11_586_216),
+        AxialResNetArchitecture("AxialResNet50M", "Axial-ResNet-50-M", (3, 4, 6, 3), 0.75, 25_179_400),
+        AxialResNetArchitecture("AxialResNet50L", "Axial-ResNet-50-L", (3, 4, 6, 3), 1.0, 43_973_480),
+    )
+}
+
+# === Spans ===
+
+
+def stem_grid(size):
+    """The side of the stem's output (7x7 stride-2 conv, pad 3; 3x3 stride-2 max pool, pad 1)."""
+    return ((size - 1) // 2) // 2 + 1
+
+
+def axial_spans(image_size, block_units):
+    """[(span, stride) for each block] of an AxialResNet at `image_size`, or a ValueError that
+    says why the size cannot work and which sizes do."""
+    if isinstance(image_size, int):
+        image_size = (image_size, image_size)
+    if image_size is None or None in tuple(image_size):
+        raise ValueError(
+            "AxialResNet needs a fixed image size: the attention's relative embeddings have one entry per offset of "
+            "a fixed span (input_shape=(None, None, 3) cannot be built). Pass image_size=224, the size of the "
+            "original's checkpoints."
+        )
+    h, w = (int(s) for s in image_size)
+    strided = len(block_units) - 1
+    multiple = 4 * 2**strided
+    if h != w:
+        raise ValueError(
+            f"AxialResNet needs a square image: each block attends along the height and the width with one span "
+            f"(the original's kernel_size); got {h}x{w}. Resize or crop to a square, e.g. {max(h, w)}x{max(h, w)} "
+            "rounded to a multiple of {multiple}."
+        )
+    grid = stem_grid(h)
+    if grid < 2**strided or grid % 2**strided:
+        options = sorted({max(1, round(h / multiple)) * multiple, max(1, h // multiple) * multiple,
+                          (h // multiple + 1) * multiple})
+        raise ValueError(
+            f"AxialResNet with {len(block_units)} stages cannot run at {h}x{w}: the stem's {grid}x{grid} grid must "
+            f"halve evenly {strided} times (each strided block pools 2x2 and its shortcut is a stride-2 conv, which "
+            f"disagree on odd sizes). Use a multiple of {multiple}, e.g. image_size={options[0]}"
+            + (f" or {options[-1]}" if options[-1] != options[0] else "") + "."
+        )
+    spans = []
+    for stage, units in enumerate(block_units):
+        stride = 1 if stage == 0 else 2
+        for unit in range(units):
+            spans.append((grid, stride if unit == 0 else 1))
+            if unit == 0:
+                grid //= stride
+    return spans
+
+
+# === Config ===
+
+
+@dataclasses.dataclass(frozen=True)
+class AxialResNetConfig:
+    """The arguments of `keras_vit.models.AxialResNet` that a checkpoint determines."""
+
+    image_size: tuple = (224, 224)
+    block_units: tuple = (3, 4, 6, 3)
+    width_multiplier: float = 0.5
+    groups: int = 8
+    classes: object = 1000
+    batch_norm_epsilon: float = BATCH_NORM_EPSILON
+    num_channels: int = 3
+
+    @classmethod
+    def fields(cls):
+        return tuple(f.name for f in dataclasses.fields(cls))
+
+    @classmethod
+    def from_dict(cls, config):
+        """A validated config from a dict (unknown keys are refused)."""
+        unknown = set(config) - set(cls.fields())
+        if unknown:
+            raise ValueError(f"AxialResNet config has unknown fields {sorted(unknown)}; known: {', '.join(cls.fields())}.")
+        values = dict(config)
+        size = values.get("image_size", cls.image_size)
+        values["image_size"] = (size, size) if isinstance(size, int) else tuple(size)
+        values["block_units"] = tuple(values.get("block_units", cls.block_units))
+        out = cls(**values)
+        out.validate()
+        return out
+
+    def validate(self):
+        units = self.block_units
+        if not units or any(isinstance(u, bool) or not isinstance(u, int) or u < 1 for u in units):
+            raise ValueError(f"block_units must be one or more positive unit counts, e.g. (3, 4, 6, 3); got {units!r}.")
+        s = self.width_multiplier
+        if isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 < s <= 64:
+            raise ValueError(f"width_multiplier must be a positive number (0.5, 0.75, 1); got {s!r}.")
+        if isinstance(self.groups, bool) or not isinstance(self.groups, int) or self.groups < 1:
+            raise ValueError(f"groups must be a positive integer; got {self.groups!r}.")
+        for stage in range(len(units)):
+            planes = int(128 * 2**stage * s)
+            if planes % self.groups or (planes // self.groups) % 2:
+                raise ValueError(
+                    f"width_multiplier {s} gives stage {stage + 1} {planes} channels, which {self.groups} heads do not "
+                    "split into even head widths (queries and keys take half of each)."
+                )
+        if int(64 * s) < 1:
+            raise ValueError(f"width_multiplier {s} leaves the stem without channels.")
+        if not 0 < float(self.batch_norm_epsilon) < 1:
+            raise ValueError(f"batch_norm_epsilon must be in (0, 1); got {self.batch_norm_epsilon!r}.")
+        axial_spans(self.image_size, units)
+
+
+def axial_resnet_flops(config, image_size=None, classes=None):
+    """Forward FLOPs (one multiply-add = 2) of an AxialResNet: convolutions, the attention's
+    projections, similarities (q.k, q.r, k.r), weighted sums (values and value embeddings) and
+    the head; norms, softmax and pooling are not counted (the Table-6 convention)."""
+    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    size = image_size if image_size is not None else get("image_size", (224, 224))
+    units = tuple(get("block_units"))
+    s = get("width_multiplier")
+    groups = get("groups", 8) or 8
+    classes = classes if classes is not None else get("classes", 1000)
+    side = size if isinstance(size, int) else size[0]
+    stem = int(64 * s)
+    conv1 = ((side - 1) // 2 + 1) ** 2 * 7 * 7 * get("num_channels", 3) * stem
+    macs = conv1
+    inplanes = stem
+    spans = axial_spans(size, units)
+    index = 0
+    for stage, n in enumerate(units):
+        planes = int(128 * 2**stage * s)
+        for unit in range(n):
+            span, stride = spans[index]
+            index += 1
+            pixels = span * span
+            d = planes // groups
+            macs += pixels * inplanes * planes  # conv_down
+            for axis in range(2):
+                macs += pixels * planes * 2 * planes  # qkv projection
+                # per sequence: q.k, q.r_q, k.r_k (d/2 each), then weights x (v, v_emb) (d each)
+                macs += pixels * span * groups * (3 * (d // 2) + 2 * d)
+            out_side = span // stride
+            macs += out_side * out_side * planes * 2 * planes  # conv_up
+            if unit == 0 and (stride != 1 or inplanes != 2 * planes):
+                macs += out_side * out_side * inplanes * 2 * planes  # downsample
+            inplanes = 2 * planes
+    if classes:
+        macs += inplanes * classes
+    return 2 * macs
+
+
+def params_of(block_units, width_multiplier, groups=8, classes=1000, image_size=224, num_channels=3):
+    """Trainable parameters of an AxialResNet, from its structure (BatchNorm: scale and shift)."""
+    spans = axial_spans(image_size, block_units)
+    stem = int(64 * width_multiplier)
+    total = 7 * 7 * num_channels * stem + 2 * stem
+    inplanes, index = stem, 0
+    for stage, n in enumerate(block_units):
+        planes = int(128 * 2**stage * width_multiplier)
+        d = planes // groups
+        for unit in range(n):
+            span, stride = spans[index]
+            index += 1
+            total += inplanes * planes + 2 * planes  # conv_down, bn1
+            for _ in range(2):
+                total += planes * 2 * planes + 2 * (2 * planes)  # qkv, bn_qkv
+                total += 2 * 3 * groups + 2 * (2 * planes)  # bn_similarity, bn_output
+                total += 2 * d * (2 * span - 1)  # relative
+            total += planes * 2 * planes + 2 * 2 * planes  # conv_up, bn2
+            if unit == 0 and (stride != 1 or inplanes != 2 * planes):
+                total += inplanes * 2 * planes + 2 * 2 * planes
+            inplanes = 2 * planes
+    if classes:
+        total += inplanes * classes + classes
+    return total
+
