@@ -291,7 +291,7 @@ class ViTConfig:
             grid the weights were laid out on);
         "numerics": the weights' source framework's numerics (see NUMERICS);
         "head": the caller's choices about the top of the model;
-        "training": regularisation;
+        "training": regularisation, and `remat` (encoder blocks recomputed in the backward pass);
         "state": quantization (set by `VisionTransformer.quantize`);
         "input": dynamic_image_size (images of any size at run time; `image_size` is then the
             size the position embeddings are laid out on, and they follow each batch's grid).
@@ -330,6 +330,9 @@ class ViTConfig:
     classifier_activation: object = _field("head", "softmax")
     dropout_rate: float = _field("training", 0.0)
     attention_dropout_rate: float = _field("training", 0.0)
+    remat: bool = _field(
+        "training", False, doc="recompute each encoder block in the backward pass (less memory, ~1/3 more compute)"
+    )
     quantization: object = _field("state", None)
     dynamic_image_size: bool = _field(
         "input", False, doc="images of any size at run time; image_size is the one the embeddings are laid out on"
@@ -362,7 +365,7 @@ class ViTConfig:
         for key in ("layer_norm_epsilon", "group_norm_epsilon", "std_conv_epsilon"):
             set_(key, float(getattr(self, key)))
         flags = ("gelu_approximate", "std_conv_epsilon_inside_sqrt", "include_top", "class_token_position_embedding",
-                 "dynamic_image_size")
+                 "dynamic_image_size", "remat")
         for key in flags:
             set_(key, bool(getattr(self, key)))
         self._check_choice(

@@ -78,6 +78,7 @@ def _graph(config, dtype):
             c.layer_norm_epsilon,
             c.gelu_approximate,
             relative_positions=relative,
+            remat=c.remat,
             dtype=dtype,
             name=f"encoderblock_{i}",
         )(x)
@@ -151,6 +152,10 @@ class VisionTransformer(TraceTrainStepOnce, TorchOnBatchInputs, keras.Model):
         classifier_activation: activation of the head ("softmax", None for logits, ...).
         dropout_rate, attention_dropout_rate: dropout after embeddings / in blocks, and on the
             attention weights.
+        remat: recompute each encoder block in the backward pass instead of keeping its
+            activations (`keras.remat`): the same gradients, the activation memory of one block
+            instead of all of them, about a third more compute per step. For training big models
+            at high resolution (ViT-H/14 at 518 px, the paper's Table 2); no effect on inference.
         quantization: set by `quantize` (a saved quantized model reloads quantized).
         dynamic_image_size: take images of any size the stride divides, known only at run time
             (input shape (None, None, channels)): the position embeddings are resampled inside

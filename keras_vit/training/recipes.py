@@ -26,6 +26,7 @@ def for_finetuning(
     keep_representation=False,
     dropout_rate=0.0,
     attention_dropout_rate=0.0,
+    remat=None,
     name=None,
 ):
     """A new VisionTransformer for fine-tuning `model` at another resolution and class count.
@@ -44,6 +45,10 @@ def for_finetuning(
         classes: outputs of the new head.
         classifier_activation: default: the model's ("softmax" unless changed); None for logits.
         keep_representation: keep `pre_logits` (Dense + tanh) instead of dropping it.
+        remat: recompute each encoder block in the backward pass (`VisionTransformer(remat=True)`):
+            the same gradients with the activation memory of one block, for about a third more
+            compute; for big models at high resolution (ViT-H/14 at 518 px). Default: the model's
+            setting (False for a weights source).
 
     Example:
         >>> base = VisionTransformer(image_size=32, patch_size=8, hidden_size=16, num_layers=1,
@@ -65,6 +70,8 @@ def for_finetuning(
         dropout_rate=float(dropout_rate),
         attention_dropout_rate=float(attention_dropout_rate),
     )
+    if remat is not None:
+        common["remat"] = bool(remat)
     if isinstance(model, (str, os.PathLike)):
         activation = "softmax" if classifier_activation is _KEEP else classifier_activation
         return loading.load(model, classifier_activation=activation, name=name, **common)
@@ -75,6 +82,7 @@ def for_finetuning(
         )
     full = model.get_config()
     config = checkpoint_config(full)
+    common.setdefault("remat", bool(full.get("remat", False)))
     activation = full["classifier_activation"] if classifier_activation is _KEEP else classifier_activation
     return loading.build_from_checkpoint(
         get_weight_tree(model),
