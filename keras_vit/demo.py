@@ -67,6 +67,7 @@ def make_dataset(images, labels, image_size, batch_size, training, seed=0, augme
     import tensorflow as tf
 
     from keras_vit.data import preprocessing
+    from keras_vit.data.pipeline import shuffle_repeated
 
     ds = tf.data.Dataset.from_tensor_slices((images, labels.astype("int32"))).cache()
     if not training:
@@ -79,7 +80,9 @@ def make_dataset(images, labels, image_size, batch_size, training, seed=0, augme
         x, y = pair
         return preprocessing.train_preprocess(x, image_size, tf.stack([base, index]), **options), y
 
-    ds = ds.shuffle(len(images), seed=int(seed), reshuffle_each_iteration=True).repeat()
+    # Every iterator yields the same batches: the fine-tuned and the from-scratch runs see the same
+    # ones, whatever Keras' model-building iterator read ahead (see shuffle_repeated).
+    ds = shuffle_repeated(ds, len(images), seed)
     ds = ds.enumerate().map(train_map, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     return ds.batch(batch_size, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
@@ -120,6 +123,77 @@ def save_attention_overlays(model, images, labels, predictions, path):
         for ax in axes[:, i]:
             ax.axis("off")
     figure.suptitle("attention rollout (class token -> patches), fine-tuned model at 32x32", fontsize=9)
+    figure.tight_layout()
+    figure.savefig(path)
+    return path
+
+
+# The demo's picture: one colour per run.
+COLOURS = {"pretrain": "#555555", "finetune": "#1f77b4", "scratch": "#d62728"}
+
+
+def plot_demo_curves(run, spans, accuracies, path):
+    """The demo's curves.png: (a) pre-training, (b) the transfer runs' training loss and (c) their test
+    accuracy, the fine-tuned and the from-scratch run as two series in their own colours, each against
+    its own steps, with the final test accuracies in the legends.
+
+    spans: {stage: (first, end)} slices of `run.steps` written by each stage; accuracies: {"pretrain",
+    "finetune", "scratch": final test accuracy}.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    figure = Figure(figsize=(14, 4.2), dpi=100)
+    FigureCanvasAgg(figure)
+    pre_ax, loss_ax, acc_ax = figure.subplots(1, 3)
+    offsets = dict(run.stage_starts)  # stage -> the step its logger counted from
+
+    def steps_of(stage):
+        first, end = spans[stage]
+        rows = run.steps[first:end]
+        return [r[0] - offsets[stage] for r in rows], [r[1] for r in rows]
+
+    def evaluations_of(stage, key):
+        rows = [r for r in run.history if r["stage"] == stage and r.get(key) is not None]
+        return [r["step"] - offsets[stage] for r in rows], [r[key] for r in rows]
+
+    # (a) pre-training: training loss, and the accuracy on the held-out digits 0-4 on a second axis.
+    x, y = steps_of("pretrain")
+    pre_ax.plot(x, y, color=COLOURS["pretrain"], lw=1.0, label="training loss (running mean per epoch)")
+    pre_ax.set_ylabel("training loss")
+    twin = pre_ax.twinx()
+    x, y = evaluations_of("pretrain", "val_accuracy")
+    twin.plot(x, y, "o--", color="#2ca02c", ms=4,
+              label=f"test accuracy (digits 0-4): {accuracies['pretrain']:.4f}")
+    twin.set_ylim(0.0, 1.0)
+    twin.set_ylabel("test accuracy")
+    handles = pre_ax.get_legend_handles_labels()[0] + twin.get_legend_handles_labels()[0]
+    pre_ax.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="lower left")
+    pre_ax.set_title("1. pre-training: digits 0-4 at 16x16", fontsize=10)
+    pre_ax.set_xlabel("pre-training step")
+
+    # (b), (c) transfer: the two runs side by side, each against its own steps.
+    names = {"finetune": "fine-tuned from pre-training", "scratch": "trained from scratch"}
+    for stage in ("finetune", "scratch"):
+        x, y = steps_of(stage)
+        loss_ax.plot(x, y, color=COLOURS[stage], lw=1.2, label=names[stage])
+        x, y = evaluations_of(stage, "val_accuracy")
+        acc_ax.plot(x, y, "o-", color=COLOURS[stage], ms=5,
+                    label=f"{names[stage]}: final {accuracies[stage]:.4f}")
+    loss_ax.set_title("2. transfer: digits 5-9, 10 labels per class, 32x32", fontsize=10)
+    loss_ax.set_xlabel("transfer step")
+    loss_ax.set_ylabel("training loss (running mean per epoch)")
+    loss_ax.legend(fontsize=8)
+    acc_ax.axhline(1.0 / len(TRANSFER_CLASSES), color="grey", ls=":", lw=1, label="chance (0.2)")
+    acc_ax.set_ylim(0.0, 1.0)
+    acc_ax.set_title("3. test accuracy on the digits 5-9 (167 images)", fontsize=10)
+    acc_ax.set_xlabel("transfer step")
+    acc_ax.set_ylabel("test accuracy")
+    acc_ax.legend(fontsize=8, loc="lower right")
+    for ax in (pre_ax, loss_ax, acc_ax):
+        ax.grid(alpha=0.3)
+    figure.suptitle("ViT on digits: pre-training on 0-4 at 16x16, then transfer to 5-9 with few labels at 32x32",
+                    fontsize=11)
     figure.tight_layout()
     figure.savefig(path)
     return path
@@ -173,9 +247,12 @@ def main(argv=None):
     )
     val_ds = make_dataset(pre_test_x, pre_test_y, pre["image_size"], 256, False)
     epochs = pre["evals"]
+    spans = {}  # stage -> the slice of run.steps its training wrote
+    first = len(run.steps)
     model.fit(make_dataset(pre_x, pre_y, pre["image_size"], pre["batch_size"], True, args.seed, PRETRAIN_AUGMENT),
               steps_per_epoch=pre["steps"] // epochs, epochs=epochs, validation_data=val_ds,
               callbacks=[run.logger(stage="pretrain")], verbose=args.verbose)
+    spans["pretrain"] = (first, len(run.steps))
     pre_results = model.evaluate(val_ds, return_dict=True, verbose=0)
     run.save_model(model, "pretrained.keras")
     pretrain_steps = (pre["steps"] // epochs) * epochs
@@ -195,8 +272,10 @@ def main(argv=None):
     few_ds = make_dataset(few_x, few_y, ft["image_size"], ft["batch_size"], True, args.seed)
     test_ds = make_dataset(test_x, test_y, ft["image_size"], 256, False)
     epochs = ft["evals"]
+    first = len(run.steps)
     finetuned.fit(few_ds, steps_per_epoch=ft["steps"] // epochs, epochs=epochs, validation_data=test_ds,
                   callbacks=[run.logger(stage="finetune", step_offset=pretrain_steps)], verbose=args.verbose)
+    spans["finetune"] = (first, len(run.steps))
 
     # === 3. The same ViT from scratch, same labels and steps ===
     print(f"[3/4] training the same ViT from scratch on the same {len(few_x)} images at {ft['image_size']}x"
@@ -209,8 +288,10 @@ def main(argv=None):
         loss=api.classification_loss(baseline, label_smoothing=scratch["label_smoothing"]),
         metrics=["accuracy"],
     )
+    first = len(run.steps)
     baseline.fit(few_ds, steps_per_epoch=ft["steps"] // epochs, epochs=epochs, validation_data=test_ds,
                  callbacks=[run.logger(stage="scratch", step_offset=pretrain_steps)], verbose=args.verbose)
+    spans["scratch"] = (first, len(run.steps))
 
     # === 4. Evaluation and the run folder ===
     print(f"[4/4] evaluating on the held-out test images of the digits 5-9 ({len(test_x)})")
@@ -222,7 +303,8 @@ def main(argv=None):
 
     accuracy, predictions = accuracy_of(finetuned)
     scratch_accuracy, _ = accuracy_of(baseline)
-    run.plot_curves(title="ViT on digits: pre-training on 0-4 at 16x16, transfer to 5-9 (few labels) at 32x32")
+    plot_demo_curves(run, spans, {"pretrain": pre_results.get("accuracy"), "finetune": accuracy,
+                                  "scratch": scratch_accuracy}, run.file("curves.png"))
     run.save_model(finetuned, "model.keras")
     run.save_model(baseline, "scratch.keras")
     overlay = None

@@ -147,6 +147,20 @@ def load_source(data, split="train", *, data_dir=None, on_bad_file="skip"):
     )
 
 
+def shuffle_repeated(ds, buffer_size, seed):
+    """`ds` repeated forever, then shuffled through a buffer of `buffer_size` with `seed` (as the
+    original vision_transformer and big_vision input pipelines do): every iterator yields the same
+    batches.
+
+    tf.data's `shuffle(..., reshuffle_each_iteration=True).repeat()` draws each epoch's seed from a
+    generator that all iterators of the dataset share. Keras' `fit` opens one iterator to build the
+    model and drops it: its prefetching has by then read ahead a number of epochs that depends on
+    timing, and the batches of the iterator that trains differ from run to run (with small data,
+    where an epoch is a batch or two).
+    """
+    return ds.repeat().shuffle(buffer_size, seed=int(seed), reshuffle_each_iteration=False)
+
+
 def load_dataset(
     data,
     split="train",
@@ -228,8 +242,11 @@ def load_dataset(
     base_seed = tf.constant(int(seed), tf.int64)
     if training:
         buffer = min(shuffle_buffer, info.num_examples or shuffle_buffer)
-        ds = ds.shuffle(buffer, seed=int(seed), reshuffle_each_iteration=True)
-    if repeat:
+        if repeat:
+            ds = shuffle_repeated(ds, buffer, seed)
+        else:  # one pass per iterator: each draws one seed, in the order the iterators are made
+            ds = ds.shuffle(buffer, seed=int(seed), reshuffle_each_iteration=True)
+    elif repeat:
         ds = ds.repeat()
     if training:
         # The element index (across epochs) and the seed give each example its own stateless seed.
