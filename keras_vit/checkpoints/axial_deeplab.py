@@ -178,6 +178,27 @@ def read_axial_deeplab(path, lazy=False):
     return (tree if lazy else materialize(tree)), config
 
 
+def read_axial_deeplab_at(path, image_size=None):
+    """`read_axial_deeplab(path, lazy=True)`, refusing an `image_size` whose spans are not the
+    checkpoint's: the relative embeddings have one column per offset of the span they were
+    trained with, and the original defines no resize of them."""
+    tree, config = read_axial_deeplab(path, lazy=True)
+    if image_size is not None:
+        try:
+            same = axial_spans(image_size, config["block_units"]) == axial_spans(config["image_size"], config["block_units"])
+        except ValueError as err:
+            raise CheckpointError(f"{path}: {err}") from None
+        if not same:
+            size = config["image_size"][0]
+            raise CheckpointError(
+                f"{path}: an AxialResNet trained at {size}x{size} px (attention span {size // 4} in its first stage) "
+                f"cannot run at image_size={image_size!r}: each attention's relative embeddings cover exactly the span "
+                f"it was trained with, and the original defines no resize of them. Load it at image_size={size} (or "
+                "leave image_size unset) and resize the images instead."
+            )
+    return tree, config
+
+
 def detect(path):
     """A PyTorch zip file whose state dict holds axialnet.py's AxialAttention weights."""
     if not os.path.isfile(path) or not is_torch_zip(path):
@@ -193,6 +214,7 @@ FORMAT = CheckpointFormat(
     description="an axial-deeplab AxialResNet checkpoint (PyTorch .pth.tar or state dict)",
     detect=detect,
     read=lambda path: read_axial_deeplab(path, lazy=True),
+    read_sized=read_axial_deeplab_at,
     numerics=None,
     hub_files=(),
     torch_zip=True,
