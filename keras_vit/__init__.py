@@ -15,8 +15,13 @@ def _import_public_api():
     keras.saving."""
     # === Models ===
     from keras_vit import layers  # noqa: F401
-    from keras_vit.applications import BIT_CONSTRUCTORS, CONSTRUCTORS
-    from keras_vit.models import BiTResNet, VisionTransformer, get_weight_tree, set_weight_tree  # noqa: F401
+    from keras_vit.applications import ALL_CONSTRUCTORS
+    from keras_vit.models import get_weight_tree, set_weight_tree  # noqa: F401
+    from keras_vit.models.family import families, family_of  # noqa: F401
+
+    # Every family's model class (VisionTransformer, BiTResNet, ...), imported so that it is
+    # registered with keras.saving: a saved model of any family loads with safe_mode on.
+    model_classes = {family.class_name: family.model_class() for family in families()}
 
     # === Checkpoints, presets and loading ===
     from keras_vit.checkpoints import CheckpointError, read_checkpoint, save_preset, write_npz  # noqa: F401
@@ -33,8 +38,8 @@ def _import_public_api():
     from keras_vit.export import export_model, export_models  # noqa: F401  (TensorFlow loads on use)
     from keras_vit.models import ViTConfig, feature_extractor  # noqa: F401
 
-    public = {k: v for k, v in locals().items() if k not in ("CONSTRUCTORS", "BIT_CONSTRUCTORS")}
-    globals().update(public, **CONSTRUCTORS, **BIT_CONSTRUCTORS)
+    public = {k: v for k, v in locals().items() if k not in ("ALL_CONSTRUCTORS", "model_classes", "family")}
+    globals().update(public, **model_classes, **ALL_CONSTRUCTORS)
 
 
 def _started_as_command():

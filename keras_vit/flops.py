@@ -11,7 +11,8 @@ per epoch, at 224 px, with JFT-300M's 303M images.
     224
 """
 
-from keras_vit.models.config import BiTArchitecture, get_architecture, resnet_stride
+from keras_vit.models.config import get_architecture, resnet_stride
+from keras_vit.models.family import constructor_names, family_of
 
 #: Images in JFT-300M as the paper counts them for Table 6.
 JFT_IMAGES = 303e6
@@ -63,17 +64,47 @@ def _resnet_flops(h, w, units, width_factor, channels, preact):
     return total, (h, w, c)
 
 
-def _bit_flops(block_units, width_factor, image_size, classes, channels=3):
-    h, w = _pair(image_size)
-    total, (_, _, c) = _resnet_flops(h, w, block_units, width_factor, channels, preact=True)
+def bit_flops(config, image_size, classes):
+    """Forward FLOPs of a BiT ResNet-v2 `config` (BiTResNet arguments) at `image_size` (h, w)."""
+    h, w = image_size
+    units, width_factor = tuple(config["block_units"]), config["width_factor"]
+    total, (_, _, c) = _resnet_flops(h, w, units, width_factor, config.get("num_channels", 3), preact=True)
     return total + (2 * c * classes if classes else 0)
 
 
 # === Vision Transformers ===
 
 
-def _vit_flops(config, image_size, classes):
-    h, w = _pair(image_size)
+def attention_flops(tokens, hidden, mlp_dim, relative=False):
+    """One pre-LN Transformer block over `tokens` tokens: q/k/v and out projections, QK^T, AV and
+    the MLP; with `relative`, the logits of every query against the 2 * tokens - 1 offset
+    embeddings (the paper's 1-D relative attention)."""
+    t, d, m = tokens, hidden, mlp_dim
+    total = (
+        2 * t * d * 3 * d  # query, key, value
+        + 2 * t * t * d  # QK^T
+        + 2 * t * t * d  # AV
+        + 2 * t * d * d  # out projection
+        + 2 * 2 * t * d * m  # MLP
+    )
+    if relative:
+        total += 2 * t * (2 * t - 1) * d  # q . r[offset] for every offset
+    return total
+
+
+def map_head_flops(tokens, hidden, mlp_dim):
+    """big_vision's MAP head: one learned probe attends over `tokens` tokens (its query and out
+    projections for one token, key and value for all), then an MLP on the probe."""
+    t, d, m = tokens, hidden, mlp_dim
+    return 2 * d * d + 2 * 2 * t * d * d + 2 * t * d + 2 * t * d + 2 * d * d + 2 * 2 * d * m
+
+
+def vit_flops(config, image_size, classes):
+    """Forward FLOPs of a VisionTransformer `config` (its arguments) at `image_size` (h, w)."""
+    h, w = image_size
+    stride = config["patch_size"] * resnet_stride(config.get("resnet"))
+    if h % stride or w % stride:
+        raise ValueError(f"Image size {(h, w)} is not divisible by the architecture's stride {stride}.")
     channels = config.get("num_channels", 3)
     total = 0
     resnet = config.get("resnet")
@@ -85,18 +116,19 @@ def _vit_flops(config, image_size, classes):
     gh, gw = h // p, w // p
     tokens = gh * gw
     total += _conv(gh, gw, p, channels, d)  # patch embedding
-    t = tokens + (1 if config.get("classifier", "token") == "token" else 0)
+    classifier = config.get("classifier", "token")
+    t = tokens + (1 if classifier == "token" else 0)
     m = config["mlp_dim"]
-    per_layer = (
-        2 * t * d * 3 * d  # query, key, value
-        + 2 * t * t * d  # QK^T
-        + 2 * t * t * d  # AV
-        + 2 * t * d * d  # out projection
-        + 2 * 2 * t * d * m  # MLP
-    )
-    total += config["num_layers"] * per_layer
+    relative = config.get("position_embedding") == "relative"
+    total += config["num_layers"] * attention_flops(t, d, m, relative)
+    # The read-out runs with a head, or when a headless model pools (pooling= given).
+    if not (classes or config.get("pooling") is not None):
+        return total
+    mode = {None: classifier, "avg": "gap"}.get(config.get("pooling"), config.get("pooling"))
+    if mode == "map":
+        total += map_head_flops(t, d, m)
     rep = config.get("representation_size")
-    heads = t if config.get("classifier") == "none" else 1  # "none": pre_logits and head on every token
+    heads = t if mode == "none" else 1  # "none": pre_logits and the head on every token
     if rep:
         total += heads * 2 * d * rep
         d = rep
@@ -109,51 +141,70 @@ def _vit_flops(config, image_size, classes):
 
 
 def _describe(model_or_architecture):
-    """(kind, config, default image size) of a constructor name, a table row or a keras_vit model."""
+    """(family, config, default image size) of a constructor name, a table row or a keras_vit model."""
     obj = model_or_architecture
     if isinstance(obj, str):
         obj = get_architecture(obj)
-    if isinstance(obj, BiTArchitecture):
-        return "bit", dict(block_units=obj.block_units, width_factor=obj.width_factor), None
-    if hasattr(obj, "kwargs") and hasattr(obj, "patch_size"):  # an Architecture row
-        return "vit", obj.kwargs(), None
-    if hasattr(obj, "get_config"):  # a BiTResNet or VisionTransformer
-        config = obj.get_config()
-        size = tuple(config["image_size"])
-        size = None if None in size else size
-        classes = config["classes"] if config.get("include_top") else 0
-        config = dict(config, classes=classes)
-        return ("bit" if "block_units" in config else "vit"), config, size
-    raise TypeError(
-        f"flops() takes a constructor name (e.g. 'ViTB16', 'BiTResNet50x1'), an architecture row or a keras_vit "
-        f"model; got {type(model_or_architecture).__name__}."
-    )
+    try:
+        family = family_of(obj)
+    except ValueError:
+        family = None
+    if family is None or isinstance(obj, dict):
+        raise TypeError(
+            f"flops() takes a constructor name (e.g. 'ViTB16', 'BiTResNet50x1'), an architecture row or a keras_vit "
+            f"model; got {type(model_or_architecture).__name__}."
+        )
+    if hasattr(obj, "kwargs") and not hasattr(obj, "get_config"):  # an architecture row
+        return family, obj.kwargs(), None
+    if not hasattr(obj, "get_config") or family.class_name not in {c.__name__ for c in type(obj).__mro__}:
+        raise TypeError(
+            f"flops() counts keras_vit models themselves; a {type(obj).__name__} wrapping one is not counted. "
+            "Pass the wrapped model or its constructor name."
+        )
+    config = obj.get_config()
+    size = config.get("image_size")
+    size = None if size is None or None in tuple(size) else tuple(size)
+    classes = config["classes"] if config.get("include_top", True) else 0
+    return family, dict(config, classes=classes), size
+
+
+def _check_size(image_size):
+    """(height, width) of positive ints, or a ValueError that says what is wrong."""
+    pair = (image_size, image_size) if isinstance(image_size, int) and not isinstance(image_size, bool) else image_size
+    try:
+        ok = len(pair) == 2 and all(
+            isinstance(s, int) and not isinstance(s, bool) or hasattr(s, "__index__") and not isinstance(s, bool)
+            for s in pair
+        )
+    except TypeError:
+        ok = False
+    if not ok or any(int(s) < 1 for s in pair):
+        raise ValueError(
+            f"image_size must be a positive int or (height, width) of positive ints, e.g. 224 or (224, 384); got "
+            f"{image_size!r}."
+        )
+    return int(pair[0]), int(pair[1])
 
 
 def flops(model_or_architecture, image_size=None, classes=None):
     """Forward FLOPs per image (2 per multiply-add; matmuls, attention and convolutions).
 
     Args:
-        model_or_architecture: a constructor name ("ViTB16", "R50ViTB32", "BiTResNet152x2", ...),
-            a row of the architecture table, or a keras_vit model (VisionTransformer, BiTResNet).
-        image_size: int or (height, width); default the model's input size, 224 for a name.
+        model_or_architecture: a constructor name ("ViTB16", "R50ViTB32", "BiTResNet152x2",
+            "AxialViTB16", ...), a row of an architecture table, or a keras_vit model.
+        image_size: int or (height, width), positive; default the model's input size, 224 for
+            a name.
         classes: head size; default the model's (none when include_top=False), 1000 for a name.
 
     Example:
         >>> round(flops("ViTL16") / 1e9, 1), round(flops("BiTResNet50x1") / 1e9, 2)
         (123.1, 8.18)
     """
-    kind, config, own_size = _describe(model_or_architecture)
-    size = image_size or own_size or 224
+    family, config, own_size = _describe(model_or_architecture)
+    size = _check_size(image_size if image_size is not None else own_size or 224)
     if classes is None:
         classes = config.get("classes", 1000)
-    if kind == "bit":
-        return int(_bit_flops(config["block_units"], config["width_factor"], size, classes, config.get("num_channels", 3)))
-    h, w = _pair(size)
-    stride = config["patch_size"] * resnet_stride(config.get("resnet"))
-    if h % stride or w % stride:
-        raise ValueError(f"Image size {(h, w)} is not divisible by the architecture's stride {stride}.")
-    return int(_vit_flops(config, (h, w), classes))
+    return family.count_flops(config, size, classes)
 
 
 def pretraining_exaflops(architecture, epochs, images=JFT_IMAGES, image_size=224):
@@ -176,9 +227,9 @@ def constructor_table():
     from keras_vit.layers.init_scope import skip_random_init
 
     lines = ["| constructor | model | parameters | GFLOPs (224 px) |", "|---|---|---:|---:|"]
-    for name, build in {**applications.CONSTRUCTORS, **applications.BIT_CONSTRUCTORS}.items():
+    for name in constructor_names():
         with skip_random_init():
-            params = build(weights=None).count_params()
+            params = getattr(applications, name)(weights=None).count_params()
         keras.utils.clear_session(free_memory=True)
         lines.append(f"| `{name}` | {get_architecture(name).paper_name} | {params:,} | {flops(name) / 1e9:.1f} |")
     return "\n".join(lines)

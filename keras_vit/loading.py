@@ -21,7 +21,6 @@ import warnings
 from typing import Optional
 
 from keras_vit import hub, names, presets
-from keras_vit.checkpoints.common import source_grid
 from keras_vit.checkpoints.registry import CheckpointFormat, detect_format, hub_file_patterns
 
 #: File endings that make a string a path rather than a name.
@@ -222,60 +221,41 @@ def plan_head(config, *, include_top=True, classes=None, pooling=None, keep_repr
 
 
 def _describe(config):
-    if config.get("block_units") is not None:
-        return f"BiT ResNet units {tuple(config['block_units'])}, width x{config.get('width_factor')}"
-    if config.get("hidden_size") is None:
+    from keras_vit.models.family import family_of
+
+    try:
+        family = family_of(config)
+    except ValueError:
         return "another model family"
-    text = (f"hidden {config['hidden_size']}, {config['num_layers']} layers, {config['num_heads']} heads, "
-            f"patch {config['patch_size']}")
-    return text + (f", ResNet {tuple(config['resnet'][0])}" if config.get("resnet") else "")
+    return family.description(config)
 
 
-def _comparable(key, value):
-    if key == "resnet" and value is not None:
-        return (tuple(value[0]), value[1])
-    if key == "block_units" and value is not None:
-        return tuple(value)
+def _comparable(value):
+    if isinstance(value, (list, tuple)):
+        return tuple(_comparable(v) for v in value)
     return value
 
 
 def check_architecture(architecture, config, source):
     """Raise a ValueError when the checkpoint `config` is not the architecture-table row
-    `architecture` (a ViT `Architecture` or a `BiTArchitecture`)."""
-    expected = dict(architecture.kwargs())
-    if "patch_size" in expected:
-        expected.setdefault("resnet", None)
-    expected = {k: _comparable(k, v) for k, v in expected.items()}
-    got = {k: _comparable(k, config.get(k)) for k in expected}
-    if got != expected:
+    `architecture` (a row of any family's table)."""
+    from keras_vit.models.family import family_of
+
+    family = family_of(architecture)
+    # Every config field the row states (a plain ViT row's resnet=None too: not a hybrid).
+    fields = [f.name for f in dataclasses.fields(architecture) if f.name in family.config_class.fields()]
+    expected = {k: _comparable(getattr(architecture, k)) for k in fields}
+    got = {k: _comparable(config.get(k)) for k in expected}
+    try:
+        same_family = family_of(config) is family
+    except ValueError:
+        same_family = False
+    if got != expected or not same_family:
         raise ValueError(
             f"weights={source!r} hold a different architecture ({_describe(config)}) than {architecture.name} "
-            f"({_describe(dict(architecture.kwargs()))}). Use the matching constructor, or keras_vit.load_checkpoint(), "
+            f"({family.description(dict(architecture.kwargs()))}). Use the matching constructor, or keras_vit.load_checkpoint(), "
             "which builds whatever architecture the checkpoint holds."
         )
-
-
-@dataclasses.dataclass(frozen=True)
-class _Family:
-    """What the loading path needs to know of a model family."""
-
-    model: str  # "module:Class" of the keras.Model
-    head: str  # prefix of the head's weights in the canonical tree
-    features_pooling: str  # how "the checkpoint as it is" pools a headless model (None: its classifier)
-
-    def model_class(self):
-        import importlib
-
-        module, name = self.model.split(":")
-        return getattr(importlib.import_module(module), name)
-
-
-_VIT = _Family("keras_vit.models.vit:VisionTransformer", "head/", None)
-_BIT = _Family("keras_vit.models.bit:BiTResNet", "resnet/head/", "avg")
-
-
-def _family(config):
-    return _BIT if "block_units" in config else _VIT
 
 
 #: The pixel resize a load at another patch size inverts: timm's `resample_patch_embed` default.
@@ -287,8 +267,10 @@ def _patch_resize(config, patch_size, image_size, source, rule=None):
     None when `patch_size` is the checkpoint's own; raises a ValueError for what cannot be resized."""
     if patch_size is None or patch_size == config.get("patch_size"):
         return None
+    from keras_vit.models.family import family_of
+
     what = f" {source!r}" if source else ""
-    if "block_units" in config or config.get("hidden_size") is None:
+    if not family_of(config).patch_resize:
         raise ValueError(f"patch_size= applies to Vision Transformers; the checkpoint{what} is {_describe(config)}.")
     if isinstance(patch_size, bool) or not isinstance(patch_size, int) and not hasattr(patch_size, "__index__"):
         raise ValueError(
@@ -372,10 +354,11 @@ def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, cl
     import keras
 
     from keras_vit.layers.init_scope import skip_random_init
+    from keras_vit.models.family import family_of
     from keras_vit.models.weight_tree import set_weight_tree, weight_variables
 
+    family = family_of(config)
     patch_resize = _patch_resize(config, overrides.get("patch_size"), image_size, source, patch_resize_rule)
-    family = _family(config)
     # A classifier named by the caller (big_vision's "0" and "none" look like "gap" in the file)
     # also decides how a headless model is pooled.
     head_config = dict(config, **{k: v for k, v in overrides.items() if k == "classifier"})
@@ -395,11 +378,12 @@ def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, cl
         if hasattr(tree, "bind"):
             tree = tree.bind(model)
         present = {k.split("/", 1)[0] for k in weight_variables(model)}
-        skip = plan.skip + tuple(f"{p}/" for p in ("head", "pre_logits") if p not in present and family is _VIT)
+        # Weights the model does not have (a headless model's head and pre_logits) are not loaded.
+        skip = plan.skip + tuple(p for p in family.optional_weights if p.split("/", 1)[0] not in present)
         set_weight_tree(
             model,
             tree,
-            source_grid=source_grid(config) if family is _VIT else None,
+            source_grid=family.grid(config),
             resize_rule=config.get("position_embedding_resize"),
             patch_resize_rule=patch_resize,
             skip=skip,

@@ -21,11 +21,11 @@ the requested input size is used (224 vs 384); position embeddings are resized f
 import dataclasses
 import difflib
 
-from keras_vit.models.config import ARCHITECTURES, BIT_ARCHITECTURES, all_architectures
+from keras_vit.models.family import all_architectures, constructor_names, families
 
 
 def _known(architecture):
-    return architecture in all_architectures() or architecture in BIT_ARCHITECTURES
+    return architecture in all_architectures()
 
 _GS = "gs://vit_models/"
 
@@ -196,15 +196,22 @@ _TIMM_BIT_ROWS = [
     ("BiTResNet152x4", "goog_in21k", 224, 21843, None, "timm/resnetv2_152x4_bit.goog_in21k"),
 ]
 
-#: Every preset, keyed by its Hub repository, in table order. Extend it with `register_preset`.
-PRESETS = {
-    repo: Preset(a, t, r, c, top1, repo, _GS + orig if orig else None, source=source)
+#: Each family's preset rows (`ModelFamily.presets`): (constructor, tag, resolution, classes,
+#: top-1, Hub repository, original file or None, source).
+VIT_PRESET_ROWS = tuple(
+    (a, t, r, c, top1, repo, _GS + orig if orig else None, source)
     for rows, source in ((_TIMM_ROWS, "timm"), (_TRANSFORMERS_ROWS, "transformers"))
     for a, t, r, c, top1, repo, orig in rows
-}
-PRESETS.update(
-    (repo, Preset(a, t, r, c, top1, repo, source="timm")) for a, t, r, c, top1, repo in _TIMM_BIT_ROWS
 )
+BIT_PRESET_ROWS = tuple((a, t, r, c, top1, repo, None, "timm") for a, t, r, c, top1, repo in _TIMM_BIT_ROWS)
+
+#: Every preset of every model family, keyed by its Hub repository, in table order. Extend it with
+#: `register_preset`.
+PRESETS = {
+    repo: Preset(a, t, r, c, top1, repo, original, source=source)
+    for family in families()
+    for a, t, r, c, top1, repo, original, source in family.preset_rows()
+}
 #: The presets by repository name without the owner (timm's "<architecture>.<tag>" names).
 _BY_REPO_NAME = {repo.split("/", 1)[-1]: p for repo, p in PRESETS.items()}
 
@@ -220,7 +227,7 @@ def register_preset(architecture, tag, resolution, repo, *, classes, top1=None, 
         >>> model = keras_vit.ViTB16(weights="my_pets", input_shape=(384, 384, 3), classes=37)  # doctest: +SKIP
     """
     if not _known(architecture):
-        raise ValueError(f"Unknown architecture {architecture!r}; known: {', '.join([*ARCHITECTURES, *BIT_ARCHITECTURES])}.")
+        raise ValueError(f"Unknown architecture {architecture!r}; known: {', '.join(constructor_names())}.")
     if tag in ALIASES:
         raise ValueError(f"{tag!r} is an alias ({', '.join(ALIASES)}); choose another tag.")
     preset = Preset(architecture, tag, int(resolution), int(classes), top1, repo, **fields)
@@ -244,7 +251,7 @@ def list_presets(architecture=None):
         [('orig_in21k_ft_in1k', 384), ('orig_in21k', 224), ('google_in21k_ft_in1k', 384), ('google_in21k', 224)]
     """
     if architecture is not None and not _known(architecture):
-        known = [*ARCHITECTURES, *BIT_ARCHITECTURES]
+        known = constructor_names()
         close = difflib.get_close_matches(str(architecture), known, n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise ValueError(f"Unknown architecture {architecture!r}.{hint} Known: {', '.join(known)}.")

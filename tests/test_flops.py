@@ -85,3 +85,32 @@ def test_agrees_with_torch_flop_counter_on_timm_models():
 def test_every_constructor_has_a_count():
     for name in [*ARCHITECTURES, *BIT_ARCHITECTURES]:
         assert keras_vit.flops(name) > 5e8
+
+
+def test_map_head_and_relative_logits_are_counted():
+    # A tiny ViT at 32 px: 16 patch tokens (patch 8), width 24, MLP 48, 2 layers, 7 classes.
+    tiny = dict(image_size=32, patch_size=8, hidden_size=24, num_layers=2, num_heads=3, mlp_dim=48, classes=7)
+    t, d, m = 16, 24, 48
+    embedding = 2 * t * 8 * 8 * 3 * d
+    block = 2 * (4 * t * d * d + 2 * t * t * d + 2 * t * d * m)
+    gap = keras_vit.VisionTransformer(**tiny, classifier="gap")
+    assert keras_vit.flops(gap) == embedding + 2 * block + 2 * d * 7
+    # big_vision's MAP head: one probe token's query and out projections, the keys and values of
+    # all 16 tokens, the probe's logits over them and its weighted sum, then an MLP on the probe.
+    probe = 2 * d * d + 2 * 2 * t * d * d + 2 * t * d + 2 * t * d + 2 * d * d + 2 * 2 * d * m
+    map_model = keras_vit.VisionTransformer(**tiny, classifier="map")
+    assert keras_vit.flops(map_model) == embedding + 2 * block + probe + 2 * d * 7
+    # Headless without pooling: no read-out runs, the MAP head is not built.
+    assert keras_vit.flops(keras_vit.VisionTransformer(**tiny, classifier="map", include_top=False)) == embedding + 2 * block
+    # Relative attention (class token: 17 tokens): each query's logits against the 2 * 17 - 1
+    # offset embeddings, in every layer.
+    t = 17
+    block = 2 * (4 * t * d * d + 2 * t * t * d + 2 * t * d * m)
+    relative = keras_vit.VisionTransformer(**tiny, position_embedding="relative")
+    assert keras_vit.flops(relative) == embedding + 2 * (block + 2 * t * (2 * t - 1) * d) + 2 * d * 7
+
+
+@pytest.mark.parametrize("size", [0, -224, (224, -224), (224, 0), 2.5, "224", (224,), True])
+def test_sizes_that_are_not_images_are_refused(size):
+    with pytest.raises(ValueError, match="positive int"):
+        keras_vit.flops("ViTB16", size)

@@ -78,6 +78,14 @@ def anatomy(model):
             "it has no ViT attention to inspect. Pass a keras_vit.VisionTransformer or a model wrapping one."
         )
     owner = chain[-1]
+    if hasattr(owner, "attention_axes"):  # an Axial-ViT (keras_vit.models.AxialVisionTransformer)
+        raise ValueError(
+            f"Model {owner.name!r} is an Axial-ViT: each block attends within the rows or within the columns of the "
+            "patch grid, never over the whole grid, so keras_vit.analysis' (layers, batch, heads, tokens, tokens) "
+            "maps, rollout and attention distance do not exist for it. Its row and column maps: "
+            "model.attention_weights(images) -> {'row': (layers, batch, rows, heads, cols, cols), "
+            "'column': (layers, batch, cols, heads, rows, rows)}."
+        )
     blocks = tuple(layer for layer in owner.layers if isinstance(layer, EncoderBlock))
     patch = _only(owner.layers, PatchEmbedding, owner)
     # The grid: from the VisionTransformer itself (any position embedding), else from its

@@ -2,10 +2,11 @@
 Keras preset folders (config.json, metadata.json, model.weights.h5, README.md).
 
 A preset folder is what `save_preset` writes and what the publishing pipeline uploads:
-config.json is `VisionTransformer.get_config()` (so the architecture, the numerics and a possibly
+config.json is the model's `get_config()` (so its family, the architecture, the numerics and a possibly
 non-square resolution travel with the weights), model.weights.h5 is Keras' own weights file.
 """
 
+import dataclasses
 import datetime
 import io
 import json
@@ -19,7 +20,6 @@ import zlib
 import numpy as np
 
 from keras_vit.checkpoints.common import (
-    ARCHITECTURE_FIELDS,
     MAX_DEFLATE_RATIO,
     MAX_JSON_BYTES,
     CheckpointError,
@@ -31,7 +31,6 @@ from keras_vit.checkpoints.common import (
     reading,
 )
 from keras_vit.checkpoints.registry import CheckpointFormat
-from keras_vit.models.config import resnet_stride
 
 CONFIG_FILE = "config.json"
 METADATA_FILE = "metadata.json"
@@ -39,67 +38,50 @@ WEIGHTS_FILE = "model.weights.h5"
 README_FILE = "README.md"
 
 
-_BIT_FIELDS = ("image_size", "block_units", "width_factor", "classes", "num_channels", "group_norm_epsilon",
-               "std_conv_epsilon", "std_conv_epsilon_inside_sqrt")
+def _family(config, source):
+    """The model family of a saved model's config (a CheckpointError when it has none)."""
+    from keras_vit.models.family import family_of
+
+    try:
+        return family_of(config)
+    except ValueError as err:
+        raise CheckpointError(f"{source}: config.json {err}") from None
 
 
 def _unwrap(config, source):
+    """The model's own config of a config.json: `get_config()`, or the `config` of Keras'
+    serialised {"class_name", "config"} form (whose class must be a keras_vit model)."""
     if not isinstance(config, dict):
         raise CheckpointError(f"{source}: config.json does not hold a JSON object.")
     if "class_name" in config and "config" in config:  # keras.saving.serialize_keras_object form
-        if config["class_name"] not in ("VisionTransformer", "BiTResNet"):
-            raise CheckpointError(
-                f"{source}: config.json describes a {config['class_name']}, not a VisionTransformer or BiTResNet."
-            )
+        from keras_vit.models.family import families
+
+        if not isinstance(config["config"], dict) or not any(config["class_name"] == f.class_name for f in families()):
+            known = ", ".join(f.class_name for f in families())
+            raise CheckpointError(f"{source}: config.json describes a {config['class_name']}, not a keras_vit model ({known}).")
+        family = _family(config, source)
         config = config["config"]
-    if isinstance(config, dict) and "block_units" in config:  # a BiTResNet
-        return config
-    if not isinstance(config, dict) or not {"patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim"} <= set(config):
+    else:
+        family = _family(config, source)
+    required = [f.name for f in dataclasses.fields(family.config_class)
+                if f.default is dataclasses.MISSING and f.name != "image_size"]
+    if any(k not in config for k in required):
         raise CheckpointError(
-            f"{source}: config.json is not a keras_vit VisionTransformer config (it lacks patch_size, "
-            "hidden_size, num_layers, num_heads or mlp_dim)."
+            f"{source}: config.json is not a keras_vit {family.class_name} config (it lacks "
+            f"{', '.join(k for k in required if k not in config)})."
         )
     return config
-
-
-def _positive_int(config, key, source, default=None):
-    value = config.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise CheckpointError(f"{source}: {key} is {str(value)[:40]!r}; expected a positive integer.")
-    return value
 
 
 def check_config_fits(config, weights_bytes, source):
     """Refuse a config whose model could not be stored in `weights_bytes` bytes, before it is built.
 
     Building allocates every variable, so a config.json claiming hidden_size 10**6 next to a
-    small weights file would allocate terabytes before the mismatch shows. The lower bound
-    counts the encoder's matmuls, the position embedding, the patch embedding and the head at
-    one byte per parameter (int8 kernels are the smallest stored form).
+    small weights file would allocate terabytes before the mismatch shows. The family gives the
+    fewest bytes its weights can occupy (`ModelFamily.weights_lower_bound`).
     """
-    hidden, layers, mlp, patch = (_positive_int(config, k, source)
-                                  for k in ("hidden_size", "num_layers", "mlp_dim", "patch_size"))
-    _positive_int(config, "num_heads", source)
-    channels = _positive_int(config, "num_channels", source, default=3)
-    size = config.get("image_size", 224)
-    size = [size, size] if isinstance(size, int) and not isinstance(size, bool) else size
-    if not isinstance(size, (list, tuple)) or len(size) != 2 or not all(
-        isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in size
-    ):
-        raise CheckpointError(f"{source}: image_size is {str(size)[:40]!r}; expected a positive int or [height, width].")
-    resnet = config.get("resnet")
-    if resnet is not None:
-        if not (isinstance(resnet, (list, tuple)) and len(resnet) == 2 and isinstance(resnet[0], (list, tuple))
-                and all(isinstance(u, int) and not isinstance(u, bool) and 0 <= u <= 64 for u in resnet[0])
-                and len(resnet[0]) <= 8 and isinstance(resnet[1], (int, float)) and not isinstance(resnet[1], bool)
-                and 0 < resnet[1] <= 16):
-            raise CheckpointError(f"{source}: resnet is {str(resnet)[:60]!r}; expected [[units per stage], width].")
-    stride = patch * resnet_stride(resnet)
-    tokens = (size[0] // stride) * (size[1] // stride) + 1
-    params = layers * (4 * hidden * hidden + 2 * hidden * mlp) + tokens * hidden + patch * patch * channels * hidden
-    if config.get("include_top", True):
-        params += _positive_int(config, "classes", source, default=1000) * hidden
-    if params > weights_bytes:
+    params = _family(config, source).minimum_weight_bytes(config, source)
+    if params is not None and params > weights_bytes:
         raise CheckpointError(
             f"{source}: config.json describes a model of at least {params:,} parameters but the weights file holds "
             f"only {weights_bytes:,} bytes; the config does not belong to these weights (or a file is corrupt)."
@@ -133,41 +115,19 @@ def _scan_h5(file, limit, source):
 
 
 def _checked(model_config, source):
-    """`model_config` if it is a valid VisionTransformer config, else a CheckpointError naming
+    """`model_config` if it is a valid config of its model family, else a CheckpointError naming
     `source` (checked before any model is built from it)."""
-    from keras_vit.models.config import ViTConfig
-
-    if not _is_bit(model_config):
-        with reading(source):
-            ViTConfig.from_dict(model_config)
+    family = _family(model_config, source)
+    with reading(source):
+        family.validate(model_config)
     return model_config
 
 
-def _is_bit(config):
-    return "block_units" in config
-
-
 def checkpoint_config(model_config):
-    """The checkpoint config (architecture + numerics, as the other readers infer it) of a
-    VisionTransformer (or BiTResNet) `get_config()`: `classes` None when the file has no head,
-    and `representation_size` None when it has no `pre_logits` layer."""
-    fields = _BIT_FIELDS if _is_bit(model_config) else ARCHITECTURE_FIELDS
-    config = {k: model_config[k] for k in fields if k in model_config}
-    size = config["image_size"]
-    config["image_size"] = (size, size) if isinstance(size, int) else tuple(size)
-    if _is_bit(config):
-        config["block_units"] = tuple(config["block_units"])
-        if not model_config.get("include_top", True):
-            config["classes"] = None
-        return config
-    if config.get("resnet") is not None:
-        config["resnet"] = (tuple(config["resnet"][0]), config["resnet"][1])
-    include_top = model_config.get("include_top", True)
-    if not include_top:
-        config["classes"] = None
-    if not (include_top or model_config.get("pooling") is not None):
-        config["representation_size"] = None
-    return config
+    """The checkpoint config (architecture + numerics, as the other readers infer it) of a keras_vit
+    model's `get_config()`: `classes` None when the file has no head (and, for ViTs,
+    `representation_size` None when it has no `pre_logits` layer)."""
+    return _family(model_config, "config.json").checkpoint_config(model_config)
 
 
 def keras_weight_paths(model):
@@ -222,14 +182,18 @@ class KerasWeights:
         """
         from keras_vit.models.weight_tree import weight_variables
 
+        from keras_vit.models.family import family_of
+
+        family = family_of(model)
+        optional_weights, may_differ = family.optional_weights, family.resizable_weights
         handle = self._file()
         variables = weight_variables(model)
         tree, problems = {}, []
         for key, path in keras_weight_paths(model).items():
-            optional = key.startswith(_MAY_DIFFER)
+            optional = key.startswith(may_differ)
             dataset = handle.get(path)
             if dataset is None or not hasattr(dataset, "shape"):
-                if not key.startswith(("head/", "pre_logits/", "resnet/head/")):
+                if not key.startswith(optional_weights):
                     problems.append(f"no weight for {key}")
                 continue
             if not optional and tuple(dataset.shape) != tuple(variables[key].shape):
@@ -246,17 +210,11 @@ class KerasWeights:
     def materialize(self, config):
         """{canonical key: array} of the file, through a model of `config` (read_checkpoint only)."""
         from keras_vit.layers.init_scope import skip_random_init
-        from keras_vit.models.bit import BiTResNet
-        from keras_vit.models.vit import VisionTransformer
 
+        family = _family(config, self.source)
         with skip_random_init():
-            model = (BiTResNet if _is_bit(config) else VisionTransformer)(**_model_kwargs(config))
+            model = family.build(**family.model_kwargs(config))
         return materialize(self.bind(model))
-
-
-#: Weights whose shape a load may change: the position embedding (resized), the patch embedding
-#: (PI-resized to another patch size) and the head (replaced).
-_MAY_DIFFER = ("Transformer/posembed_input/", "embedding/kernel", "head/", "resnet/head/")
 
 
 def _read_dataset(handle, path, source):
@@ -265,19 +223,6 @@ def _read_dataset(handle, path, source):
     except (OSError, ValueError, KeyError, TypeError) as err:
         raise corrupt_file_error(source, err) from None
     return check_finite(array, path, source)
-
-
-def _model_kwargs(config):
-    """VisionTransformer kwargs that rebuild the file's model from its checkpoint config."""
-    kwargs = dict(config)
-    kwargs["include_top"] = config.get("classes") is not None
-    kwargs["classes"] = config.get("classes") or 1000
-    if _is_bit(config):
-        kwargs["pooling"] = None
-    else:
-        kwargs["pooling"] = None if kwargs["include_top"] else (
-            config["classifier"] if config.get("representation_size") else None)
-    return kwargs
 
 
 def read_weights_h5(path, config_path=None):
@@ -295,8 +240,7 @@ def read_weights_h5(path, config_path=None):
         size = os.path.getsize(path)
         if size == 0:
             raise corrupt_file_error(path, EOFError("empty file"))
-        if not _is_bit(config):
-            check_config_fits(config, size, config_path)
+        check_config_fits(config, size, config_path)
         _scan_h5(path, size, path)
         return KerasWeights(lambda: path, path), checkpoint_config(_checked(config, config_path))
 
@@ -429,8 +373,7 @@ def _check_keras_archive(path):
         if not isinstance(config, dict):
             raise corrupt_file_error(path, ValueError("config.json is not a JSON object"))
         weights_bytes = infos["model.weights.h5"].file_size
-        if not _is_bit(_unwrap(config, path)):
-            check_config_fits(_unwrap(config, path), weights_bytes, path)
+        check_config_fits(_unwrap(config, path), weights_bytes, path)
     weights = open_member(path, WEIGHTS_FILE)
     try:
         _scan_h5(weights, weights_bytes, path)
@@ -500,75 +443,18 @@ _CARD = """---
 library_name: keras
 tags:
 - keras_vit
-- vision-transformer
+{tags}
 - image-classification
 ---
 # {title}
 
-Vision Transformer weights for [keras_vit](https://github.com/) (Keras 3: JAX, TensorFlow,
-PyTorch), from "An Image is Worth 16x16 Words" (Dosovitskiy et al., ICLR 2021).
+{introduction}
 
 | | |
 |---|---|
-| architecture | {arch} |
-| image size | {image_size} |
+{rows}| image size | {image_size} |
 | classes | {classes} |
 | parameters | {params:,} |
-| numerics | LayerNorm eps {layer_norm_epsilon:g}, GELU {gelu}, position-embedding resize "{resize}" |
-{extra}
-## Usage
-
-```python
-import keras_vit
-
-model = keras_vit.load_checkpoint("{source}")
-# inputs: channels-last images scaled to [-1, 1] (keras_vit.preprocess_input)
-```
-"""
-
-
-def _bit_model_card(model, metadata, folder):
-    c = model.get_config()
-    text = _BIT_CARD.format(
-        title=metadata.get("name") or os.path.basename(os.path.abspath(folder)),
-        units=tuple(c["block_units"]),
-        width=c["width_factor"],
-        image_size="x".join(str(s) for s in c["image_size"]),
-        classes=c["classes"] if c["include_top"] else "none (feature extractor)",
-        params=model.count_params(),
-        gn=c["group_norm_epsilon"],
-        ws=c["std_conv_epsilon"],
-        extra="".join(
-            f"| {k} | {v} |\n" for k, v in metadata.items() if isinstance(v, (str, int, float)) and k != "description"
-        ),
-        source=metadata.get("hub_id", os.path.abspath(folder)),
-    )
-    if metadata.get("description"):
-        text += "\n" + str(metadata["description"]).strip() + "\n"
-    return text
-
-
-_BIT_CARD = """---
-library_name: keras
-tags:
-- keras_vit
-- bit
-- resnet
-- image-classification
----
-# {title}
-
-BiT ResNet-v2 weights for keras_vit (Keras 3: JAX, TensorFlow, PyTorch), the CNN baselines of
-"An Image is Worth 16x16 Words" (Dosovitskiy et al., ICLR 2021) from "Big Transfer (BiT)"
-(Kolesnikov et al., 2020).
-
-| | |
-|---|---|
-| architecture | BiT ResNet-v2, units per stage {units}, width x{width} |
-| image size | {image_size} |
-| classes | {classes} |
-| parameters | {params:,} |
-| numerics | GroupNorm eps {gn:g}, weight standardisation eps {ws:g} |
 {extra}
 ## Usage
 
@@ -582,26 +468,22 @@ model = keras_vit.load_checkpoint("{source}")
 
 
 def _model_card(model, metadata, folder):
-    if "block_units" in model.get_config():
-        return _bit_model_card(model, metadata, folder)
+    """The README.md of a preset folder: the family's text and table rows, then the shared ones."""
+    from keras_vit.models.family import family_of
+
     c = model.get_config()
-    arch = f"hidden {c['hidden_size']}, {c['num_layers']} layers, {c['num_heads']} heads, MLP {c['mlp_dim']}, patch {c['patch_size']}"
-    if c.get("resnet"):
-        arch += f", BiT ResNet stages {tuple(c['resnet'][0])} width x{c['resnet'][1]}"
-    if c["classifier"] == "gap":
-        arch += ", global average pooling"
+    tags, introduction, rows = family_of(model).model_card(c)
     extra = "".join(
         f"| {k} | {v} |\n" for k, v in metadata.items() if isinstance(v, (str, int, float)) and k != "description"
     )
     text = _CARD.format(
+        tags="".join(f"- {t}\n" for t in tags).rstrip("\n"),
         title=metadata.get("name") or os.path.basename(os.path.abspath(folder)),
-        arch=arch,
+        introduction=introduction,
+        rows="".join(f"| {k} | {v} |\n" for k, v in rows),
         image_size="x".join(str(s) for s in c["image_size"]),
         classes=c["classes"] if c["include_top"] else "none (feature extractor)",
         params=model.count_params(),
-        layer_norm_epsilon=c["layer_norm_epsilon"],
-        gelu="tanh approximation" if c["gelu_approximate"] else "exact (erf)",
-        resize=c["position_embedding_resize"],
         extra=extra,
         source=metadata.get("hub_id", os.path.abspath(folder)),
     )
@@ -634,11 +516,13 @@ def save_preset(model, folder, metadata=None, readme=True):
     import keras
 
     from keras_vit import __version__
-    from keras_vit.models.bit import BiTResNet
-    from keras_vit.models.vit import VisionTransformer
+    from keras_vit.models.family import families, family_of
 
-    if not isinstance(model, (VisionTransformer, BiTResNet)):
-        raise TypeError(f"save_preset expects a keras_vit VisionTransformer or BiTResNet; got {type(model).__name__}.")
+    try:
+        family_of(model)
+    except ValueError:
+        known = ", ".join(f.class_name for f in families())
+        raise TypeError(f"save_preset expects a keras_vit model ({known}); got {type(model).__name__}.") from None
     folder = os.fspath(folder)
     os.makedirs(folder, exist_ok=True)
     metadata = dict(metadata or {})

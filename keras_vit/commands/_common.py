@@ -132,7 +132,7 @@ def constructor(name):
     """The keras_vit constructor called `name` (ViTB16, R50ViTB16, ...)."""
     import difflib
 
-    from keras_vit.applications import CONSTRUCTORS
+    from keras_vit.applications import ALL_CONSTRUCTORS as CONSTRUCTORS
 
     if name not in CONSTRUCTORS:
         close = difflib.get_close_matches(name, list(CONSTRUCTORS), n=3)
@@ -320,7 +320,7 @@ def load_as_is(args, *, image_size=None):
 
 def build_fresh_model(arch, image_size, classes):
     """A randomly initialised model of `arch` (constructor name or JSON) at `image_size`."""
-    from keras_vit.models import VisionTransformer
+    from keras_vit.models.family import family_of, get_family
 
     if _is_json_arch(arch):
         try:
@@ -328,7 +328,11 @@ def build_fresh_model(arch, image_size, classes):
         except (OSError, ValueError) as error:
             raise ValueError(f"--arch {arch!r} is neither a constructor name nor valid JSON: {error}") from None
         config.update(image_size=image_size, classes=classes)
-        return VisionTransformer(**config)
+        try:
+            family = family_of(config)  # JSON of any family's arguments
+        except ValueError:
+            family = get_family("vit")  # VisionTransformer's own error names what is missing
+        return family.build(**config)
     return constructor(arch.strip())(weights=None, input_shape=(image_size, image_size, 3), classes=classes)
 
 

@@ -57,8 +57,9 @@ def check_destination(dst, force):
         )
 
 
-def destination_format(dst, to, is_bit):
-    """The name of the format DST is written in ("keras", "keras_preset" or an .npz writer's)."""
+def destination_format(dst, to, family=None):
+    """The name of the format DST is written in ("keras", "keras_preset" or an .npz writer's): a
+    .npz is written in the original layout of the model's `family` (`ModelFamily.npz_format`)."""
     writers = _npz_writers()
     if to is not None:
         known = (_KERAS_FILE, _PRESET, *writers)
@@ -68,7 +69,12 @@ def destination_format(dst, to, is_bit):
     if dst.endswith(".keras"):
         return _KERAS_FILE
     if dst.endswith(".npz"):
-        return "bit_npz" if is_bit else "npz"
+        if family is not None and family.npz_format is None:
+            raise ValueError(
+                f"{family.title} models have no .npz layout of their own; convert to a .keras file or a Keras "
+                "preset folder."
+            )
+        return family.npz_format if family is not None else "npz"
     return _PRESET
 
 
@@ -84,7 +90,7 @@ def run(args):
     dst = args.destination
     check_destination(dst, args.force)
     if args.to is not None:
-        destination_format(dst, args.to, False)  # an unknown --to fails before anything is read
+        destination_format(dst, args.to)  # an unknown --to fails before anything is read
     from keras_vit import loading
 
     _step(f"resolving {args.source}", start)
@@ -92,14 +98,15 @@ def run(args):
     _step(f"reading {resolved.path} ({resolved.format.description})", start)
     model = loading.load(resolved, image_size=args.image_size, include_top=None)
     c = model.get_config()
-    is_bit = c.get("block_units") is not None
     h, w = c["image_size"] if not isinstance(c["image_size"], int) else (c["image_size"],) * 2
     _step(
         f"built {loading._describe(c)} at {h}x{w}, {model.count_params():,} parameters, "
         f"classes: {c['classes'] if c['include_top'] else 'none'}",
         start,
     )
-    to = destination_format(dst, args.to, is_bit)
+    from keras_vit.models.family import family_of
+
+    to = destination_format(dst, args.to, family_of(model))
     if to == _KERAS_FILE:
         model.save(dst)
         kind = ".keras file"

@@ -1,4 +1,5 @@
-"""The architecture table, the VisionTransformer and BiTResNet builders and the canonical weight tree."""
+"""The architecture tables, the model families (`family_of`), every family's model class
+(VisionTransformer, BiTResNet, AxialVisionTransformer, ...) and the canonical weight tree."""
 
 from keras_vit.models.config import (
     ARCHITECTURES,
@@ -9,13 +10,15 @@ from keras_vit.models.config import (
     POSITION_EMBEDDINGS,
     Architecture,
     BiTArchitecture,
+    BiTConfig,
     ViTConfig,
     get_architecture,
 )
+from keras_vit.models.family import ModelFamily, families, family_of
 
-#: Names imported on first use, so that reading the architecture table does not load Keras.
+#: Names imported on first use, so that reading the architecture table does not load Keras (every
+#: family's model class is one of them).
 _LAZY = {
-    "BiTResNet": "keras_vit.models.bit",
     "VisionTransformer": "keras_vit.models.vit",
     "WeightTreeError": "keras_vit.models.weight_tree",
     "get_weight_tree": "keras_vit.models.weight_tree",
@@ -26,7 +29,13 @@ _LAZY = {
 }
 
 
+def _model_classes():
+    return {f.class_name: f.model.split(":", 1)[0] for f in families()}
+
+
 def __getattr__(name):
+    if name not in _LAZY and name in _model_classes():
+        _LAZY[name] = _model_classes()[name]
     if name not in _LAZY:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     import importlib
@@ -37,4 +46,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | set(_model_classes()))

@@ -17,20 +17,7 @@ from keras_vit import compilation
 from keras_vit.backend_workarounds import TraceTrainStepOnce
 
 from keras_vit.layers.resnet import GroupNorm, MaxPoolZeroPad, PreActResNetStage, StdConv2D
-from keras_vit.models.config import BIT_NUMERICS
-
-_POOLING = (None, "avg", "gap", "max")
-
-
-def _image_shape(image_size):
-    if image_size is None:
-        return None, None
-    if isinstance(image_size, int):
-        return image_size, image_size
-    size = tuple(None if s is None else int(s) for s in image_size)
-    if len(size) != 2:
-        raise ValueError(f"image_size must be an int, (height, width) or None; got {image_size!r}.")
-    return size
+from keras_vit.models.config import BIT_NUMERICS, BiTConfig
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -77,65 +64,54 @@ class BiTResNet(TraceTrainStepOnce, keras.Model):
         dtype=None,
         **kwargs,
     ):
-        height, width = _image_shape(image_size)
-        block_units = tuple(int(u) for u in block_units)
-        if not block_units or any(u < 1 for u in block_units):
-            raise ValueError(
-                f"block_units must be one or more positive unit counts, e.g. (3, 4, 6, 3); got {block_units!r}."
-            )
-        if pooling not in _POOLING:
-            raise ValueError(f"pooling must be one of None, 'avg' (alias 'gap') or 'max'; got {pooling!r}.")
-        if include_top and (classes is None or int(classes) < 1):
-            raise ValueError(f"include_top=True needs a positive number of classes; got classes={classes!r}.")
-        root = 64 * width_factor
-        if root != int(root) or int(root) % 32:
-            raise ValueError(
-                f"width_factor {width_factor} gives a {root}-channel stem; GroupNorm's 32 groups need a multiple "
-                "of 32 (width_factor 0.5, 1, 1.5, 2, ...)."
-            )
-        root = int(root)
+        config = BiTConfig(
+            image_size=image_size, block_units=block_units, width_factor=width_factor, classes=classes,
+            include_top=include_top, pooling=pooling, classifier_activation=classifier_activation,
+            group_norm_epsilon=group_norm_epsilon, std_conv_epsilon=std_conv_epsilon,
+            std_conv_epsilon_inside_sqrt=std_conv_epsilon_inside_sqrt, num_channels=num_channels,
+        )
+        (height, width), block_units, width_factor = config.image_size, config.block_units, config.width_factor
+        root = int(64 * width_factor)
         numerics = dict(
-            group_norm_epsilon=group_norm_epsilon,
-            std_conv_epsilon=std_conv_epsilon,
-            std_conv_epsilon_inside_sqrt=std_conv_epsilon_inside_sqrt,
+            group_norm_epsilon=config.group_norm_epsilon,
+            std_conv_epsilon=config.std_conv_epsilon,
+            std_conv_epsilon_inside_sqrt=config.std_conv_epsilon_inside_sqrt,
         )
 
         # === Layers / graph ===
-        images = keras.Input(shape=(height, width, num_channels), name="images")
+        images = keras.Input(shape=(height, width, config.num_channels), name="images")
         x = StdConv2D(
-            root, 7, 2, std_conv_epsilon, std_conv_epsilon_inside_sqrt, padding="symmetric", dtype=dtype,
+            root, 7, 2, config.std_conv_epsilon, config.std_conv_epsilon_inside_sqrt, padding="symmetric", dtype=dtype,
             name="root_block",
         )(images)
         x = MaxPoolZeroPad(3, 2, 1, dtype=dtype, name="root_pool")(x)
         for i, n in enumerate(block_units):
             x = PreActResNetStage(n, root * 2**i, 1 if i == 0 else 2, dtype=dtype, name=f"block{i + 1}", **numerics)(x)
-        x = GroupNorm(32, group_norm_epsilon, relu=True, dtype=dtype, name="group_norm")(x)
-        if include_top:
+        x = GroupNorm(32, config.group_norm_epsilon, relu=True, dtype=dtype, name="group_norm")(x)
+        if config.include_top:
             x = keras.layers.GlobalAveragePooling2D(keepdims=True, dtype=dtype, name="pool")(x)
             x = keras.layers.Conv2D(
-                classes, 1, kernel_initializer="zeros", bias_initializer="zeros", dtype=dtype, name="head"
+                config.classes, 1, kernel_initializer="zeros", bias_initializer="zeros", dtype=dtype, name="head"
             )(x)
             x = keras.layers.Flatten(dtype=dtype, name="flatten")(x)
             x = keras.layers.Activation(classifier_activation, dtype="float32", name="predictions")(x)
-        elif pooling in ("avg", "gap"):
+        elif config.pooling in ("avg", "gap"):
             x = keras.layers.GlobalAveragePooling2D(dtype=dtype, name="pool")(x)
-        elif pooling == "max":
+        elif config.pooling == "max":
             x = keras.layers.GlobalMaxPooling2D(dtype=dtype, name="pool")(x)
         super().__init__(inputs=images, outputs=x, name=name or "bit_resnet", **kwargs)
         compilation.configure_model(self)
 
         # === Config ===
-        self.image_size = (height, width)
-        self.block_units = block_units
-        self.width_factor = width_factor
-        self.classes = None if classes is None else int(classes)
-        self.include_top = bool(include_top)
-        self.pooling = pooling
-        self.classifier_activation = keras.activations.serialize(keras.activations.get(classifier_activation))
-        self.group_norm_epsilon = float(group_norm_epsilon)
-        self.std_conv_epsilon = float(std_conv_epsilon)
-        self.std_conv_epsilon_inside_sqrt = bool(std_conv_epsilon_inside_sqrt)
-        self.num_channels = int(num_channels)
+        activation = keras.activations.serialize(keras.activations.get(classifier_activation))
+        self._bit_config = config.replace(classifier_activation=activation)
+        for field in BiTConfig.fields():  # model.block_units, model.image_size, ...
+            setattr(self, field, getattr(self._bit_config, field))
+
+    @property
+    def config(self):
+        """The model's `BiTConfig` (every constructor argument, normalised)."""
+        return self._bit_config
 
     @property
     def stride(self):
@@ -162,21 +138,7 @@ class BiTResNet(TraceTrainStepOnce, keras.Model):
         return tree
 
     def get_config(self):
-        return {
-            "image_size": list(self.image_size),
-            "block_units": list(self.block_units),
-            "width_factor": self.width_factor,
-            "classes": self.classes,
-            "include_top": self.include_top,
-            "pooling": self.pooling,
-            "classifier_activation": self.classifier_activation,
-            "group_norm_epsilon": self.group_norm_epsilon,
-            "std_conv_epsilon": self.std_conv_epsilon,
-            "std_conv_epsilon_inside_sqrt": self.std_conv_epsilon_inside_sqrt,
-            "num_channels": self.num_channels,
-            "name": self.name,
-            "trainable": self.trainable,
-        }
+        return {**self.config.to_dict(), "name": self.name, "trainable": self.trainable}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
@@ -185,7 +147,3 @@ class BiTResNet(TraceTrainStepOnce, keras.Model):
             config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
         return cls(**config)
 
-
-def is_bit_config(config):
-    """Whether a checkpoint/model config describes a BiTResNet (not a VisionTransformer)."""
-    return isinstance(config, dict) and "block_units" in config

@@ -180,8 +180,11 @@ BIT_ARCHITECTURES = {
 
 
 def get_architecture(name):
-    """The Architecture (or BiTArchitecture) row called `name` (constructor name, e.g. "ViTB16")."""
-    table = {**all_architectures(), **BIT_ARCHITECTURES}
+    """The architecture row called `name` (constructor name, e.g. "ViTB16", "BiTResNet50x1"), of any
+    model family."""
+    from keras_vit.models.family import all_architectures as every_family
+
+    table = every_family()
     if name not in table:
         import difflib
 
@@ -515,3 +518,112 @@ ARCHITECTURE_FIELDS = ViTConfig.architecture_fields()
 NUMERICS_FIELDS = ViTConfig.numerics_fields()
 #: The fields a row of the architecture table fixes (what the constructors own).
 TABLE_FIELDS = tuple(f for f in ViTConfig.fields() if f in {a.name for a in dataclasses.fields(Architecture)})
+
+
+# === The BiT ResNet's configuration ===
+
+
+def _bit_image_size(size):
+    if size is None:
+        return None, None
+    if isinstance(size, bool):
+        raise ValueError(f"image_size must be an int, (height, width) or None; got {size!r}.")
+    if isinstance(size, int):
+        return size, size
+    try:
+        pair = tuple(None if s is None else int(s) for s in size)
+    except (TypeError, ValueError):
+        raise ValueError(f"image_size must be an int, (height, width) or None; got {size!r}.") from None
+    if len(pair) != 2 or any(s is not None and s < 1 for s in pair):
+        raise ValueError(f"image_size must be an int, (height, width) or None; got {size!r}.")
+    return pair
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class BiTConfig:
+    """Every argument of `keras_vit.models.BiTResNet`, normalised and validated once (as
+    `ViTConfig` is for the ViTs). `image_size` may hold None dimensions: the network is fully
+    convolutional.
+
+    Example:
+        >>> BiTConfig(image_size=64, block_units=[1, 1], width_factor=0.5).block_units
+        (1, 1)
+    """
+
+    image_size: tuple = _field("architecture", (224, 224), doc="int, (height, width) or None (any size)")
+    block_units: tuple = _field("architecture", (3, 4, 6, 3))
+    width_factor: float = _field("architecture", 1)
+    classes: int = _field("architecture", 1000)
+    num_channels: int = _field("architecture", 3)
+    group_norm_epsilon: float = _field("numerics", BIT_NUMERICS["group_norm_epsilon"])
+    std_conv_epsilon: float = _field("numerics", BIT_NUMERICS["std_conv_epsilon"])
+    std_conv_epsilon_inside_sqrt: bool = _field("numerics", BIT_NUMERICS["std_conv_epsilon_inside_sqrt"])
+    include_top: bool = _field("head", True)
+    pooling: str = _field("head", None)
+    classifier_activation: object = _field("head", "softmax")
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
+        set_("image_size", _bit_image_size(self.image_size))
+        try:
+            units = tuple(int(u) for u in self.block_units)
+        except (TypeError, ValueError):
+            units = ()
+        if not units or any(u < 1 for u in units):
+            raise ValueError(
+                f"block_units must be one or more positive unit counts, e.g. (3, 4, 6, 3); got {self.block_units!r}."
+            )
+        set_("block_units", units)
+        width = self.width_factor
+        if isinstance(width, float) and width.is_integer():
+            set_("width_factor", int(width))
+        root = 64 * self.width_factor
+        if isinstance(self.width_factor, bool) or root != int(root) or int(root) % 32 or root <= 0:
+            raise ValueError(
+                f"width_factor {self.width_factor} gives a {root}-channel stem; GroupNorm's 32 groups need a multiple "
+                "of 32 (width_factor 0.5, 1, 1.5, 2, ...)."
+            )
+        if self.pooling not in (None, "avg", "gap", "max"):
+            raise ValueError(f"pooling must be one of None, 'avg' (alias 'gap') or 'max'; got {self.pooling!r}.")
+        if self.include_top and (self.classes is None or int(self.classes) < 1):
+            raise ValueError(f"include_top=True needs a positive number of classes; got classes={self.classes!r}.")
+        if self.classes is not None:
+            set_("classes", int(self.classes))
+        set_("num_channels", int(self.num_channels))
+        for key in ("group_norm_epsilon", "std_conv_epsilon"):
+            set_(key, float(getattr(self, key)))
+        for key in ("std_conv_epsilon_inside_sqrt", "include_top"):
+            set_(key, bool(getattr(self, key)))
+
+    @property
+    def stride(self):
+        """Input pixels per position of the final feature map (stem 4, x2 for each later stage)."""
+        return 4 * 2 ** (len(self.block_units) - 1)
+
+    @classmethod
+    def fields(cls, *groups):
+        """Names of the fields in `groups` (all fields when none is given), in declaration order."""
+        return tuple(f.name for f in dataclasses.fields(cls) if not groups or f.metadata["group"] in groups)
+
+    @classmethod
+    def architecture_fields(cls):
+        """The fields a checkpoint determines: its architecture and its numerics."""
+        return cls.fields("architecture", "numerics")
+
+    @classmethod
+    def from_dict(cls, config, *, ignore=KERAS_MODEL_ARGS):
+        """A BiTConfig from a dict (e.g. `BiTResNet.get_config()`); unknown keys raise a TypeError."""
+        config = {k: v for k, v in dict(config).items() if k not in ignore}
+        check_keywords(config, cls.fields(), cls.__name__)
+        return cls(**config)
+
+    def to_dict(self):
+        """The fields as JSON-friendly values: `BiTResNet.get_config()`'s."""
+        out = {f: getattr(self, f) for f in self.fields()}
+        out["image_size"] = list(self.image_size)
+        out["block_units"] = list(self.block_units)
+        return out
+
+    def replace(self, **changes):
+        check_keywords(changes, self.fields(), f"{type(self).__name__}.replace")
+        return dataclasses.replace(self, **changes)
