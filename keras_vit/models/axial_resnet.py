@@ -28,9 +28,6 @@ from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.layers.resnet import MaxPoolZeroPad
 from keras_vit.models.axial_resnet_family import AxialResNetConfig, axial_spans
 
-_POOLING = (None, "avg", "gap", "max")
-
-
 @keras.saving.register_keras_serializable(package="keras_vit")
 class AxialResNet(TraceTrainStepOnce, keras.Model):
     """AxialResNet: a functional model whose layers carry the original's module names.
@@ -74,17 +71,13 @@ class AxialResNet(TraceTrainStepOnce, keras.Model):
         dtype=None,
         **kwargs,
     ):
-        if pooling not in _POOLING:
-            raise ValueError(f"pooling must be one of None, 'avg' (alias 'gap') or 'max'; got {pooling!r}.")
-        if include_top and (classes is None or int(classes) < 1):
-            raise ValueError(f"include_top=True needs a positive number of classes; got classes={classes!r}.")
-        config = AxialResNetConfig.from_dict(dict(
-            image_size=image_size, block_units=tuple(int(u) for u in block_units), width_multiplier=width_multiplier,
-            groups=int(groups), classes=None if classes is None else int(classes),
-            batch_norm_epsilon=float(batch_norm_epsilon), num_channels=int(num_channels),
-        ))
+        config = AxialResNetConfig(
+            image_size=image_size, block_units=block_units, width_multiplier=width_multiplier, groups=groups,
+            classes=classes, num_channels=num_channels, batch_norm_epsilon=batch_norm_epsilon,
+            include_top=include_top, pooling=pooling, classifier_activation=classifier_activation,
+        )
         height, width = config.image_size
-        spans = axial_spans(config.image_size, config.block_units)
+        spans = config.spans
         s, eps = config.width_multiplier, config.batch_norm_epsilon
 
         # === Layers / graph ===
@@ -127,7 +120,7 @@ class AxialResNet(TraceTrainStepOnce, keras.Model):
         self.width_multiplier = config.width_multiplier
         self.groups = config.groups
         self.classes = config.classes
-        self.include_top = bool(include_top)
+        self.include_top = config.include_top
         self.pooling = pooling
         self.classifier_activation = keras.activations.serialize(keras.activations.get(classifier_activation))
         self.batch_norm_epsilon = eps

@@ -96,57 +96,105 @@ def axial_spans(image_size, block_units):
 # === Config ===
 
 
-@dataclasses.dataclass(frozen=True)
+def _field(group, default=dataclasses.MISSING):
+    return dataclasses.field(default=default, metadata={"group": group})
+
+
+def _positive_int(value, key):
+    if isinstance(value, bool) or not hasattr(value, "__index__") or int(value) < 1:
+        raise ValueError(f"{key} must be a positive int; got {value!r}.")
+    return int(value)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
 class AxialResNetConfig:
-    """The arguments of `keras_vit.models.AxialResNet` that a checkpoint determines."""
+    """Every argument of `keras_vit.models.AxialResNet`, normalised and validated once.
 
-    image_size: tuple = (224, 224)
-    block_units: tuple = (3, 4, 6, 3)
-    width_multiplier: float = 0.5
-    groups: int = 8
-    classes: object = 1000
-    batch_norm_epsilon: float = BATCH_NORM_EPSILON
-    num_channels: int = 3
+    Example:
+        >>> AxialResNetConfig(block_units=(1, 2, 4, 1)).spans[:3]
+        [(56, 1), (56, 2), (28, 1)]
+    """
 
-    @classmethod
-    def fields(cls):
-        return tuple(f.name for f in dataclasses.fields(cls))
+    image_size: tuple = _field("architecture", (224, 224))
+    block_units: tuple = _field("architecture", (3, 4, 6, 3))
+    width_multiplier: float = _field("architecture", 0.5)
+    groups: int = _field("architecture", 8)
+    classes: int = _field("architecture", 1000)
+    num_channels: int = _field("architecture", 3)
+    batch_norm_epsilon: float = _field("numerics", BATCH_NORM_EPSILON)
+    include_top: bool = _field("head", True)
+    pooling: str = _field("head", None)
+    classifier_activation: object = _field("head", "softmax")
 
-    @classmethod
-    def from_dict(cls, config):
-        """A validated config from a dict (unknown keys are refused)."""
-        unknown = set(config) - set(cls.fields())
-        if unknown:
-            raise ValueError(f"AxialResNet config has unknown fields {sorted(unknown)}; known: {', '.join(cls.fields())}.")
-        values = dict(config)
-        size = values.get("image_size", cls.image_size)
-        values["image_size"] = (size, size) if isinstance(size, int) else tuple(size)
-        values["block_units"] = tuple(values.get("block_units", cls.block_units))
-        out = cls(**values)
-        out.validate()
-        return out
-
-    def validate(self):
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
+        size = self.image_size
+        if isinstance(size, int) and not isinstance(size, bool):
+            size = (size, size)
+        elif size is not None and not isinstance(size, str):
+            size = tuple(None if n is None else _positive_int(n, "image_size") for n in size)
+        set_("image_size", size)
         units = self.block_units
-        if not units or any(isinstance(u, bool) or not isinstance(u, int) or u < 1 for u in units):
+        if isinstance(units, (str, bytes)) or not hasattr(units, "__iter__") or not tuple(units) or any(
+            isinstance(u, bool) or not hasattr(u, "__index__") or int(u) < 1 for u in units
+        ):
             raise ValueError(f"block_units must be one or more positive unit counts, e.g. (3, 4, 6, 3); got {units!r}.")
+        set_("block_units", tuple(int(u) for u in units))
         s = self.width_multiplier
         if isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 < s <= 64:
             raise ValueError(f"width_multiplier must be a positive number (0.5, 0.75, 1); got {s!r}.")
-        if isinstance(self.groups, bool) or not isinstance(self.groups, int) or self.groups < 1:
-            raise ValueError(f"groups must be a positive integer; got {self.groups!r}.")
-        for stage in range(len(units)):
+        if int(64 * s) < 1:
+            raise ValueError(f"width_multiplier {s} leaves the stem without channels.")
+        set_("groups", _positive_int(self.groups, "groups"))
+        set_("num_channels", _positive_int(self.num_channels, "num_channels"))
+        if self.classes is not None:
+            set_("classes", _positive_int(self.classes, "classes"))
+        for stage in range(len(self.block_units)):
             planes = int(128 * 2**stage * s)
             if planes % self.groups or (planes // self.groups) % 2:
                 raise ValueError(
                     f"width_multiplier {s} gives stage {stage + 1} {planes} channels, which {self.groups} heads do not "
                     "split into even head widths (queries and keys take half of each)."
                 )
-        if int(64 * s) < 1:
-            raise ValueError(f"width_multiplier {s} leaves the stem without channels.")
-        if not 0 < float(self.batch_norm_epsilon) < 1:
-            raise ValueError(f"batch_norm_epsilon must be in (0, 1); got {self.batch_norm_epsilon!r}.")
-        axial_spans(self.image_size, units)
+        eps = self.batch_norm_epsilon
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 < eps < 1:
+            raise ValueError(f"batch_norm_epsilon must be in (0, 1); got {eps!r}.")
+        set_("batch_norm_epsilon", float(eps))
+        set_("include_top", bool(self.include_top))
+        if self.pooling not in (None, "avg", "gap", "max"):
+            raise ValueError(f"pooling must be None, 'avg' (alias 'gap') or 'max'; got {self.pooling!r}.")
+        if self.include_top and self.classes is None:
+            raise ValueError("include_top=True needs a positive number of classes; got classes=None.")
+        axial_spans(self.image_size, self.block_units)
+
+    @property
+    def spans(self):
+        """[(span, stride)] of every block."""
+        return axial_spans(self.image_size, self.block_units)
+
+    @classmethod
+    def fields(cls, *groups):
+        return tuple(f.name for f in dataclasses.fields(cls) if not groups or f.metadata["group"] in groups)
+
+    @classmethod
+    def architecture_fields(cls):
+        return cls.fields("architecture", "numerics")
+
+    @classmethod
+    def from_dict(cls, config, *, ignore=("name", "dtype", "trainable")):
+        """An AxialResNetConfig from a dict (`get_config()`, a checkpoint config); unknown keys
+        raise with a suggestion."""
+        from keras_vit.models.config import check_keywords
+
+        config = {k: v for k, v in dict(config).items() if k not in ignore}
+        check_keywords(config, cls.fields(), cls.__name__)
+        return cls(**config)
+
+    def to_dict(self):
+        out = {f: getattr(self, f) for f in self.fields()}
+        out["image_size"] = list(self.image_size)
+        out["block_units"] = list(self.block_units)
+        return out
 
 
 def axial_resnet_flops(config, image_size=None, classes=None):
