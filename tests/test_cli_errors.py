@@ -7,8 +7,10 @@ before Keras loads; the offline cases load it (the weights are looked up through
 and run on the JAX backend whatever the suite's backend, with HF_HUB_OFFLINE=1 and empty caches.
 """
 
+import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -118,6 +120,95 @@ def test_help_and_presets_load_no_backend():
     assert out.stderr == ""
 
 
+_PARSE_CASES = """
+import contextlib, io, json, sys
+sys.argv[0] = "keras-vit"  # as the console script starts: keras_vit imports lazily
+from keras_vit.cli import main
+results = []
+for argv in json.loads(sys.argv[1]):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        try:
+            status = main(argv)
+        except SystemExit as exit:
+            status = exit.code
+    results.append([status, err.getvalue()])
+print(json.dumps({"results": results, "loaded": sorted(
+    m for m in ("keras", "tensorflow", "jax", "torch", "PIL.ImageFile") if m in sys.modules and m != "PIL.ImageFile")}))
+"""
+
+
+def test_bad_values_fail_before_anything_loads(tmp_path):
+    """Numbers out of range, unreadable shot lists, folders and non-image files given as images:
+    one line naming the flag (or file) and the fix, status 2, no run folder, and neither Keras
+    nor a backend imported. All cases run in one process, one after the other."""
+    (tmp_path / "notimage.jpg").write_text("not an image\n")
+    (tmp_path / "folder").mkdir()
+    png = tmp_path / "truncated.png"
+    from PIL import Image
+
+    Image.new("RGB", (64, 64), (200, 10, 10)).save(png)
+    png.write_bytes(png.read_bytes()[:-30])  # the image data's end and IEND cut off
+    out = str(tmp_path / "run")
+    train = ["finetune", "--arch", TINY_ARCH, "--weights", "none", "--data", "digits", "--out", out]
+    fewshot = ["fewshot", "--weights", str(tmp_path / "model.keras"), "--data", "digits", "--out", out]
+    explain = ["explain", "--weights", "none", "--arch", TINY_ARCH, "--out", out]
+    cases = [  # (argv, the command, fragments of its error line)
+        (train + ["--batch-size", "0"], "finetune", ["argument --batch-size: 0 is not a whole number of at least 1"]),
+        (train + ["--steps", "0"], "finetune", ["argument --steps: 0 is not a whole number of at least 1"]),
+        (train + ["--steps", "-5"], "finetune", ["argument --steps: -5 is not"]),
+        (train + ["--lr", "-0.1"], "finetune", ["argument --lr: -0.1 is not a number above 0", "e.g. 0.003"]),
+        (train + ["--lr", "nan"], "finetune", ["argument --lr: nan is not"]),
+        (train + ["--eval-every", "0"], "finetune", ["argument --eval-every: 0 is not"]),
+        (train + ["--ema", "2"], "finetune", ["argument --ema: 2 is not a number in (0, 1)", "e.g. 0.9999"]),
+        (train + ["--label-smoothing", "1"], "finetune", ["argument --label-smoothing: 1 is not a number in [0, 1)"]),
+        (train + ["--image-size", "-32"], "finetune", ["argument --image-size: -32 is not"]),
+        (train + ["--steps", "4", "--warmup", "4"], "finetune", ["--warmup 4 must be smaller than --steps 4"]),
+        (fewshot + ["--shots", "a,b"], "fewshot", ["argument --shots: 'a' is not a whole number", "--shots 1,5,10,25"]),
+        (fewshot + ["--shots", "5,0"], "fewshot", ["argument --shots: 0 is not a positive number", "--shots 1,5,10,25"]),
+        (["evaluate", "--weights", "m.keras", "--data", "digits", "--batch-size", "-1", "--out", out], "evaluate",
+         ["argument --batch-size: -1 is not"]),
+        (["export", "m.keras", out, "--image-size", "0"], "export", ["argument --image-size: 0 is not"]),
+        (explain + [str(tmp_path / "notimage.jpg")], "explain", ["notimage.jpg' is not an image file", "image files"]),
+        (explain + [str(tmp_path / "folder")], "explain", ["folder' is a folder, not an image file", "*.jpg"]),
+        (explain + [str(png)], "explain", ["truncated.png' is a damaged image"]),
+        (explain + ["sample:grace_hopper", "--components", "0"], "explain", ["argument --components: 0 is not"]),
+    ]
+    done = subprocess.run([sys.executable, "-c", _PARSE_CASES, json.dumps([argv for argv, _, _ in cases])],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["loaded"] == []
+    for (argv, command, fragments), (status, stderr) in zip(cases, report["results"]):
+        line = assert_user_error((status, "", stderr), command, *fragments)
+        assert "--warmup" not in line or "--warmup" in argv, (argv, line)  # --steps errors name --steps only
+    assert not os.path.exists(out)
+
+
+def test_help_shows_the_defaults():
+    """Every option with a default says it in `keras-vit COMMAND --help`."""
+    from keras_vit import cli
+
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert set(commands) == set(cli.COMMANDS)
+    for name, command in commands.items():
+        text = " ".join(command.format_help().split())
+        for action in command._actions:
+            if not action.option_strings or action.default is None or action.default is False:
+                continue
+            if action.default == argparse.SUPPRESS:
+                continue
+            shown = f"default: {action.default if not isinstance(action.default, tuple) else action.default}"
+            assert shown in text or "default" in (action.help or "").lower(), (name, action.option_strings)
+    text = " ".join(commands["finetune"].format_help().split())
+    for fragment in ("--steps STEPS optimizer updates (paper: CIFAR 10k, Pets 500) (default: 500)",
+                     "(default: 0.003)", "--seed SEED seed of the initialisation and the data (default: 0)",
+                     "(default: 64)", "(default: skip)"):
+        assert fragment in text, fragment
+    assert "(default: 1,5,10,25)" in " ".join(commands["fewshot"].format_help().split())
+
+
 # === Errors found while loading (Keras loads, on JAX) ===
 
 
@@ -192,6 +283,27 @@ def test_weights_that_cannot_load_fail_before_any_backend_loads(argv, tmp_path):
                          capture_output=True, text=True, env=env, timeout=300)
     assert out.stdout.strip().splitlines()[-1] == "STATUS 2 LOADED []", (out.stdout, out.stderr[-2000:])
     assert out.stderr.strip().splitlines()[-1].startswith(f"keras-vit {argv[0]}: error: ")
+
+
+#: What TensorFlow, absl and CUDA print as they start (C++ log lines: I/W/E, date, time, thread).
+_START_UP_NOISE = re.compile(r"absl::InitializeLog|port\.cc|cudart_stub|cuda_\w+\.cc|cpu_feature_guard|oneDNN|"
+                             r"^[IWEF]\d{4} \d\d:\d\d:\d\d", re.MULTILINE)
+
+
+def test_evaluate_prints_no_backend_start_up_lines_on_jax(tmp_path):
+    """evaluate on JAX (fewshot reads its data the same way): the data pipeline imports TensorFlow
+    after JAX's compilation cache has looked it up, and its start-up lines are not shown.
+    (explain and convert import no TensorFlow on JAX.)"""
+    import keras_vit as kv
+
+    weights = str(tmp_path / "tiny.keras")
+    kv.VisionTransformer(image_size=16, patch_size=8, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=16,
+                         classes=10).save(weights)
+    status, _, stderr = keras_vit_command("evaluate", "--weights", weights, "--data", "digits", "--split", "test[:50]",
+                                          "--out", str(tmp_path / "evaluate"),
+                                          env={"KERAS_BACKEND": "jax", "KERAS_VIT_CACHE": str(tmp_path / "cache")})
+    assert status == 0, stderr[-3000:]
+    assert not _START_UP_NOISE.search(stderr), stderr[-3000:]
 
 
 # === What used to fail and now works ===

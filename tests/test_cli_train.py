@@ -119,3 +119,19 @@ def test_cli_errors_are_clear(scratch_run, tmp_path, capsys):
     assert "dataset not prepared; run `tfds" in capsys.readouterr().err
     assert main(["evaluate", "--weights", str(scratch_run), "--data", "shapes", "--out", str(tmp_path / "d")]) == 2
     assert "head has 10 classes but 'shapes' has 4" in capsys.readouterr().err
+
+
+def test_resume_refuses_a_run_started_with_other_arguments(scratch_run, capsys):
+    """--resume continues a run only with the arguments it was started with: a flag typed
+    differently is refused before anything loads, a setting the command works out (here the
+    image size of --arch without --image-size) once the model is built; the run is untouched."""
+    before = {name: (scratch_run / name).read_bytes() for name in ("config.json", "metrics.json", "model.keras")}
+    arch = ["--arch", TINY_ARCH, "--weights", "none"]
+    assert _finetune(scratch_run, *arch, "--image-size", "16", "--lr", "0.02", "--no-flip", "--resume") == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("keras-vit finetune: error: --resume: ") and str(scratch_run) in line
+    assert "--lr 0.01 (now 0.02), --no-flip not given (now given)" in line
+    assert "another --out folder" in line
+    assert _finetune(scratch_run, *arch, "--resume") == 2  # built at 224 px, the default
+    assert "--image-size 16 (now 224)" in capsys.readouterr().err
+    assert {name: (scratch_run / name).read_bytes() for name in before} == before
