@@ -1,0 +1,156 @@
+"""The VTAB-1k suite (keras_vit.evaluation.run_vtab, `keras-vit vtab`) on tfds' mock data: every
+task end to end with a tiny model, resume, the tables and plot, the task labels, bad input."""
+
+import csv
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+import keras_vit
+from keras_vit import evaluation
+from keras_vit.cli import main
+from keras_vit.data import TFDS_DATASETS, VTAB_TASKS
+
+TINY_ARCH = dict(patch_size=8, hidden_size=8, num_layers=1, num_heads=2, mlp_dim=16)
+QUICK = dict(steps=1, batch_size=2, image_size=16, verbose=0)
+
+
+def _tiny_base():
+    return keras_vit.VisionTransformer(image_size=16, classes=3, **TINY_ARCH)
+
+
+#: Tasks whose labels read nested object lists, which tfds' random sequences do not fit (their
+#: lengths are drawn per field): hand-made examples stand in for them.
+OBJECT_TASKS = ["vtab/clevr_count", "vtab/clevr_distance", "vtab/kitti_distance"]
+
+
+def _objects_as_dataset(self, split, **kwargs):
+    """CLEVR-like (3 to 10 objects, depths 7-11) or KITTI-like (types 0-7, depths 0-40 m) examples."""
+    counts = (3, 4, 5, 10, 7, 3)
+    rng = np.random.default_rng(0)
+    if self.name == "kitti":
+        examples = [{"image": rng.integers(0, 255, (12, 20, 3), np.uint8),
+                     "objects": {"type": rng.integers(0, 8, n).astype(np.int64),
+                                 "location": rng.uniform(0, 40, (n, 3)).astype(np.float32)}} for n in counts]
+        spec = {"type": tf.TensorSpec((None,), tf.int64), "location": tf.TensorSpec((None, 3), tf.float32)}
+    else:
+        examples = [{"image": rng.integers(0, 255, (12, 12, 3), np.uint8),
+                     "objects": {"size": np.zeros(n, np.int64),
+                                 "pixel_coords": rng.uniform(7, 11, (n, 3)).astype(np.float32)}} for n in counts]
+        spec = {"size": tf.TensorSpec((None,), tf.int64), "pixel_coords": tf.TensorSpec((None, 3), tf.float32)}
+    return tf.data.Dataset.from_generator(lambda: iter(examples), output_signature={
+        "image": tf.TensorSpec((None, None, 3), tf.uint8), "objects": spec})
+
+
+def test_the_papers_setting():
+    s = evaluation.VTAB_1K
+    assert (s.steps, s.learning_rate, s.batch_size, s.image_size) == (2500, 0.01, 512, 384)
+    assert (s.momentum, s.global_clipnorm, s.weight_decay) == (0.9, 1.0, 0.0)
+    assert s.train_split == "train800val200" and TFDS_DATASETS["vtab/dtd"].splits["train800val200"] == (
+        ("train", 800), ("validation", 200))
+    assert len(VTAB_TASKS) == 19
+    assert [sum(TFDS_DATASETS[t].vtab == g for t in VTAB_TASKS) for g in evaluation.GROUPS] == [7, 4, 8]
+
+
+def test_structured_labels_known_answer():
+    """clevr_distance bins the closest object's depth at 0, 8, 8.5, 9, 9.5, 10; kitti_distance the
+    closest vehicle's (Car, Van, Truck: types 0-2) at 8 and 20 m, 3 with no vehicle."""
+    clevr = TFDS_DATASETS["vtab/clevr_distance"].label
+    for depths, want in (([12.0, 7.5], 0), ([8.2, 9.9], 1), ([9.7], 4), ([10.5, 11.0], 5), ([9.2, 8.7], 2)):
+        coords = tf.constant([[0.0, 0.0, d] for d in depths])
+        assert int(clevr({"objects": {"pixel_coords": coords}})) == want, depths
+    count = TFDS_DATASETS["vtab/clevr_count"].label
+    assert int(count({"objects": {"size": tf.zeros(7, tf.int64)}})) == 4
+    kitti = TFDS_DATASETS["vtab/kitti_distance"].label
+    for types, depths, want in (([0, 4], [5.0, 1.0], 0), ([2, 1], [25.0, 12.0], 1), ([3, 0], [3.0, 30.0], 2),
+                                ([5, 6], [3.0, 4.0], 3)):
+        example = {"objects": {"type": tf.constant(types, tf.int64),
+                               "location": tf.constant([[0.0, 0.0, d] for d in depths])}}
+        assert int(kitti(example)) == want, (types, depths)
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="the tasks' data pipelines are TensorFlow on every "
+                    "backend; each backend's fine-tuning path runs in test_resume_gradient_accumulation_and_cli")
+def test_every_task_end_to_end(tmp_path, capsys):
+    """All 19 tasks, 1 step each, write their rows; the run resumes task by task."""
+    out = str(tmp_path / "vtab")
+    base = _tiny_base()
+    others = [t for t in VTAB_TASKS if t not in OBJECT_TASKS]
+    with tfds.testing.mock_data(num_examples=4, policy=tfds.testing.MockPolicy.USE_CODE):
+        evaluation.run_vtab(base, out, tasks=others, **QUICK)
+    with tfds.testing.mock_data(as_dataset_fn=_objects_as_dataset, policy=tfds.testing.MockPolicy.USE_CODE):
+        result = evaluation.run_vtab(base, out, tasks=OBJECT_TASKS, micro_batch_size=1, **QUICK)
+    rows = result["tasks"]
+    assert [r["task"] for r in rows] == list(VTAB_TASKS)
+    for row in rows:
+        source = TFDS_DATASETS[row["task"]]
+        assert row["group"] == source.vtab and row["classes"] == source.classes
+        assert row["examples"] > 0 and 0 <= row["top1"] <= 1
+        assert row["setting"]["steps"] == 1 and row["setting"]["image_size"] == 16
+    # Mock data: 4 examples per split; train800val200 is train's 4 + val's 4 (the object tasks': 6 + 6).
+    assert {r["train_examples"] for r in rows if r["task"] not in OBJECT_TASKS} == {8}
+    assert {r["setting"]["micro_batch_size"] for r in rows if r["task"] in OBJECT_TASKS} == {1}
+    groups = result["groups"]
+    for group in evaluation.GROUPS:
+        values = [r["top1"] for r in rows if TFDS_DATASETS[r["task"]].vtab == group]
+        assert groups[group]["mean"] == pytest.approx(np.mean(values)) and groups[group]["tasks"] == len(values)
+    assert groups["all"]["mean"] == pytest.approx(np.mean([r["top1"] for r in rows])) and groups["all"]["tasks"] == 19
+    saved = json.loads(open(os.path.join(out, "vtab.json")).read())
+    assert saved["groups"] == json.loads(json.dumps(groups)) and len(saved["tasks"]) == 19
+    with open(os.path.join(out, "vtab.csv")) as f:
+        table = list(csv.reader(f))
+    assert table[0] == ["task", "group", "top1", "examples"] and len(table) == 1 + 19 + 4
+    assert table[-1][:2] == ["mean (19 of 19 tasks)", "all"] and float(table[-1][2]) == pytest.approx(
+        groups["all"]["mean"], abs=1e-6)
+    assert os.path.getsize(os.path.join(out, "vtab.png")) > 0
+    capsys.readouterr()
+    # Everything done: a rerun trains nothing and returns the same table.
+    with tfds.testing.mock_data(num_examples=4, policy=tfds.testing.MockPolicy.USE_CODE):
+        again = evaluation.run_vtab(base, out, **QUICK)
+    assert capsys.readouterr().out.count("done before (resumed)") == 19 and again["tasks"] == rows
+
+
+def test_resume_gradient_accumulation_and_cli(tmp_path, capsys):
+    out = tmp_path / "vtab"
+    arch = json.dumps(TINY_ARCH)
+    argv = ["vtab", "--arch", arch, "--weights", "none", "--tasks", "vtab/dtd", "--steps", "2", "--batch-size", "4",
+            "--micro-batch-size", "2", "--image-size", "16", "--verbose", "0", "--out", str(out)]
+    with tfds.testing.mock_data(num_examples=4, policy=tfds.testing.MockPolicy.USE_CODE):
+        assert main(argv) == 0
+        row = json.loads((out / "tasks" / "dtd.json").read_text())
+        assert row["task"] == "vtab/dtd" and row["examples"] == 4 and row["setting"]["micro_batch_size"] == 2
+        assert row["setting"]["batch_size"] == 4 and row["setting"]["steps"] == 2
+        assert {"vtab.json", "vtab.csv", "vtab.png"} <= set(os.listdir(out))
+        printed = capsys.readouterr().out
+        assert "natural: " in printed and "(1 of 7 tasks)" in printed
+        # Another setting in the same folder is refused.
+        assert main(argv[:-1] + [str(out)] + ["--steps", "3"]) == 2
+        assert "another setting" in capsys.readouterr().err
+        # A micro-batch that does not divide the batch.
+        assert main([*argv[:-2], "--micro-batch-size", "3", "--out", str(tmp_path / "b")]) == 2
+        assert "micro-batches of 3" in capsys.readouterr().err
+
+
+def test_unknown_task_lists_the_tasks(tmp_path, capsys):
+    assert main(["vtab", "--arch", "ViTTi16", "--weights", "none", "--tasks", "dtd,clever_count",
+                 "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "Unknown VTAB-1k task 'vtab/clever_count'" in err and "vtab/clevr_count" in err
+    assert all(task in err for task in VTAB_TASKS)
+    assert not (tmp_path / "o").exists()
+    with pytest.raises(ValueError, match="Known: vtab/caltech101"):
+        evaluation.resolve_tasks(["nope"])
+    assert evaluation.resolve_tasks("dtd, vtab/svhn,dtd") == ["vtab/dtd", "vtab/svhn"]
+
+
+def test_missing_task_data_names_the_command(tmp_path, capsys):
+    assert main(["vtab", "--arch", json.dumps(TINY_ARCH), "--weights", "none", "--tasks", "sun397", "--steps", "1",
+                 "--batch-size", "2", "--image-size", "16", "--data-dir", str(tmp_path), "--out",
+                 str(tmp_path / "o")]) == 2
+    assert "run `tfds build sun397/tfds`" in capsys.readouterr().err
