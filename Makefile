@@ -1,5 +1,7 @@
 # Quick start: `make demo` and `make test` each create .venv when it is missing.
-PYTHON ?= python3
+# The venv's Python: python3.11 (what the project is tested with) when it is on the PATH, else
+# python3; `make venv PYTHON=python3.12` chooses another (the package needs 3.10 or later).
+PYTHON ?= $(shell command -v python3.11 >/dev/null 2>&1 && echo python3.11 || echo python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -14,14 +16,36 @@ DIST := --dist loadfile --no-loadscope-reorder
 venv: $(STAMP)
 
 # uv installs the 8 GB of dependencies in parallel, byte-compiled (about 45 s against pip's 110 s on
-# 2 cores); pip takes over where uv cannot install. Folders of local wheels that pip is configured
-# with on this kind of machine are passed on to uv, which does not read pip's configuration.
-LOCAL_WHEELS := $(foreach d,$(wildcard /opt/pypi/files /opt/pypi-more/files),--find-links $(d))
+# 2 cores); pip takes over where uv cannot install. uv reads neither pip's configuration files nor
+# PIP_* variables, so the package sources pip is configured with (`pip config list`: find-links,
+# index URLs, constraints) are handed to uv through its own variables, each unless UV_* already sets
+# it; with pip's extra index URLs, uv considers every index as pip does (unsafe-best-match). With no
+# pip configuration, uv gets nothing and uses PyPI, as pip does.
+define PIP_SOURCES_FOR_UV
+import ast, os, shlex, subprocess, sys
+listed = subprocess.run([sys.executable, "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
+rank, found = {"global": 0, "install": 1, ":env:": 2}, {}
+for line in listed.splitlines():
+    key, sep, value = line.partition("=")
+    scope, _, name = key.rpartition(".")
+    if sep and scope in rank and rank[scope] >= found.get(name, (-1, ""))[0]:
+        found[name] = (rank[scope], ast.literal_eval(value))
+uv = {"find-links": ("UV_FIND_LINKS", ","), "index-url": ("UV_INDEX_URL", " "),
+      "extra-index-url": ("UV_EXTRA_INDEX_URL", " "), "constraint": ("UV_CONSTRAINT", " ")}
+for name, (variable, separator) in uv.items():
+    if name in found and variable not in os.environ:
+        print(f"export {variable}={shlex.quote(separator.join(found[name][1].split()))}")
+if "extra-index-url" in found and "UV_INDEX_STRATEGY" not in os.environ:
+    print("export UV_INDEX_STRATEGY=unsafe-best-match")
+endef
+export PIP_SOURCES_FOR_UV
 
 $(STAMP): pyproject.toml
+	@echo "make venv: $(VENV) with $(PYTHON) ($$($(PYTHON) --version 2>&1))"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip uv
-	$(VENV)/bin/uv pip install --quiet --python $(PY) --compile-bytecode $(LOCAL_WHEELS) -e ".[dev]" \
+	eval "$$($(PY) -c "$$PIP_SOURCES_FOR_UV")"; env | grep '^UV_' || true; \
+	  $(VENV)/bin/uv pip install --quiet --python $(PY) --compile-bytecode -e ".[dev]" \
 	  || $(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
 
