@@ -261,3 +261,103 @@ def params_of(block_units, width_multiplier, groups=8, classes=1000, image_size=
         total += inplanes * classes + classes
     return total
 
+
+
+# === The family record ===
+
+
+def _describe(config):
+    return (f"AxialResNet, blocks {tuple(config['block_units'])}, width x{config['width_multiplier']}, "
+            f"{config.get('groups', 8)} heads")
+
+
+def _weights_lower_bound(config, source):
+    """The fewest bytes the weights of `config` take (one byte per parameter); a config that is
+    not an AxialResNet's raises a CheckpointError."""
+    from keras_vit.errors import CheckpointError
+
+    try:
+        c = AxialResNetConfig.from_dict(config)
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{source}: {err}") from None
+    return params_of(c.block_units, c.width_multiplier, c.groups, c.classes if c.include_top else 0, c.image_size[0],
+                     c.num_channels)
+
+
+def _card(config):
+    intro = ("AxialResNet weights for keras_vit (Keras 3: JAX, TensorFlow, PyTorch): the axial-attention ResNet of\n"
+             "\"Axial-DeepLab\" (Wang et al., ECCV 2020), a baseline of \"An Image is Worth 16x16 Words\"\n"
+             "(Dosovitskiy et al., ICLR 2021, Appendix D.6), as csrhddlam/axial-deeplab builds it.")
+    size = config["image_size"][0] if not isinstance(config["image_size"], int) else config["image_size"]
+    rows = [("architecture", _describe(config)),
+            ("input size", f"{size}x{size} px only (attention spans fixed per stage)"),
+            ("numerics", f"BatchNorm eps {config.get('batch_norm_epsilon', BATCH_NORM_EPSILON):g}")]
+    return ("axial-resnet", "axial-attention"), intro, rows
+
+
+DOC = """Instantiates the {paper_name} architecture, the paper's AxialResNet baseline (Appendix D.6).
+
+Reference: "Axial-DeepLab: Stand-Alone Axial-Attention for Panoptic Segmentation" (Wang et al.,
+ECCV 2020), as csrhddlam/axial-deeplab's `axialnet.py` builds it: a ResNet-50 layout whose 3x3
+convolutions are a height then a width position-sensitive axial attention (8 heads, relative
+query/key/value embeddings, BatchNorm on the similarities and outputs, the stride as 2x2 average
+pooling), blocks per stage {block_units}, width x{width_multiplier}; {params:,} parameters with
+1000 classes.
+
+Inputs are channels-last images. The original normalises them with the ImageNet mean and
+standard deviation (`keras_vit.preprocess_input` maps to [-1, 1] instead).
+
+Args:
+    include_top: whether to end in global average pooling and the linear head.
+    weights: None (random initialisation), or a local checkpoint: the original's `.pth.tar`
+        (its training script's {{"epoch", "state_dict", ...}}) or a bare state dict, a `.keras`
+        file or a Keras preset folder saved from an AxialResNet.
+    input_tensor: optional Keras tensor to use as the image input.
+    input_shape: (size, size, 3), square; default (224, 224, 3), the size of the original's
+        checkpoints. Each stage's attention span is fixed by it (56, 56, 28, 14 at 224 px); other
+        square sizes whose stem grid (ceil(size / 4)) halves evenly at each strided stage (a
+        multiple of {stride}) build another network, which the original's weights do not fit.
+        Sizes that cannot work, and sizes known only at run time, are refused with the reason.
+    pooling: with include_top=False: None returns the (batch, h, w, channels) features of the
+        last stage; "avg" or "max" pool them to (batch, channels).
+    classes: classes of the head.
+    classifier_activation: activation of the head; None returns logits.
+    name: model name.
+    **overrides: other `keras_vit.models.AxialResNet` arguments (groups, batch_norm_epsilon,
+        dtype).
+
+Returns:
+    A `keras_vit.models.AxialResNet` (a `keras.Model`).
+
+Example:
+    >>> model = keras_vit.{name}(weights=None, input_shape=(224, 224, 3))
+"""
+
+
+def _make_record():
+    from keras_vit.models.family import ModelFamily
+
+    return ModelFamily(
+        name="axial_resnet",
+        title="AxialResNet",
+        model="keras_vit.models.axial_resnet:AxialResNet",
+        config_class=AxialResNetConfig,
+        architectures=AXIAL_RESNET_ARCHITECTURES,
+        signature=("width_multiplier", "groups"),
+        flops=axial_resnet_flops,
+        checkpoint_fields=AxialResNetConfig.architecture_fields(),
+        head="fc/",
+        optional_weights=("fc/",),
+        resizable_weights=("fc/",),
+        features_pooling="avg",
+        patch_resize=False,
+        source_grid=None,
+        dynamic_size=None,
+        describe=_describe,
+        card=_card,
+        weights_lower_bound=_weights_lower_bound,
+        constructor_doc=DOC,
+    )
+
+
+AXIAL_RESNET = _make_record()

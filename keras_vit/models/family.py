@@ -236,6 +236,7 @@ REGISTRY = (
     "keras_vit.models.family:VIT",
     "keras_vit.models.family:BIT",
     "keras_vit.models.axial_vit_family:AXIAL_VIT",
+    "keras_vit.models.axial_resnet_family:AXIAL_RESNET",
 )
 
 _LOADED = []
