@@ -134,12 +134,12 @@ def _numpy_axial_vit(t, images, *, patch, layers, heads, representation=False):
 
 def test_forward_matches_numpy_on_a_non_square_grid():
     model = randomize(
-        AxialVisionTransformer(**TINY_AXIAL, representation_size=16, classifier_activation=None), seed=4
-    )
+        AxialVisionTransformer(**TINY_AXIAL, representation_size=16, classifier_activation=None), seed=4, scale=2.0
+    )  # weights large enough that the GELU's form shows: the erf form is 1.9e-5 away
     x = _images((2, 32, 48, 3), seed=5)
     ref = _numpy_axial_vit(keras_vit.get_weight_tree(model), x, patch=8, layers=2, heads=3, representation=True)
-    # Measured 3e-7 (JAX, float32); the bound is about 10x that.
-    assert rel_err(model.predict(x, verbose=0), ref) < 5e-6
+    # Measured 1.4e-7 (JAX) and 1.5e-7 (TensorFlow), float32; the bound is about 10x that.
+    assert rel_err(model.predict(x, verbose=0), ref) < 1.5e-6
 
 
 def test_attention_maps_are_per_row_and_per_column():
