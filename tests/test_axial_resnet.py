@@ -149,6 +149,7 @@ def _trainable_count(model):
     return sum(math.prod(v.shape) for v in model.trainable_weights)
 
 
+@pytest.mark.backend_independent  # shapes only
 @pytest.mark.parametrize("name", sorted(ORIGINAL))
 def test_parameter_counts_equal_the_original(name):
     layers, s = ORIGINAL[name]
@@ -215,6 +216,7 @@ def test_logits_equal_the_original_through_its_training_checkpoint(tmp_path, sma
     assert rel_err(again.predict(x, verbose=0), expected) < 4e-6
 
 
+@pytest.mark.backend_independent  # the reader only
 def test_bare_state_dict_reads_the_same(tmp_path, small_reference):
     from keras_vit.checkpoints.axial_deeplab import read_axial_deeplab
 
@@ -236,6 +238,7 @@ def test_bare_state_dict_reads_the_same(tmp_path, small_reference):
     assert bare["layer2/1/hight_block/relative"].shape == (2 * 8, 2 * 4 - 1)  # span halved after the stride
 
 
+@pytest.mark.backend_independent
 @pytest.mark.parametrize("name", sorted(ORIGINAL))
 def test_flops_equal_torch_flop_counter(name):
     """Table-6 convention (one multiply-add = 2; norms, softmax and pools not counted), against
@@ -253,6 +256,7 @@ def test_flops_equal_torch_flop_counter(name):
 # === Input sizes ===
 
 
+@pytest.mark.backend_independent
 def test_spans_follow_the_image_size_and_impossible_sizes_are_refused():
     from keras_vit.models.axial_resnet_family import axial_spans
 
