@@ -10,21 +10,17 @@ Nothing else (no TypeError, KeyError, MemoryError, RecursionError), no case over
 deadline), nothing allocated beyond the file's size (declared sizes are refused before
 allocating; tracemalloc checks a 100 GB claim), nothing written to the caches or next to the file.
 
-Cases per reader in the default profile (derandomized, so every run tries the same cases;
-KERAS_VIT_FUZZ=heavy tries 10x as many, with fresh random cases):
-
-| reader | truncation | flipped bytes | structured damage |
-|---|---|---|---|
-| original .npz | 60 | 60 | 40 (dtypes, shapes, values, dropped keys) + 4 npy headers claiming 100 GB / objects |
-| timm safetensors folder | 60 | 60 | 60 header entries (dtypes, shapes, offsets, header lengths) + 4 claiming 100 GB + 4 non-finite / integer + 40 config.json fields |
-| transformers folder | 30 | 30 | 40 config.json fields |
-| Keras preset folder | 10 | 10 | 20 config.json fields + 4 configs claiming a huge model + 2 missing files |
-| .weights.h5 + config.json | 10 | 10 | (the preset's config cases) |
-| .keras | 10 | 10 | 1 config claiming a huge model |
-| config.json of timm / transformers / preset | | | 6 documents each (nested 10^5 deep, 17 MB, not UTF-8, not an object, 5000-digit integer) |
+The truncation and flipped-byte matrix is built from `keras_vit.checkpoints.registry`: every
+registered format needs a generator in GENERATORS below (a small valid file of that format), and a
+format without one fails `test_every_registered_format_has_a_generator` saying what to add. The
+cases are derandomized, so each run tries the same ones; their outcome counts are asserted
+(EXPECTED) and docs/reliability.md's table is rendered from them (`python tests/test_hostile_files.py`
+prints it; `test_reliability_doc_shows_the_asserted_counts` checks the doc). KERAS_VIT_FUZZ=heavy
+tries 10x as many fresh random cases and asserts only how each case ends.
 """
 
 import collections
+import dataclasses
 import io
 import json
 import math
@@ -43,6 +39,8 @@ from hypothesis import strategies as st
 
 import keras_vit
 from keras_vit import CheckpointError, build_model, read_checkpoint, write_npz
+from keras_vit.checkpoints.big_vision import write_big_vision_npz
+from keras_vit.checkpoints.bit import write_bit_npz
 from keras_vit.checkpoints.keras_format import save_preset
 from keras_vit.models.weight_tree import get_weight_tree
 
@@ -65,10 +63,55 @@ def cases(n):
 #: reader -> Counter of how cases ended; written to $KERAS_VIT_FUZZ_REPORT (JSON) when set.
 OUTCOMES = collections.defaultdict(collections.Counter)
 
+#: How the default profile's cases end, per reader and damage (asserted by each test; the table of
+#: docs/reliability.md is rendered from it). "read": the damaged file still loaded, with changed
+#: values, where the format has no checksum over the bytes changed.
+EXPECTED = {
+    "npz truncation": {"CheckpointError": 60},
+    "npz flipped bytes": {"CheckpointError": 55, "read": 5},
+    "npz headers claiming 100 GB / objects": {"CheckpointError": 4},
+    "npz dtypes/shapes/values": {"CheckpointError": 35, "read": 5},
+    "big_vision truncation": {"CheckpointError": 20},
+    "big_vision flipped bytes": {"CheckpointError": 17, "read": 3},
+    "big_vision headers claiming 100 GB / objects": {"CheckpointError": 4},
+    "big_vision scanned truncation": {"CheckpointError": 20},
+    "big_vision scanned flipped bytes": {"CheckpointError": 19, "read": 1},
+    "big_vision scanned headers claiming 100 GB / objects": {"CheckpointError": 4},
+    "bit_npz truncation": {"CheckpointError": 20},
+    "bit_npz flipped bytes": {"CheckpointError": 18, "read": 2},
+    "bit_npz headers claiming 100 GB / objects": {"CheckpointError": 4},
+    "timm truncation": {"CheckpointError": 60},
+    "timm flipped bytes": {"CheckpointError": 46, "read": 14},
+    "safetensors header": {"CheckpointError": 59, "read": 1},
+    "safetensors 100 GB claims": {"CheckpointError": 4},
+    "safetensors non-finite / int": {"CheckpointError": 4},
+    "timm config.json fields": {"CheckpointError": 18, "read": 22},
+    "timm JSON documents": {"CheckpointError": 6},
+    "timm_bit truncation": {"CheckpointError": 20},
+    "timm_bit flipped bytes": {"CheckpointError": 14, "read": 6},
+    "timm_bit config.json fields": {"CheckpointError": 5, "read": 15},
+    "timm_bit JSON documents": {"CheckpointError": 6},
+    "transformers truncation": {"CheckpointError": 30},
+    "transformers flipped bytes": {"CheckpointError": 22, "read": 8},
+    "transformers config.json fields": {"CheckpointError": 35, "read": 5},
+    "transformers JSON documents": {"CheckpointError": 6},
+    "keras_preset truncation": {"CheckpointError": 10},
+    "keras_preset flipped bytes": {"CheckpointError": 4, "read": 6},
+    "keras_preset config.json fields": {"CheckpointError": 17, "read": 3},
+    "keras_preset JSON documents": {"CheckpointError": 6},
+    "keras config claiming a huge model": {"CheckpointError": 5},
+    "preset missing files": {"CheckpointError": 2},
+    "keras_weights truncation": {"CheckpointError": 10},
+    "keras_weights flipped bytes": {"CheckpointError": 4, "read": 6},
+    "keras truncation": {"CheckpointError": 10},
+    "keras flipped bytes": {"CheckpointError": 7, "read": 3},
+}
+
 
 # === Valid small checkpoints of every format ===
 
 SMALL = dict(TINY, num_layers=1)
+BIT_SMALL = dict(image_size=32, block_units=(1, 1), width_factor=0.5, classes=3)
 
 
 def _timm_state(tree, hidden):
@@ -185,14 +228,54 @@ def valid():
                                    "image_size": 32, "patch_size": 8, "hidden_act": "gelu",
                                    "layer_norm_eps": 1e-12}).encode(),
     }
-    return {"files": files, "tree": tree, "timm_state": timm_state}
+    bit_model = randomize(keras_vit.models.BiTResNet(**BIT_SMALL), seed=1)
+    bit_tree = {k: np.asarray(v) for k, v in get_weight_tree(bit_model).items()}
+    files["bit_npz"] = {"b.npz": _saved(lambda path: write_bit_npz(bit_tree, path))}
+    files["timm_bit"] = {
+        "model.safetensors": safetensors_bytes(*safetensors_parts(_timm_bit_state(bit_tree))),
+        "config.json": json.dumps({"architecture": "resnetv2_50x1_bit", "num_classes": BIT_SMALL["classes"],
+                                   "pretrained_cfg": {"input_size": [3, 32, 32]}}).encode(),
+    }
+    files["big_vision"] = {"bv.npz": _saved(lambda path: write_big_vision_npz(model, path, prefix="params/"))}
+    files["big_vision scanned"] = {"bv.npz": _saved(lambda path: write_big_vision_npz(model, path, scan=True))}
+    return {"files": files, "tree": tree, "timm_state": timm_state, "bit_tree": bit_tree}
 
 
-# Which file of each format is damaged, and what is handed to the reader.
-TARGET = {"npz": "m.npz", "timm": "model.safetensors", "transformers": "model.safetensors",
-          "keras_preset": "model.weights.h5", "weights_h5": "w.weights.h5", "keras": "m.keras"}
-ENTRY = {"npz": "m.npz", "timm": ".", "transformers": ".", "keras_preset": ".", "weights_h5": "w.weights.h5",
-         "keras": "m.keras"}
+def _saved(write):
+    """The bytes a writer `write(path)` writes."""
+    folder = tempfile.mkdtemp()
+    try:
+        path = os.path.join(folder, "f.npz")
+        write(path)
+        return open(path, "rb").read()
+    finally:
+        shutil.rmtree(folder)
+
+
+def _timm_bit_state(tree):
+    """A canonical BiT tree in timm's ResNetV2 layout (the inverse of the reader's mapping, written out)."""
+    conv = {"a": "conv1", "b": "conv2", "c": "conv3"}
+    norm = {"a": "norm1", "b": "norm2", "c": "norm3"}
+    state = {}
+    for key, value in tree.items():
+        parts = key.split("/")
+        if key == "resnet/root_block/standardized_conv2d/kernel":
+            state["stem.conv.weight"] = value.transpose(3, 2, 0, 1)
+        elif parts[1] == "group_norm":
+            state["norm." + {"gamma": "weight", "beta": "bias"}[parts[2]]] = value
+        elif parts[1] == "head":
+            state["head.fc." + {"kernel": "weight", "bias": "bias"}[parts[3]]] = (
+                value.transpose(3, 2, 0, 1) if value.ndim == 4 else value)
+        else:
+            stage, unit, part = int(parts[1][5:]) - 1, int(parts[2][4:]) - 1, parts[3]
+            prefix = f"stages.{stage}.blocks.{unit}."
+            if parts[4] == "proj":
+                state[prefix + "downsample.conv.weight"] = value.transpose(3, 2, 0, 1)
+            elif parts[4] == "standardized_conv2d":
+                state[prefix + conv[part] + ".weight"] = value.transpose(3, 2, 0, 1)
+            else:
+                state[prefix + norm[part] + "." + {"gamma": "weight", "beta": "bias"}[parts[5]]] = value
+    return {k: np.ascontiguousarray(v, np.float32) for k, v in state.items()}
 
 
 @pytest.fixture(scope="module")
@@ -244,57 +327,116 @@ def attempt(label, sandbox, files, entry, build=False):
     return outcome
 
 
-def _damaged(valid, fmt, data):
-    return {**valid["files"][fmt], TARGET[fmt]: data}
+# === The matrix: every registered format, truncated and with flipped bytes ===
 
 
-# === Truncation and flipped bytes, every format ===
+@dataclasses.dataclass(frozen=True)
+class Sample:
+    """A small valid checkpoint: `files` {name: bytes} written into a fresh folder, `target` the
+    file damaged, `entry` what `read_checkpoint` is handed ("." for the folder), `cases` the
+    truncation and flipped-byte cases of the default profile, `build` whether a read is also
+    assigned to a model (cheap for files without a model config)."""
 
-CHEAP = ["npz", "timm", "transformers"]
-BUILDS = ["keras_preset", "weights_h5", "keras"]  # these readers build a model to read the weights
+    files: str  # the key of valid["files"]
+    target: str
+    entry: str
+    cases: int
+    build: bool = True
 
 
-def _cut(fmt, n, sandbox, valid):
-    data = valid["files"][fmt][TARGET[fmt]]
+#: Registered format -> {label: Sample}. A new format in keras_vit.checkpoints.registry needs a
+#: line here (and its small valid file in the `valid` fixture).
+GENERATORS = {
+    "npz": {"npz": Sample("npz", "m.npz", "m.npz", 60)},
+    "big_vision": {"big_vision": Sample("big_vision", "bv.npz", "bv.npz", 20),
+                   "big_vision scanned": Sample("big_vision scanned", "bv.npz", "bv.npz", 20)},
+    "bit_npz": {"bit_npz": Sample("bit_npz", "b.npz", "b.npz", 20)},
+    "timm": {"timm": Sample("timm", "model.safetensors", ".", 60)},
+    "timm_bit": {"timm_bit": Sample("timm_bit", "model.safetensors", ".", 20)},
+    "transformers": {"transformers": Sample("transformers", "model.safetensors", ".", 30)},
+    "keras_preset": {"keras_preset": Sample("keras_preset", "model.weights.h5", ".", 10, build=False)},
+    "keras_weights": {"keras_weights": Sample("weights_h5", "w.weights.h5", "w.weights.h5", 10, build=False)},
+    "keras": {"keras": Sample("keras", "m.keras", "m.keras", 10, build=False)},
+}
 
-    @cases(n)
+
+def _registered():
+    from keras_vit.checkpoints.registry import formats
+
+    return list(formats())
+
+
+def _samples(fmt):
+    if fmt not in GENERATORS:
+        pytest.fail(
+            f"The checkpoint format {fmt!r} is registered (keras_vit.checkpoints.registry) but has no hostile-file "
+            f"generator: add GENERATORS[{fmt!r}] = {{label: Sample(...)}} in tests/test_hostile_files.py, with its "
+            "small valid file in the `valid` fixture, and its outcome counts in EXPECTED (run the test once: the "
+            "failure prints them)."
+        )
+    return GENERATORS[fmt]
+
+
+def test_every_registered_format_has_a_generator():
+    missing = [fmt for fmt in _registered() if fmt not in GENERATORS]
+    assert not missing, (
+        f"registered formats without a hostile-file generator: {', '.join(missing)}; add GENERATORS entries "
+        "(tests/test_hostile_files.py) so that they are truncated and flipped like every other format."
+    )
+
+
+def _damaged(valid, sample, data):
+    return {**valid["files"][sample.files], sample.target: data}
+
+
+def _cut(label, sample, sandbox, valid):
+    data = valid["files"][sample.files][sample.target]
+
+    @cases(sample.cases)
     @given(st.integers(0, len(data) - 1))
     def run(length):
-        attempt(f"{fmt} truncation", sandbox, _damaged(valid, fmt, data[:length]), ENTRY[fmt])
+        attempt(f"{label} truncation", sandbox, _damaged(valid, sample, data[:length]), sample.entry)
 
     run()
 
 
-def _flip(fmt, n, sandbox, valid):
-    data = valid["files"][fmt][TARGET[fmt]]
+def _flip(label, sample, sandbox, valid):
+    data = valid["files"][sample.files][sample.target]
 
-    @cases(n)
+    @cases(sample.cases)
     @given(st.lists(st.tuples(st.integers(0, len(data) - 1), st.integers(1, 255)), min_size=1, max_size=8))
     def run(flips):
         damaged = bytearray(data)
         for position, mask in flips:
             damaged[position] ^= mask
-        attempt(f"{fmt} flipped bytes", sandbox, _damaged(valid, fmt, bytes(damaged)), ENTRY[fmt], build=fmt in CHEAP)
+        attempt(f"{label} flipped bytes", sandbox, _damaged(valid, sample, bytes(damaged)), sample.entry,
+                build=sample.build)
 
     run()
 
 
-@pytest.mark.parametrize("fmt,n", [("npz", 60), ("timm", 60), ("transformers", 30)])
-def test_truncated_files(fmt, n, sandbox, valid):
-    _cut(fmt, n, sandbox, valid)
-    assert OUTCOMES[f"{fmt} truncation"]["read"] == 0  # a cut file never reads
+def check_outcomes(label):
+    """Assert the outcome counts of `label` (default profile) against EXPECTED."""
+    got = dict(OUTCOMES[label])
+    if HEAVY or os.environ.get("H4_RECORD"):
+        return
+    assert label in EXPECTED, f"no expected outcome counts for {label!r}; measured {got}: add them to EXPECTED"
+    assert got == EXPECTED[label], f"{label}: outcomes {got}, expected {EXPECTED[label]}"
 
 
-@pytest.mark.parametrize("fmt,n", [("npz", 60), ("timm", 60), ("transformers", 30)])
-def test_flipped_bytes(fmt, n, sandbox, valid):
-    _flip(fmt, n, sandbox, valid)
+@pytest.mark.parametrize("fmt", _registered())
+def test_truncated_files(fmt, sandbox, valid):
+    for label, sample in _samples(fmt).items():
+        _cut(label, sample, sandbox, valid)
+        assert OUTCOMES[f"{label} truncation"]["read"] == 0  # a cut file never reads
+        check_outcomes(f"{label} truncation")
 
 
-@pytest.mark.parametrize("fmt", BUILDS)
-def test_truncated_and_flipped_keras_files(fmt, sandbox, valid):
-    _cut(fmt, 10, sandbox, valid)
-    _flip(fmt, 10, sandbox, valid)
-    assert OUTCOMES[f"{fmt} truncation"]["read"] == 0
+@pytest.mark.parametrize("fmt", _registered())
+def test_flipped_bytes(fmt, sandbox, valid):
+    for label, sample in _samples(fmt).items():
+        _flip(label, sample, sandbox, valid)
+        check_outcomes(f"{label} flipped bytes")
 
 
 # === Structured damage: safetensors headers ===
@@ -338,6 +480,7 @@ def test_safetensors_header_entries(fmt, sandbox, valid):
             assert ending != "read"
 
     run()
+    check_outcomes("safetensors header")
 
 
 def test_safetensors_claiming_100_gb_fails_fast_without_allocating(sandbox, valid):
@@ -360,6 +503,7 @@ def test_safetensors_claiming_100_gb_fails_fast_without_allocating(sandbox, vali
             tracemalloc.stop()
         assert ending == "CheckpointError"
         assert peak < 16 * 2**20, f"{peak / 2**20:.0f} MiB allocated for a {len(data) / 1024:.0f} KiB file"
+    check_outcomes("safetensors 100 GB claims")
 
 
 def test_safetensors_non_finite_and_integer_weights(sandbox, valid):
@@ -374,6 +518,7 @@ def test_safetensors_non_finite_and_integer_weights(sandbox, valid):
         with pytest.raises(CheckpointError, match=f"'{next(iter(change))}'"):
             read_checkpoint(_write(sandbox, {**valid["files"]["timm"], "model.safetensors": blob}))
         OUTCOMES["safetensors non-finite / int"]["CheckpointError"] += 1
+    check_outcomes("safetensors non-finite / int")
 
 
 def _write(sandbox, files):
@@ -429,25 +574,41 @@ def test_npz_dtypes_shapes_and_values(sandbox, valid):
             assert ending == "CheckpointError"
 
     run()
+    check_outcomes("npz dtypes/shapes/values")
 
 
-def test_npz_headers_claiming_100_gb_fail_fast_without_allocating(sandbox, valid):
-    tree = dict(valid["tree"])
-    kernel = "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel"
-    del tree[kernel]
+#: The .npz samples of the matrix (every format stored as NumPy's zip of .npy members).
+NPZ_SAMPLES = [(label, sample) for samples in GENERATORS.values() for label, sample in samples.items()
+               if sample.target.endswith(".npz")]
+
+
+@pytest.mark.parametrize("label,sample", NPZ_SAMPLES, ids=[label for label, _ in NPZ_SAMPLES])
+def test_npz_headers_claiming_100_gb_fail_fast_without_allocating(label, sample, sandbox, valid):
+    """Every .npz reader (original, big_vision per-layer and scanned, big_transfer) checks each
+    member's declared size against the zip before allocating: its largest member replaced by
+    headers claiming 100 GB, beyond int64, an object array, or fewer bytes than it holds."""
+    with zipfile.ZipFile(io.BytesIO(valid["files"][sample.files][sample.target])) as z:
+        members = {i.filename: z.read(i.filename) for i in z.infolist()}
+    largest = max(members, key=lambda name: len(members[name]))
     for descr, shape in [("<f4", (100_000, 250_000)), ("<f4", (2**40, 2**40, 2**40)), ("|O", (3,)), ("<f4", (5,))]:
         header = io.BytesIO()
         np.lib.format.write_array_header_1_0(header, {"descr": descr, "fortran_order": False, "shape": shape})
         member = header.getvalue() + b"\0" * 64  # 64 data bytes, whatever the header says
-        blob = _npz_bytes(tree, {kernel + ".npy": member})
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as z:
+            for name, data in members.items():
+                z.writestr(name, member if name == largest else data)
+        blob = buf.getvalue()
         tracemalloc.start()
         try:
-            ending = attempt("npz 100 GB claims", sandbox, {"m.npz": blob}, "m.npz")
+            ending = attempt(f"{label} headers claiming 100 GB / objects", sandbox,
+                             _damaged(valid, sample, blob), sample.entry)
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
-        assert ending == "CheckpointError"
+        assert ending == "CheckpointError", (label, shape)
         assert peak < 16 * 2**20, f"{peak / 2**20:.0f} MiB allocated for a {len(blob) / 1024:.0f} KiB file"
+    check_outcomes(f"{label} headers claiming 100 GB / objects")
 
 
 # === Structured damage: config.json of every reader ===
@@ -460,13 +621,14 @@ _JSON = st.recursive(
 _CONFIG_FIELDS = {
     "timm": ["architecture", "model_args", "num_classes", "global_pool"],
     "transformers": ["model_type", "num_attention_heads", "image_size", "hidden_act", "layer_norm_eps", "pooler_act"],
+    "timm_bit": ["architecture", "model_args", "num_classes", "pretrained_cfg"],
     "keras_preset": ["image_size", "patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim", "classes",
                      "resnet", "classifier", "layer_norm_epsilon", "representation_size", "num_channels",
                      "include_top", "position_embedding_resize", "quantization"],
 }
 
 
-@pytest.mark.parametrize("fmt,n", [("timm", 40), ("transformers", 40), ("keras_preset", 20)])
+@pytest.mark.parametrize("fmt,n", [("timm", 40), ("timm_bit", 20), ("transformers", 40), ("keras_preset", 20)])
 def test_config_fields_of_any_json_value(fmt, n, sandbox, valid):
     config = json.loads(valid["files"][fmt]["config.json"])
     fields = _CONFIG_FIELDS[fmt]
@@ -475,17 +637,20 @@ def test_config_fields_of_any_json_value(fmt, n, sandbox, valid):
     @cases(n)
     @given(st.sampled_from(fields), _JSON | numbers,
            st.sampled_from(["num_heads", "img_size", "patch_size", "embed_dim", "depth"]) if fmt == "timm"
-           else st.none())
+           else st.sampled_from(["stem_type", "global_pool", "input_size"]) if fmt == "timm_bit" else st.none())
     def run(field, value, arg):
         c = json.loads(json.dumps(config))
         if fmt == "timm" and field == "model_args" and arg is not None and not isinstance(value, (dict, list)):
             c["model_args"][arg] = value
+        elif fmt == "timm_bit" and field in ("model_args", "pretrained_cfg") and not isinstance(value, (dict, list)):
+            c[field] = {arg: value}
         else:
             c[field] = value
         files = {**valid["files"][fmt], "config.json": json.dumps(c).encode()}
         attempt(f"{fmt} config.json fields", sandbox, files, ".", build=fmt != "keras_preset")
 
     run()
+    check_outcomes(f"{fmt} config.json fields")
 
 
 def test_keras_config_claiming_a_huge_model_is_refused_before_building(sandbox, valid):
@@ -514,9 +679,10 @@ def test_keras_config_claiming_a_huge_model_is_refused_before_building(sandbox, 
     with pytest.raises(CheckpointError, match="parameters but the weights file holds only"):
         read_checkpoint(os.path.join(_write(sandbox, {"m.keras": buf.getvalue()}), "m.keras"))
     OUTCOMES["keras config claiming a huge model"]["CheckpointError"] += 1
+    check_outcomes("keras config claiming a huge model")
 
 
-@pytest.mark.parametrize("fmt", ["timm", "transformers", "keras_preset"])
+@pytest.mark.parametrize("fmt", ["timm", "timm_bit", "transformers", "keras_preset"])
 def test_hostile_json_documents(fmt, sandbox, valid):
     for label, text in [
         ("nested 10^5 deep", b"[" * 100_000 + b"]" * 100_000),
@@ -526,8 +692,9 @@ def test_hostile_json_documents(fmt, sandbox, valid):
         ("not an object", b"[1, 2, 3]"),
         ("huge integer", b'{"num_attention_heads": 1' + b"0" * 5000 + b', "model_type": "vit"}'),
     ]:
-        ending = attempt("JSON documents", sandbox, {**valid["files"][fmt], "config.json": text}, ".")
+        ending = attempt(f"{fmt} JSON documents", sandbox, {**valid["files"][fmt], "config.json": text}, ".")
         assert ending == "CheckpointError", (fmt, label)
+    check_outcomes(f"{fmt} JSON documents")
 
 
 def test_preset_folder_missing_files(sandbox, valid):
@@ -536,18 +703,26 @@ def test_preset_folder_missing_files(sandbox, valid):
         left = {k: v for k, v in files.items() if k != missing}
         ending = attempt("preset missing files", sandbox, left, ".")
         assert ending == "CheckpointError"
+    check_outcomes("preset missing files")
 
 
 def test_valid_files_still_read_exactly(sandbox, valid):
-    """The hardening refuses nothing valid: every format reads back the original tree."""
-    for fmt in ("npz", "timm", "transformers", "keras_preset", "weights_h5", "keras"):
-        folder = _write(sandbox, valid["files"][fmt])
-        tree, config = read_checkpoint(os.path.join(folder, ENTRY[fmt]))
-        assert config["hidden_size"] == SMALL["hidden_size"] and config["num_layers"] == 1
-        for key, value in valid["tree"].items():
-            np.testing.assert_allclose(np.asarray(tree[key]), value, rtol=0, atol=1e-7, err_msg=f"{fmt} {key}")
-        model = build_model(tree, config)
-        assert math.isfinite(float(np.abs(model.predict(np.zeros((1, 32, 32, 3), np.float32), verbose=0)).sum()))
+    """The hardening refuses nothing valid: every sample reads back its tree (big_vision's layout
+    moves the class token's position-embedding row into `cls`: there the model must run)."""
+    for samples in GENERATORS.values():  # a registered format without one: test_every_registered_format_has_a_generator
+        for label, sample in samples.items():
+            folder = _write(sandbox, valid["files"][sample.files])
+            tree, config = read_checkpoint(os.path.join(folder, sample.entry))
+            bit = "block_units" in config
+            expected = valid["bit_tree"] if bit else valid["tree"]
+            if not label.startswith("big_vision"):
+                assert set(tree) == set(expected), label
+                for key, value in expected.items():
+                    np.testing.assert_allclose(np.asarray(tree[key]), value, rtol=0, atol=1e-7, err_msg=f"{label} {key}")
+            model = build_model(tree, config)
+            if label.startswith("big_vision"):
+                x = np.linspace(-1, 1, 32 * 32 * 3, dtype=np.float32).reshape(1, 32, 32, 3)
+                assert math.isfinite(float(np.abs(np.asarray(model(x))).sum())), label
 
 
 def test_keras_archive_member_reads_like_zipfile_and_checks_its_crc(sandbox, valid):
@@ -579,3 +754,36 @@ def test_keras_archive_member_reads_like_zipfile_and_checks_its_crc(sandbox, val
         open_member(bad, "model.weights.h5")
     with pytest.raises(CheckpointError, match="CRC-32"):
         read_checkpoint(bad)
+
+
+# === docs/reliability.md's table ===
+
+DOC = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "docs", "reliability.md")
+TABLE_START = "<!-- hostile-file table: generated from tests/test_hostile_files.py EXPECTED -->"
+TABLE_END = "<!-- end of the generated table -->"
+
+
+def outcome_table(expected=None):
+    """The markdown table of the outcome counts the tests assert."""
+    rows = ["| reader / damage | cases | CheckpointError | read |", "|---|---|---|---|"]
+    for label, counts in (expected or EXPECTED).items():
+        other = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()) if k not in ("CheckpointError", "read"))
+        errors = str(counts.get("CheckpointError", 0)) + (f" (+ {other})" if other else "")
+        rows.append(f"| {label} | {sum(counts.values())} | {errors} | {counts.get('read', 0)} |")
+    total = sum(sum(c.values()) for c in (expected or EXPECTED).values())
+    return "\n".join(rows) + f"\n\n{total} cases in all."
+
+
+def test_reliability_doc_shows_the_asserted_counts():
+    text = open(DOC).read()
+    assert TABLE_START in text and TABLE_END in text, f"{DOC} lost the markers around the hostile-file table"
+    shown = text.split(TABLE_START, 1)[1].split(TABLE_END, 1)[0].strip()
+    assert shown == outcome_table(), (
+        "docs/reliability.md's hostile-file table differs from EXPECTED; paste the output of "
+        "`python tests/test_hostile_files.py` between its markers"
+    )
+
+
+if __name__ == "__main__":
+    print(outcome_table())
+
