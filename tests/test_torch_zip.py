@@ -53,10 +53,61 @@ def _tensor(key, numel, shape, stride, offset=0, storage="FloatStorage"):
     return b"ctorch._utils\n_rebuild_tensor_v2\n" + _tuple(args) + b"R"
 
 
+def _dict(entries):
+    """The opcodes of a dict {name: opcodes}."""
+    return b"}(" + b"".join(_str(name) + value for name, value in entries.items()) + b"u"
+
+
 def state_pickle(entries):
     """A protocol-2 pickle of {name: opcodes} (values are opcode strings such as `_tensor(...)`)."""
-    body = b"".join(_str(name) + value for name, value in entries.items())
-    return b"\x80\x02}(" + body + b"u."
+    return b"\x80\x02" + _dict(entries) + b"."
+
+
+def state_dict_bytes(arrays, wrap=None, prefix=""):
+    """A torch.save zip of the state dict {name: float32 / int64 array}, each tensor its own
+    contiguous storage; `wrap` (e.g. "state_dict") nests it as {"epoch": 1, wrap: state}, as
+    training scripts save it, and `prefix` ("module.") prefixes every key."""
+    entries, storages = {}, {}
+    for i, (name, value) in enumerate(arrays.items()):
+        value = np.ascontiguousarray(value)
+        kind = {"f": "FloatStorage", "i": "LongStorage"}[value.dtype.kind]
+        value = value.astype(np.float32 if kind == "FloatStorage" else np.int64)
+        strides = tuple(s // value.itemsize for s in value.strides)
+        entries[prefix + name] = _tensor(str(i), value.size, value.shape, strides, storage=kind)
+        storages[str(i)] = value.tobytes()
+    body = _dict(entries)
+    if wrap is not None:
+        body = b"}(" + _str("epoch") + _int(1) + _str(wrap) + body + b"u"
+    return torch_zip_bytes(b"\x80\x02" + body + b".", storages)
+
+
+def axial_deeplab_state(tree):
+    """The state dict axialnet.py's AxialAttentionNet holds for an AxialResNet weight tree (the
+    inverse of the reader's mapping, written out), its buffers included."""
+    bn = {"gamma": "weight", "beta": "bias", "moving_mean": "running_mean", "moving_variance": "running_var"}
+    state = {}
+    for key, value in tree.items():
+        value = np.asarray(value)
+        module, leaf = key.rsplit("/", 1)
+        name = module.replace("/", ".")
+        if leaf in bn:
+            state[f"{name}.{bn[leaf]}"] = value
+            if leaf == "moving_variance":
+                state[f"{name}.num_batches_tracked"] = np.array(100, np.int64)
+        elif module.endswith("qkv_transform"):
+            state[f"{name}.weight"] = value.T[:, :, None]
+        elif leaf == "kernel" and value.ndim == 4:
+            state[f"{name}.weight"] = value.transpose(3, 2, 0, 1)
+        elif key == "fc/kernel":
+            state["fc.weight"] = value.T
+        elif leaf == "relative":
+            span = (value.shape[1] + 1) // 2
+            i = np.arange(span)
+            state[f"{name}.relative"] = value
+            state[f"{name}.flatten_index"] = (i[:, None] - i[None, :] + span - 1).reshape(-1).astype(np.int64)
+        else:
+            state[f"{name}.{leaf}"] = value
+    return state
 
 
 def torch_zip_bytes(pickle_bytes, storages, prefix="archive"):
@@ -317,3 +368,28 @@ def test_transformers_folder_with_only_pytorch_model_bin(tmp_path):
     assert config_bin == config_st
     _same_tree(tree_bin, tree_st)
     np.testing.assert_array_equal(tree_bin["head/kernel"], model.classifier.weight.detach().numpy().T)
+
+
+# --- The axial-deeplab layout written by hand (the hostile-file matrix's valid sample) ---
+
+
+def axial_deeplab_sample():
+    """(bytes of a small axial-deeplab .pth.tar written without torch, its AxialResNet tree)."""
+    from keras_vit.models import AxialResNet
+    from keras_vit.models.weight_tree import get_weight_tree
+
+    model = AxialResNet(image_size=32, block_units=(1, 1, 1, 1), width_multiplier=0.25, classes=3)
+    tree = get_weight_tree(model)
+    rng = np.random.default_rng(0)
+    tree = {k: (v + rng.normal(0, 0.1, v.shape)).astype(np.float32) for k, v in tree.items()}  # no zero BN scales
+    tree = {k: (np.abs(v) + 0.5 if k.endswith("moving_variance") else v) for k, v in tree.items()}
+    return state_dict_bytes(axial_deeplab_state(tree), wrap="state_dict", prefix="module."), tree
+
+
+def test_hand_written_axial_deeplab_file_reads_back(tmp_path):
+    data, tree = axial_deeplab_sample()
+    (tmp_path / "model.pth.tar").write_bytes(data)
+    assert detect_format(tmp_path / "model.pth.tar").name == "axial_deeplab"
+    got, config = read_checkpoint(tmp_path / "model.pth.tar")
+    assert config["block_units"] == (1, 1, 1, 1) and config["image_size"] == (32, 32) and config["classes"] == 3
+    _same_tree(got, tree)
