@@ -103,20 +103,26 @@ _COMPILED = {}
 
 
 def run_reference(tree, images, labels, tx, accum_steps=1):
-    """UPDATES updates of the original's update_fn (one device): returns the final parameters."""
-    params = {k: jnp.asarray(v, jnp.float32) for k, v in tree.items()}
-    state = tx.init(params)
+    """UPDATES updates of the original's update_fn (one device): returns the final parameters and
+    records the gradients' global norms in `run_reference.norms`."""
     if not _COMPILED:
         _COMPILED["loss_and_grad"] = jax.jit(jax.value_and_grad(original_loss))
     loss_and_grad = _COMPILED["loss_and_grad"]
+
+    @jax.jit
+    def apply(grads, state, params):  # tx.update + apply_updates, as update_fn does them
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state, optax.global_norm(grads)
+
+    params = {k: jnp.asarray(v, jnp.float32) for k, v in tree.items()}
+    state = tx.init(params)
     norms = []
     for step in range(UPDATES):
         sl = slice(step * BATCH, (step + 1) * BATCH)
         _, grads = accumulate_gradient(loss_and_grad, params, jnp.asarray(images[sl]), jnp.asarray(labels[sl]),
                                        accum_steps)
-        norms.append(float(optax.global_norm(grads)))
-        updates, state = tx.update(grads, state, params)
-        params = optax.apply_updates(params, updates)
+        params, state, norm = apply(grads, state, params)
+        norms.append(float(norm))
     run_reference.norms = norms
     return {k: np.asarray(v, np.float32) for k, v in params.items()}
 
@@ -135,10 +141,14 @@ def _start():
     """The start weights (canonical tree), all random: with the zero head of a real fine-tuning
     start the backbone would hardly move in 6 updates, and the test would not see its updates.
     The head is 4x the random scale, so that the gradients' global norm is above the clip (1.0)
-    on some updates and below it on others."""
+    on some updates and below it on others; so are the query and key kernels: with near-uniform
+    attention their gradients are tiny differences of large terms, whose rounding (which differs
+    between backends' kernels) Adam would scale up to full-size steps."""
     model = randomize(keras_vit.VisionTransformer(**CONFIG, classifier_activation=None), seed=3)
     tree = {k: np.array(v, np.float32) for k, v in keras_vit.get_weight_tree(model).items()}
-    tree["head/kernel"] *= 4.0
+    for key in tree:
+        if key.endswith(("head/kernel", "query/kernel", "key/kernel")):
+            tree[key] *= 4.0
     return tree
 
 
@@ -245,11 +255,8 @@ def test_pretrain_updates_equal_optax_adamw():
     # picks. They are left out; every other tensor must agree.
     error, key = worst(*({k: v for k, v in t.items() if not k.endswith(FROZEN_BY_SOFTMAX)} for t in (got, want)))
     assert error <= 1e-5, (key, error)
-    # The decay matters at this size: optax without it ends far from the above.
+    # The decay matters at this size: optax without it ends far from the above (that the mask
+    # is the kernels' is checked directly in tests/test_training.py).
     no_decay = run_reference(tree, images, labels, optax.chain(
         optax.clip_by_global_norm(1.0), optax.adam(schedule, b1=0.9, b2=0.999, eps=1e-8)))
     assert worst(no_decay, want)[0] > 100 * 1e-5
-    # So does the mask: decaying every parameter ends far from it too.
-    decay_all = run_reference(tree, images, labels, optax.chain(
-        optax.clip_by_global_norm(1.0), optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.1)))
-    assert worst(decay_all, want)[0] > 100 * 1e-5
