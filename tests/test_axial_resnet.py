@@ -279,5 +279,10 @@ def test_spans_follow_the_image_size_and_impossible_sizes_are_refused():
 
 def test_checkpoint_refuses_another_image_size(tmp_path, small_reference):
     torch.save(small_reference.state_dict(), tmp_path / "axial.pth")
-    with pytest.raises(CheckpointError, match=r"span"):
+    with pytest.raises(CheckpointError, match=r"trained at 32x32 px .*cannot run at image_size=64"):
         keras_vit.load_checkpoint(tmp_path / "axial.pth", image_size=64)
+    # A constructor takes the original's files too, and checks that they hold its architecture.
+    with pytest.raises(ValueError, match=r"different architecture \(AxialResNet, blocks \(1, 2, 1, 1\), width x0.25"):
+        keras_vit.AxialResNet26S(weights=str(tmp_path / "axial.pth"), input_shape=(32, 32, 3))
+    with pytest.raises(CheckpointError, match=r"trained at 32x32 px .*cannot run at image_size=\(224, 224\)"):
+        keras_vit.AxialResNet26S(weights=str(tmp_path / "axial.pth"))  # the constructor's default size
