@@ -23,7 +23,7 @@ import time
 import numpy as np
 import pytest
 from conftest import BACKEND
-from test_hub_server import HubServer, hub_env
+from test_hub_server import HubServer, hub_env, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.backend_independent]
 
@@ -40,18 +40,40 @@ model = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32,
 with torch.no_grad():
     for p in model.parameters():
         p.add_(torch.randn_like(p) * 0.05)
-    np.save(os.path.join(root, "ref.npy"), model(torch.from_numpy(x).permute(0, 3, 1, 2)).numpy())
+    np.save(os.path.join(root, "ref.npy"), model(torch.from_numpy(x).permute(0, 3, 1, 2).contiguous()).numpy())
 save_for_hf(model, os.path.join(root, "repos", repo), model_args=dict(img_size=32, num_classes=10),
             safe_serialization=True)
 """
 
 _LOAD = """
-import json, sys, numpy as np, keras_vit
+import json, os, sys, time, numpy as np, keras_vit
 from keras_vit import hub, presets
 presets.register_preset("ViTTi16", "faults", 32, {repo!r}, classes=10)
 calls = []
 real_verify = hub.verify_snapshot
 hub.verify_snapshot = lambda *a, **k: calls.append(a) or real_verify(*a, **k)
+
+# STOP_AT=verifying|reading: write the phase to PHASE_FILE on reaching it and wait there (for a kill).
+def reached(phase):
+    if os.environ.get("STOP_AT") == phase:
+        with open(os.environ["PHASE_FILE"] + ".part", "w") as f:
+            f.write(phase)
+        os.replace(os.environ["PHASE_FILE"] + ".part", os.environ["PHASE_FILE"])
+        time.sleep(600)
+
+real_sha256 = hub.file_sha256
+def file_sha256(path, *a, **k):  # verifying: the weights are hashed, the snapshot not yet marked verified
+    digest = real_sha256(path, *a, **k)
+    if path.endswith("model.safetensors"):
+        reached("verifying")
+    return digest
+hub.file_sha256 = file_sha256
+real_fetch = hub.fetch
+def fetch(*a, **k):  # reading: the snapshot is verified; the model is built and its weights read next
+    result = real_fetch(*a, **k)
+    reached("reading")
+    return result
+hub.fetch = fetch
 print("LOADING", flush=True)
 try:
     model = keras_vit.ViTTi16(weights="faults", input_shape=(32, 32, 3), classes=10, classifier_activation=None)
@@ -109,23 +131,84 @@ def _weights_gets(server, since):
     return sum(1 for m, p in server.requests[since:] if m == "GET" and p.endswith("/model.safetensors"))
 
 
-@pytest.mark.parametrize("kill_after", [1.0, 4.0, 9.0])
-def test_a_load_killed_at_any_point_leaves_nothing_the_next_load_uses(repo, tmp_path, kill_after):
-    # A slow download (about 0.1 s per MiB of 22 MiB): 1 s kills it mid-download, 4 s near its
-    # end or during verification, 9 s while the model is built and the weights read.
-    repo["server"].delays[(REPO, "model.safetensors")] = 0.1
+def _partials(tmp):
+    return [os.path.join(r, n) for r, _, ns in os.walk(tmp / "hf_home") for n in ns if n.endswith(".incomplete")]
+
+
+def _verified_markers(tmp):
+    return [n for _, _, ns in os.walk(tmp / "keras_vit_cache" / "verified") for n in ns if n.endswith(".json")]
+
+
+@pytest.mark.parametrize("phase", ["downloading", "verifying", "reading"])
+def test_a_load_killed_in_each_phase_leaves_nothing_the_next_load_uses(repo, tmp_path, phase):
+    # Each kill waits for its phase: "downloading", the loopback server has sent 5 of the weights'
+    # 22 MiB (slowed to 0.1 s per MiB); "verifying", the process has hashed the downloaded weights
+    # and stops before it marks the snapshot verified; "reading", the snapshot is verified and the
+    # process stops before the model is built and the weights read.
+    key = (REPO, "model.safetensors")
+    size = os.path.getsize(os.path.join(repo["root"], "repos", REPO, "model.safetensors"))
+    phase_file = tmp_path / "phase"
+    env = {} if phase == "downloading" else dict(STOP_AT=phase, PHASE_FILE=phase_file)
+    repo["server"].delays[key] = 0.1
+    repo["server"].sent.pop(key, None)
     try:
-        proc = _start(repo, tmp_path)
-        time.sleep(kill_after)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
+        proc = _start(repo, tmp_path, **env)
+        try:
+            if phase == "downloading":
+                wait_for(lambda: repo["server"].sent.get(key, 0) >= 5 << 20, 120, "5 MiB of the weights sent")
+            else:
+                wait_for(phase_file.exists, 120, f"the load to reach {phase}")
+            assert proc.poll() is None, proc.communicate()
+            proc.send_signal(signal.SIGKILL)
+            proc.wait(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=60)
     finally:
         repo["server"].delays.clear()
+    # Where it was killed: mid-download, a partial file and part of the bytes sent; verifying, the
+    # whole file sent and no snapshot marked verified; reading, the snapshot marked verified.
+    if phase == "downloading":
+        assert len(_partials(tmp_path)) == 1 and repo["server"].sent[key] < size
+    else:
+        assert phase_file.read_text() == phase and repo["server"].sent[key] == size
+        assert _partials(tmp_path) == []
+        assert len(_verified_markers(tmp_path)) == (1 if phase == "reading" else 0)
+
+    before = len(repo["server"].requests)
     status, result = _load(repo, tmp_path)
     assert status == "ok", result
     assert _rel_err(result["logits"], repo["ref"]) < 2e-5
+    # Downloaded again only after a kill mid-download; hashed again unless it had been verified.
+    assert _weights_gets(repo["server"], before) == (1 if phase == "downloading" else 0)
+    assert result["verified"] == (0 if phase == "reading" else 1)
     leftovers = [os.path.join(r, n) for r, _, ns in os.walk(tmp_path) for n in ns if n.endswith((".incomplete", ".tmp"))]
-    assert leftovers == []
+    assert leftovers == []  # the killed download's partial file is removed
+
+
+def test_orphaned_partial_downloads_are_removed_and_live_ones_kept(tmp_path, monkeypatch):
+    # huggingface_hub downloads a blob to `<etag>.<random>.incomplete` under its per-blob lock. A
+    # partial file whose lock is free is an orphan (its process died); one whose lock is held is
+    # another process's download in progress.
+    from filelock import FileLock
+    from huggingface_hub import constants
+
+    from keras_vit import hub
+
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    repo_folder = "models--someone--tiny"
+    blobs = tmp_path / repo_folder / "blobs"
+    locks = tmp_path / ".locks" / repo_folder
+    blobs.mkdir(parents=True)
+    locks.mkdir(parents=True)
+    orphan, live, blob = "a" * 64 + ".1f2e3d4c.incomplete", "b" * 64 + ".5a6b7c8d.incomplete", "c" * 64
+    for name in (orphan, live, blob):
+        (blobs / name).write_bytes(b"partial")
+    with FileLock(str(locks / ("b" * 64 + ".lock"))):  # a download in progress holds its blob's lock
+        hub._remove_orphaned_partials("someone/tiny")
+    assert sorted(os.listdir(blobs)) == sorted([live, blob])
+    hub._remove_orphaned_partials("someone/absent")  # no cache folder: nothing to do, no error
 
 
 @pytest.mark.parametrize("processes", [2, 4])

@@ -45,6 +45,7 @@ class HubServer:
         self.faults = {}  # (repo_id, path) -> "truncate" | "corrupt"
         self.delays = {}  # (repo_id, path) -> seconds between 1 MiB chunks (a slow download)
         self.requests = []  # (method, path)
+        self.sent = {}  # (repo_id, path) -> bytes of the last GET of it written so far
         self._hashes = {}
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
         self._server.daemon_threads = True
@@ -113,18 +114,21 @@ class HubServer:
                 if not head and body:
                     self.wfile.write(body)
 
-            def _send_file(self, path, size, headers, delay):
+            def _send_file(self, path, size, headers, delay, key):
                 # Streamed in chunks; `delay` seconds between chunks make a slow download.
                 self.send_response(200)
-                for key, value in dict(headers, **{"Content-Length": str(size)}).items():
-                    self.send_header(key, value)
+                for name, value in dict(headers, **{"Content-Length": str(size)}).items():
+                    self.send_header(name, value)
                 self.end_headers()
+                server.sent[key] = 0
                 with open(path, "rb") as f:
                     while block := f.read(1 << 20):
                         try:
                             self.wfile.write(block)
+                            self.wfile.flush()
                         except (BrokenPipeError, ConnectionResetError):
                             return
+                        server.sent[key] += len(block)
                         if delay:
                             time.sleep(delay)
 
@@ -197,10 +201,20 @@ class HubServer:
                         else:
                             data = bytes(b ^ 0xFF for b in data[:64]) + data[64:]
                         return self._send(200, data, headers)
-                    return self._send_file(path, size, headers, server.delays.get((repo_id, file_path), 0.0))
+                    return self._send_file(path, size, headers, server.delays.get((repo_id, file_path), 0.0),
+                                           (repo_id, file_path))
                 return self._send(404, b"", {"X-Error-Code": "RepoNotFound"}, head)
 
         return Handler
+
+
+def wait_for(condition, timeout, what):
+    """Poll `condition()` every 10 ms until it is true; AssertionError naming `what` after `timeout` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.01)
 
 
 def hub_env(server, tmp_path, **extra):
