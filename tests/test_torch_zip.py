@@ -1,22 +1,25 @@
 """PyTorch zip files read without torch and without running pickle code.
 
 Valid files are written by the real `torch.save` and compared with `torch.load(weights_only=True)`.
-Hostile files are written by `torch_zip_bytes` below, which emits the pickle opcodes of a
-torch.save file by hand (so a test controls every field) and packs them the way torch.save does;
+Hostile files are written by hand (tests/torch_zip_files.py: every field under the test's control);
 `hostile_torch_files` is the list of damaged files the hostile-file matrix runs too.
 """
 
-import io
 import os
 import pickle
 import shutil
-import struct
 import sys
 import tracemalloc
-import zipfile
 
 import numpy as np
 import pytest
+from torch_zip_files import (
+    _code_pickles,
+    axial_deeplab_sample,
+    hostile_torch_files,
+    torch_zip_bytes,
+    valid_state_file,
+)
 
 from keras_vit import CheckpointError, read_checkpoint
 from keras_vit.checkpoints.registry import detect_format
@@ -25,180 +28,6 @@ from keras_vit.checkpoints.torch_zip import TorchStateFile, TorchZipFile
 pytestmark = pytest.mark.backend_independent
 
 sys.modules.setdefault("triton", None)  # see test_checkpoints: triton's LLVM and TensorFlow clash
-
-
-# === Files written by hand: a torch.save archive with every field under the test's control ===
-
-
-def _str(s):
-    data = s.encode()
-    return b"X" + struct.pack("<I", len(data)) + data
-
-
-def _int(n):
-    if 0 <= n < 2**31:
-        return b"J" + struct.pack("<i", n)
-    data = n.to_bytes((n.bit_length() + 8) // 8, "little", signed=True)
-    return b"\x8a" + bytes([len(data)]) + data
-
-
-def _tuple(items):
-    return b"(" + b"".join(items) + b"t"
-
-
-def _tensor(key, numel, shape, stride, offset=0, storage="FloatStorage"):
-    """The opcodes of torch._utils._rebuild_tensor_v2(storage, offset, shape, stride, False, {})."""
-    pid = _tuple([_str("storage"), b"ctorch\n" + storage.encode() + b"\n", _str(key), _str("cpu"), _int(numel)])
-    args = [pid + b"Q", _int(offset), _tuple(map(_int, shape)), _tuple(map(_int, stride)), b"\x89", b"}"]
-    return b"ctorch._utils\n_rebuild_tensor_v2\n" + _tuple(args) + b"R"
-
-
-def _dict(entries):
-    """The opcodes of a dict {name: opcodes}."""
-    return b"}(" + b"".join(_str(name) + value for name, value in entries.items()) + b"u"
-
-
-def state_pickle(entries):
-    """A protocol-2 pickle of {name: opcodes} (values are opcode strings such as `_tensor(...)`)."""
-    return b"\x80\x02" + _dict(entries) + b"."
-
-
-def state_dict_bytes(arrays, wrap=None, prefix=""):
-    """A torch.save zip of the state dict {name: float32 / int64 array}, each tensor its own
-    contiguous storage; `wrap` (e.g. "state_dict") nests it as {"epoch": 1, wrap: state}, as
-    training scripts save it, and `prefix` ("module.") prefixes every key."""
-    entries, storages = {}, {}
-    for i, (name, value) in enumerate(arrays.items()):
-        value = np.ascontiguousarray(value)
-        kind = {"f": "FloatStorage", "i": "LongStorage"}[value.dtype.kind]
-        value = value.astype(np.float32 if kind == "FloatStorage" else np.int64)
-        strides = tuple(s // value.itemsize for s in value.strides)
-        entries[prefix + name] = _tensor(str(i), value.size, value.shape, strides, storage=kind)
-        storages[str(i)] = value.tobytes()
-    body = _dict(entries)
-    if wrap is not None:
-        body = b"}(" + _str("epoch") + _int(1) + _str(wrap) + body + b"u"
-    return torch_zip_bytes(b"\x80\x02" + body + b".", storages)
-
-
-def axial_deeplab_state(tree):
-    """The state dict axialnet.py's AxialAttentionNet holds for an AxialResNet weight tree (the
-    inverse of the reader's mapping, written out), its buffers included."""
-    bn = {"gamma": "weight", "beta": "bias", "moving_mean": "running_mean", "moving_variance": "running_var"}
-    state = {}
-    for key, value in tree.items():
-        value = np.asarray(value)
-        module, leaf = key.rsplit("/", 1)
-        name = module.replace("/", ".")
-        if leaf in bn:
-            state[f"{name}.{bn[leaf]}"] = value
-            if leaf == "moving_variance":
-                state[f"{name}.num_batches_tracked"] = np.array(100, np.int64)
-        elif module.endswith("qkv_transform"):
-            state[f"{name}.weight"] = value.T[:, :, None]
-        elif leaf == "kernel" and value.ndim == 4:
-            state[f"{name}.weight"] = value.transpose(3, 2, 0, 1)
-        elif key == "fc/kernel":
-            state["fc.weight"] = value.T
-        elif leaf == "relative":
-            span = (value.shape[1] + 1) // 2
-            i = np.arange(span)
-            state[f"{name}.relative"] = value
-            state[f"{name}.flatten_index"] = (i[:, None] - i[None, :] + span - 1).reshape(-1).astype(np.int64)
-        else:
-            state[f"{name}.{leaf}"] = value
-    return state
-
-
-def torch_zip_bytes(pickle_bytes, storages, prefix="archive"):
-    """A zip laid out as torch.save lays it out: data.pkl, data/<key> (stored), version, byteorder."""
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as z:
-        z.writestr(f"{prefix}/data.pkl", pickle_bytes)
-        z.writestr(f"{prefix}/byteorder", "little")
-        for key, data in storages.items():
-            z.writestr(f"{prefix}/data/{key}", data)
-        z.writestr(f"{prefix}/version", "3\n")
-    return buffer.getvalue()
-
-
-def valid_state_file():
-    """(bytes, {name: expected array}) of a small valid state dict written by hand."""
-    w = np.arange(12, dtype=np.float32).reshape(3, 4) / 7
-    b = np.array([1.5, -2.0], np.float32)
-    data = state_pickle({"w": _tensor("0", 12, (3, 4), (4, 1)), "b": _tensor("1", 2, (2,), (1,))})
-    return torch_zip_bytes(data, {"0": w.tobytes(), "1": b.tobytes()}), {"w": w, "b": b}
-
-
-class _Payload:
-    """Pickles as a call of `func(*args)`: what a hostile checkpoint does."""
-
-    def __init__(self, func, *args):
-        self.func, self.args = func, args
-
-    def __reduce__(self):
-        return self.func, self.args
-
-
-def _code_pickles(marker):
-    """Pickles that would run code (each creates `marker` when unpickled with pickle.load)."""
-    import builtins
-    import subprocess
-
-    return {
-        "os.system": pickle.dumps({"w": _Payload(os.system, f"touch {marker}")}, protocol=2),
-        "builtins.eval": pickle.dumps({"w": _Payload(builtins.eval, f"open({str(marker)!r}, 'w')")}, protocol=2),
-        "builtins.exec": pickle.dumps({"w": _Payload(builtins.exec, f"open({str(marker)!r}, 'w')")}, protocol=4),
-        "subprocess.Popen": pickle.dumps([_Payload(subprocess.Popen, ["touch", str(marker)])], protocol=2),
-        # protocol 0's INST opcode, which instantiates a named class with arguments
-        "INST": b"(S'touch " + str(marker).encode() + b"'\nios\nsystem\n.",
-        # a tensor whose storage type is a callable of another module
-        "storage type": state_pickle({"w": _tensor("0", 1, (1,), (1,)).replace(b"ctorch\nFloatStorage", b"cos\nsystem")}),
-    }
-
-
-def hostile_torch_files(folder):
-    """[(name, path, what the error must name)] of damaged torch zip files written into `folder`:
-    pickles that would run code, storages and tensors claiming more than the file holds,
-    truncations, a CRC failure, a legacy file, and a file whose storage member is missing."""
-    os.makedirs(folder, exist_ok=True)
-    marker = os.path.join(folder, "ran")
-    cases = []
-
-    def write(name, data, expect):
-        path = os.path.join(folder, f"{name.replace(' ', '_').replace('.', '_')}.pth")
-        with open(path, "wb") as f:
-            f.write(data)
-        cases.append((name, path, expect))
-
-    storages = {"0": np.zeros(12, np.float32).tobytes()}
-    for name, data in _code_pickles(marker).items():
-        expect = "(os|posix)\\.system" if name in ("INST", "storage type", "os.system") else name
-        write(f"code {name}", torch_zip_bytes(data, storages), expect)
-    huge = 25 * 10**9  # a 100 GB float32 storage
-    write("huge storage", torch_zip_bytes(state_pickle({"w": _tensor("0", huge, (huge,), (1,))}), storages),
-          "claims 25,000,000,000 elements")
-    write("tensor past its storage", torch_zip_bytes(state_pickle({"w": _tensor("0", 12, (10**6, 10**6), (1, 1))}),
-                                                     storages), "reaches element")
-    write("expanded tensor", torch_zip_bytes(state_pickle({"w": _tensor("0", 12, (10**5, 12), (0, 1))}), storages),
-          "overlapping strides")
-    write("negative offset", torch_zip_bytes(state_pickle({"w": _tensor("0", 12, (4,), (1,), offset=-3)}), storages),
-          "malformed")
-    write("unknown storage type", torch_zip_bytes(
-        state_pickle({"w": _tensor("0", 1, (1,), (1,), storage="ComplexFloatStorage")}), storages),
-        "ComplexFloatStorage")
-    write("missing storage member", torch_zip_bytes(state_pickle({"w": _tensor("7", 1, (1,), (1,))}), storages),
-          "no member data/7")
-    valid, _ = valid_state_file()
-    for cut in (len(valid) // 4, len(valid) // 2, len(valid) - 30):
-        write(f"truncated at {cut}", valid[:cut], "truncated|corrupt|not a PyTorch zip")
-    flipped = bytearray(valid)
-    at = valid.index(np.float32(1.5).tobytes())  # inside storage "1"
-    flipped[at] ^= 0x40
-    write("flipped storage byte", bytes(flipped), "CRC")
-    legacy = pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2) + pickle.dumps(1001, protocol=2)
-    write("legacy torch file", legacy, "legacy")
-    return cases
 
 
 # === Tests ===
@@ -371,19 +200,6 @@ def test_transformers_folder_with_only_pytorch_model_bin(tmp_path):
 
 
 # --- The axial-deeplab layout written by hand (the hostile-file matrix's valid sample) ---
-
-
-def axial_deeplab_sample():
-    """(bytes of a small axial-deeplab .pth.tar written without torch, its AxialResNet tree)."""
-    from keras_vit.models import AxialResNet
-    from keras_vit.models.weight_tree import get_weight_tree
-
-    model = AxialResNet(image_size=32, block_units=(1, 1, 1, 1), width_multiplier=0.25, classes=3)
-    tree = get_weight_tree(model)
-    rng = np.random.default_rng(0)
-    tree = {k: (v + rng.normal(0, 0.1, v.shape)).astype(np.float32) for k, v in tree.items()}  # no zero BN scales
-    tree = {k: (np.abs(v) + 0.5 if k.endswith("moving_variance") else v) for k, v in tree.items()}
-    return state_dict_bytes(axial_deeplab_state(tree), wrap="state_dict", prefix="module."), tree
 
 
 def test_hand_written_axial_deeplab_file_reads_back(tmp_path):
