@@ -9,8 +9,8 @@ and reports the top-1 accuracy on its test split. The three groups (natural, spe
 structured) and the whole suite are the means over their tasks.
 
 The run folder holds one file per finished task (tasks/<task>.json), so an interrupted run
-resumes with the next task; vtab.json / vtab.csv (the table with the group means) and vtab.png
-(Figure 2's group bars) are rewritten after every task.
+resumes with the next task; vtab.json / vtab.csv (the table with the group means) are rewritten
+after every task, vtab.png (Figure 2's group bars) at the end of the run.
 """
 
 import dataclasses
@@ -95,8 +95,9 @@ def read_results(out):
     return rows
 
 
-def write_tables(out, rows, setting_record):
-    """vtab.json (tasks, groups, setting), vtab.csv (one row per task, then the group means) and vtab.png."""
+def write_tables(out, rows, setting_record, plot=True):
+    """vtab.json (tasks, groups, setting), vtab.csv (one row per task, then the group means) and,
+    with `plot`, vtab.png."""
     import csv
 
     summary = summarise(rows)
@@ -111,7 +112,8 @@ def write_tables(out, rows, setting_record):
             s = summary[group]
             writer.writerow([f"mean ({s['tasks']} of {s['of']} tasks)", group,
                              "" if s["mean"] is None else f"{s['mean']:.6f}", ""])
-    plot_groups(rows, os.path.join(out, "vtab.png"))
+    if plot:
+        plot_groups(rows, os.path.join(out, "vtab.png"))
     return summary
 
 
@@ -243,8 +245,7 @@ def run_vtab(model, out, *, tasks=None, setting=VTAB_1K, steps=None, batch_size=
         os.replace(path + ".tmp", path)  # a task's file appears whole or not at all
         print(f"[{number}/{len(names)}] {task}: top-1 {row['top1']:.4f} on {row['examples']} test images "
               f"({row['seconds']:.0f} s)")
-        rows = read_results(out)
-        write_tables(out, rows, record)
+        write_tables(out, read_results(out), record, plot=False)  # the plot is drawn once, at the end
         del task_model
     rows = read_results(out)
     summary = write_tables(out, rows, record)
