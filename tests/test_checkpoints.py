@@ -54,7 +54,7 @@ def randomize_torch(module, seed=0):
 
 def torch_forward(module, x, **kwargs):
     with torch.no_grad():
-        out = module(torch.from_numpy(x.transpose(0, 3, 1, 2)), **kwargs)
+        out = module(torch.from_numpy(x.transpose(0, 3, 1, 2)).contiguous(), **kwargs)
     return out
 
 
@@ -95,7 +95,7 @@ def test_timm_gap_model_heads_from_timm_definition(tmp_path):
     assert rel_err(model.predict(x, verbose=0), torch_forward(ref_model, x).numpy()) < 2e-5
     features = build_model(tree, config, include_top=False, pooling="gap")
     with torch.no_grad():
-        ref = ref_model.forward_head(ref_model.forward_features(torch.from_numpy(x.transpose(0, 3, 1, 2))), pre_logits=True)
+        ref = ref_model.forward_head(ref_model.forward_features(torch.from_numpy(x.transpose(0, 3, 1, 2)).contiguous()), pre_logits=True)
     assert rel_err(features.predict(x, verbose=0), ref.numpy()) < 2e-5
 
     # Without config.json the shapes match no table row (shrunk model): a clear error, no guess.

@@ -44,7 +44,9 @@ def test_resize_patch_embedding_is_timm_resample_patch_embed():
         ref = _timm_resample(kernel, (new, new) if isinstance(new, int) else new)
         assert out.shape == ref.shape and out.dtype == np.float32
         errors[old, new] = np.abs(out - ref).max()
-        assert errors[old, new] < 1e-5, (old, new, errors[old, new])
+        # Measured 8e-8 to 4.5e-7 (float64 pseudo-inverse against torch's float32 one); the
+        # kernel's entries are about 0.04, so a wrong rule is off by far more.
+        assert errors[old, new] < 5e-6, (old, new, errors[old, new])
 
 
 def test_other_rules_are_torch_interpolate():
@@ -54,7 +56,8 @@ def test_other_rules_are_torch_interpolate():
             pair = (new, new) if isinstance(new, int) else new
             ref = _timm_resample(kernel, pair, interpolation, antialias)
             out = keras_vit.resize_patch_embedding(kernel, new, rule=rule)
-            np.testing.assert_allclose(out, ref, rtol=0, atol=1e-5, err_msg=f"{rule} {new}")
+            # Measured 6e-8 to 3.1e-7.
+            np.testing.assert_allclose(out, ref, rtol=0, atol=3e-6, err_msg=f"{rule} {new}")
 
 
 def test_upsampled_kernel_gives_the_same_token_for_the_resized_patch():
@@ -111,7 +114,7 @@ def _timm_at(arch, state, x, **kwargs):
     model = timm.create_model(arch, pretrained=False, **kwargs).eval()
     model.load_state_dict(checkpoint_filter_fn(dict(state), model))
     with torch.no_grad():
-        return model(torch.from_numpy(x.transpose(0, 3, 1, 2))).numpy()
+        return model(torch.from_numpy(x.transpose(0, 3, 1, 2)).contiguous()).numpy()
 
 
 def test_load_checkpoint_at_another_patch_size_matches_timm(tmp_path):
@@ -126,6 +129,7 @@ def test_load_checkpoint_at_another_patch_size_matches_timm(tmp_path):
         model = keras_vit.load_checkpoint(tmp_path / "t", patch_size=patch, image_size=None if size == 64 else size)
         assert model.patch_size == patch and model.grid_size == (hw[0] // patch, hw[1] // patch)
         ref = _timm_at(arch, state, x, depth=2, img_size=size, patch_size=patch)
+        # Measured 1.3e-6 to 2.1e-6 (JAX, against timm on contiguous tensors).
         assert rel_err(model.predict(x, verbose=0), ref) < 2e-5, (patch, size)
 
 
@@ -139,7 +143,7 @@ def test_constructor_weights_at_another_patch_size(tmp_path):
                               classifier_activation=None)
     assert model.patch_size == 8 and model.grid_size == (4, 4)
     ref = _timm_at(arch, state, x, img_size=32, patch_size=8)
-    assert rel_err(model.predict(x, verbose=0), ref) < 2e-5
+    assert rel_err(model.predict(x, verbose=0), ref) < 2e-5  # measured 1.2e-6
 
 
 def test_refusals_say_why(tmp_path):

@@ -56,7 +56,7 @@ def make(seed, repo, images, key, **kwargs):
     with torch.no_grad():
         for p in model.parameters():  # zero heads and unit norms would hide mistakes
             p.add_(torch.randn_like(p) * 0.05)
-        logits = model(torch.from_numpy(x[images]).permute(0, 3, 1, 2)).numpy()
+        logits = model(torch.from_numpy(x[images]).permute(0, 3, 1, 2).contiguous()).numpy()
     save_for_hf(model, os.path.join(root, "repos", repo), model_args=kwargs, safe_serialization=True)
     np.save(os.path.join(root, "ref_" + key + ".npy"), logits)
 
