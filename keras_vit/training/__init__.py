@@ -2,23 +2,28 @@
 
 Summary of the public API (all importable from `keras_vit.training`):
 
-Schedules (registered LearningRateSchedules; evaluated at update s = iterations + 1):
+Schedules (registered LearningRateSchedules; the rate of update t = iterations, from 0, as the
+original create_learning_rate_schedule; docs/training.md):
     WarmupDecay(base_learning_rate, total_steps, warmup_steps=0, decay="cosine"|"linear",
                 end_learning_rate=0.0)
     WarmupCosineDecay(base, total_steps, warmup_steps)           # fine-tuning
     WarmupLinearDecay(base, total_steps, warmup_steps, end_learning_rate=1e-5)   # pre-training
     warmup_decay_value(step, ...)                                # the formula in plain Python
 
-Optimizers (Keras SGD/AdamW; EMA moves once per applied update under gradient accumulation):
+Optimizers (optax's arithmetic in Keras SGD/AdamW subclasses; EMA moves once per applied update
+under gradient accumulation):
     finetune_optimizer(learning_rate=0.003, total_steps, warmup_steps=500, *, momentum=0.9,
+                       momentum_dtype=None|"bfloat16", decay="cosine"|"linear",
                        global_clipnorm=1.0, gradient_accumulation_steps=None, use_ema=False,
-                       ema_momentum=0.9999)                  -> SGD, warm-up + cosine, no decay
+                       ema_momentum=0.9999)      -> SGD: clip, trace = g + 0.9 trace,
+                                                    w -= rate_t * trace (vit_jax/train.py)
     pretrain_optimizer(learning_rate=1e-3, total_steps, warmup_steps=10_000, *, weight_decay=0.1,
-                       beta_1=0.9, beta_2=0.999, end_learning_rate=1e-5, global_clipnorm=1.0,
-                       weight_decay_pattern="kernel$", gradient_accumulation_steps=None, ...)
-                                                             -> AdamW, warm-up + linear decay;
-                                                                decays kernels only
-    SGD, AdamW                                               # the optimizer classes
+                       beta_1=0.9, beta_2=0.999, epsilon=1e-8, end_learning_rate=1e-5,
+                       global_clipnorm=1.0, weight_decay_pattern="kernel$",
+                       gradient_accumulation_steps=None, ...)
+                                                 -> AdamW: clip, optax adamw, decay rate_t * 0.1 * w
+                                                    on kernels only (big_vision)
+    SGD, AdamW                                   # the optimizer classes
 
 Recipes:
     for_finetuning(model, *, image_size=None, classes, classifier_activation=<model's>,
