@@ -136,6 +136,24 @@ STRIDE = {"ViTTi16": 16, "ViTS16": 16, "ViTS32": 32, "ViTB8": 8, "ViTB16": 16, "
           "ViTL32": 32, "ViTH14": 14, "RViTTi16": 32, "R26ViTS32": 32, "R26ViTB32": 32, "R50ViTB16": 16,
           "R50ViTB32": 32, "R50ViTL16": 16, "R50ViTL32": 32}
 HIDDEN = {"Ti": 192, "S": 384, "B": 768, "L": 1024, "H": 1280}
+# The paper's R50+ViT-B/32 and R50+ViT-L/16 have no published weights and no REFERENCE.md row. timm
+# builds them from its own parts: its R50 backbone (ResNetV2, StdConv, GroupNorm) with the stages
+# (3, 4, 6, 3) or (3, 4, 9), patch 1, under ViT-B or ViT-L (as it builds R50+ViT-L/32 and B/16).
+TIMM_HYBRIDS = {"R50ViTB16": ((3, 4, 9), 768, 12, 12), "R50ViTB32": ((3, 4, 6, 3), 768, 12, 12),
+                "R50ViTL16": ((3, 4, 9), 1024, 24, 16), "R50ViTL32": ((3, 4, 6, 3), 1024, 24, 16)}
+
+
+def _timm_hybrid_count(layers, width, depth, heads):
+    """timm's parameter count of a ResNetV2-`layers` + ViT hybrid at 224, 1000 classes, built on
+    PyTorch's meta device (shapes only: no memory, no initialisation)."""
+    torch = pytest.importorskip("torch")
+    hybrid = pytest.importorskip("timm.models.vision_transformer_hybrid")
+    with torch.device("meta"):
+        model = hybrid._create_vision_transformer_hybrid(
+            "vit_base_r50_s16_224", backbone=hybrid._resnetv2(layers), embed_dim=width, depth=depth,
+            num_heads=heads, img_size=224, num_classes=1000,
+        )
+    return sum(p.numel() for p in model.parameters())
 
 
 def _hidden(name):
@@ -144,6 +162,16 @@ def _hidden(name):
 
 def test_every_constructor_is_tabled():
     assert set(STRIDE) == set(keras_vit.applications.CONSTRUCTORS)
+    # Every constructor's count is checked: against REFERENCE.md or timm.
+    assert set(PARAMS_224) | set(TIMM_HYBRIDS) == set(STRIDE)
+
+
+@pytest.mark.slow
+def test_timm_hybrid_counts_reproduce_the_reference_rows():
+    # The timm builder behind the counts of R50ViTB32 and R50ViTL16 gives REFERENCE.md's counts of
+    # the two R50 hybrids that have a row.
+    for name in ("R50ViTB16", "R50ViTL32"):
+        assert _timm_hybrid_count(*TIMM_HYBRIDS[name]) == PARAMS_224[name], name
 
 
 @pytest.mark.slow
@@ -155,8 +183,8 @@ def test_constructor_shapes_and_parameter_counts(name):
     with keras.StatelessScope(initialize_variables=False):
         model = ctor(weights=None)
     assert model.output_shape == (None, 1000)
-    if name in PARAMS_224:
-        assert model.count_params() == PARAMS_224[name]
+    expected = PARAMS_224[name] if name in PARAMS_224 else _timm_hybrid_count(*TIMM_HYBRIDS[name])
+    assert model.count_params() == expected  # R50ViTB32: 110,945,832; R50ViTL16: 316,483,624
     keras.utils.clear_session()
     # Non-square input, no top: the token sequence of the grid the stride gives.
     s = STRIDE[name]
