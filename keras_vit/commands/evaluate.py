@@ -85,9 +85,10 @@ def evaluate(args):
     plot_confusion(result.confusion, result.class_names, run.file("confusion.png"),
                    f"{args.data} {args.split}: top-1 {top1:.4f}")
     print(f"run folder: {run.path}")
-    line = f"{args.data}: top-1 {top1:.4f}, top-5 {metrics['top5']:.4f} ({metrics['examples']} images)"
     if metrics.get("real_examples") is not None:
         real = metrics["real_top1"]
-        line += f"; ReaL top-1 {'n/a' if real is None else f'{real:.4f}'} ({metrics['real_examples']} images with ReaL labels)"
-    print(line)
+        print(f"ReaL top-1: {'n/a' if real is None else f'{real:.4f}'} ({metrics['real_examples']} images with ReaL "
+              "labels)")
+    print(f"{args.split} accuracy: {top1:.4f} (top-5 {metrics['top5']:.4f}, {metrics['examples']} images, "
+          f"{args.data})")
     return 0
