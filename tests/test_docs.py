@@ -194,3 +194,63 @@ def test_shell_commands_run(path, tmp_path):
                              timeout=900)
         assert out.returncode == 0, f"{block.path}:{block.line}: {command}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
         assert "Traceback" not in out.stderr
+
+
+def _readme():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        return f.read()
+
+
+def _layout_sections():
+    """README's Layout block as {entry: its text}: an entry ("cli.py", "models/") starts a line
+    indented by six spaces; the deeper-indented lines under it continue its description."""
+    lines = _readme().split("## Layout", 1)[1].splitlines()
+    sections, current = {}, None
+    for line in lines[1:]:
+        if line.strip() and not line.startswith("    "):
+            break  # the end of the indented block
+        entry = re.match(r"^ {6}(\S+)", line)
+        if entry:
+            current = entry.group(1)
+            sections[current] = line
+        elif current is not None and line.startswith("        "):
+            sections[current] += " " + line.strip()
+    return sections
+
+
+def test_the_readme_layout_names_every_module():
+    """Every module and folder of the package is named in README's Layout, each module of a
+    sub-package in its folder's entry."""
+    sections = _layout_sections()
+    package = os.path.join(ROOT, "keras_vit")
+    missing = []
+    for folder, dirs, files in os.walk(package):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        relative = os.path.relpath(folder, package)
+        if relative == ".":
+            missing += [f for f in files if f.endswith(".py") and f not in sections]
+            missing += [f"{d}/" for d in dirs if f"{d}/" not in sections]
+            continue
+        top = relative.split(os.sep)[0] + "/"
+        text = sections.get(top, "")
+        missing += [f"{relative}/{f}" for f in files
+                    if f.endswith(".py") and f != "__init__.py" and not re.search(rf"\b{re.escape(f)}\b", text)]
+    assert not missing, f"README.md's Layout does not name: {', '.join(sorted(missing))}"
+
+
+def test_the_readme_says_which_commands_take_the_model_arguments():
+    """README's sentence on the model arguments holds for every command."""
+    from keras_vit import cli
+
+    text = " ".join(_readme().split())
+    match = re.search(r"((?:`\w+`, )*`\w+` and `\w+`) take the same model arguments \(`--arch`, `--weights`, "
+                      r"`--preset`, `--image-size`\)", text)
+    assert match, "README.md no longer says which commands take the model arguments"
+    named = set(re.findall(r"`(\w+)`", match.group(1)))
+    parser = cli.build_parser()
+    commands = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction").choices
+    assert named <= set(commands)
+    for name, command in commands.items():
+        options = {o for action in command._actions for o in action.option_strings}
+        has_all = {"--arch", "--weights", "--preset", "--image-size"} <= options
+        assert has_all == (name in named), name
