@@ -38,6 +38,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import keras_vit
+from torch_zip_files import axial_deeplab_sample, hostile_torch_files
+
 from keras_vit import CheckpointError, build_model, read_checkpoint, write_npz
 from keras_vit.checkpoints.big_vision import write_big_vision_npz
 from keras_vit.checkpoints.bit import write_bit_npz
@@ -105,6 +107,9 @@ EXPECTED = {
     "keras_weights flipped bytes": {"CheckpointError": 4, "read": 6},
     "keras truncation": {"CheckpointError": 10},
     "keras flipped bytes": {"CheckpointError": 7, "read": 3},
+    "axial_deeplab truncation": {"CheckpointError": 20},
+    "axial_deeplab flipped bytes": {"CheckpointError": 19, "read": 1},
+    "torch zip pickles / storages": {"CheckpointError": 17},
 }
 
 
@@ -238,7 +243,9 @@ def valid():
     }
     files["big_vision"] = {"bv.npz": _saved(lambda path: write_big_vision_npz(model, path, prefix="params/"))}
     files["big_vision scanned"] = {"bv.npz": _saved(lambda path: write_big_vision_npz(model, path, scan=True))}
-    return {"files": files, "tree": tree, "timm_state": timm_state, "bit_tree": bit_tree}
+    axial_bytes, axial_tree = axial_deeplab_sample()
+    files["axial_deeplab"] = {"model.pth.tar": axial_bytes}
+    return {"files": files, "tree": tree, "timm_state": timm_state, "bit_tree": bit_tree, "axial_tree": axial_tree}
 
 
 def _saved(write):
@@ -357,6 +364,7 @@ GENERATORS = {
     "keras_preset": {"keras_preset": Sample("keras_preset", "model.weights.h5", ".", 10, build=False)},
     "keras_weights": {"keras_weights": Sample("weights_h5", "w.weights.h5", "w.weights.h5", 10, build=False)},
     "keras": {"keras": Sample("keras", "m.keras", "m.keras", 10, build=False)},
+    "axial_deeplab": {"axial_deeplab": Sample("axial_deeplab", "model.pth.tar", "model.pth.tar", 20)},
 }
 
 
@@ -713,8 +721,8 @@ def test_valid_files_still_read_exactly(sandbox, valid):
         for label, sample in samples.items():
             folder = _write(sandbox, valid["files"][sample.files])
             tree, config = read_checkpoint(os.path.join(folder, sample.entry))
-            bit = "block_units" in config
-            expected = valid["bit_tree"] if bit else valid["tree"]
+            family = keras_vit.family_of(config).name
+            expected = {"bit": valid["bit_tree"], "axial_resnet": valid["axial_tree"]}.get(family, valid["tree"])
             if not label.startswith("big_vision"):
                 assert set(tree) == set(expected), label
                 for key, value in expected.items():
@@ -754,6 +762,31 @@ def test_keras_archive_member_reads_like_zipfile_and_checks_its_crc(sandbox, val
         open_member(bad, "model.weights.h5")
     with pytest.raises(CheckpointError, match="CRC-32"):
         read_checkpoint(bad)
+
+
+# === Structured damage: PyTorch zip files ===
+
+
+def test_torch_files_that_would_run_code_or_claim_too_much(sandbox):
+    """PyTorch zip files (tests/torch_zip_files.py): pickles naming os.system, eval, exec, Popen
+    (each would create a marker file if unpickled), storages claiming 100 GB, tensors past or
+    overlapping their storage, unknown storage types, missing members, truncations, a CRC
+    failure and a legacy file: each ends in a CheckpointError naming what is wrong, nothing runs,
+    nothing is allocated for what the file claims."""
+    folder = tempfile.mkdtemp(dir=sandbox)
+    for name, path, _ in hostile_torch_files(folder):
+        with open(path, "rb") as f:
+            data = f.read()
+        tracemalloc.start()
+        try:
+            ending = attempt("torch zip pickles / storages", sandbox, {"model.pth.tar": data}, "model.pth.tar")
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert ending == "CheckpointError", name  # what each names: test_torch_zip
+        assert peak < 64 * 2**20, (name, peak)
+    assert not os.path.exists(os.path.join(folder, "ran")), "a pickle's payload ran"
+    check_outcomes("torch zip pickles / storages")
 
 
 # === docs/reliability.md's table ===
