@@ -380,8 +380,8 @@ print("RESULT" + json.dumps(result))
         out = run_hub_python(code, hub_env(server, tmp_path), timeout=900)
     result = json.loads([ln for ln in out.stdout.splitlines() if ln.startswith("RESULT")][-1][len("RESULT"):])
     assert result["type"] == "BiTResNet"
-    assert _rel_err(result["tiny"], timm_side["ref_x64"]) < 2e-5
+    assert _rel_err(result["tiny"], timm_side["ref_x64"]) < TIMM_TOL
     # A randomly perturbed full-size ResNet-50x1 (16 units, unit-variance standardised kernels)
-    # grows its residual stream unit after unit; measured 3.7e-5 here on JAX (timm's own float32 vs
-    # float64: 5e-6). The 2e-5 parity bound is shown on the small models above, at two sizes.
-    assert _rel_err(result["full"], np.load(root / "ref_x224.npy")) < 1e-4
+    # grows its residual stream unit after unit: measured 6.8e-6 on JAX against timm in float64
+    # (3.7e-5 against timm's float32 on a channels-last view). Bound at about 10x.
+    assert _rel_err(result["full"], np.load(root / "ref_x224.npy")) < 7e-5
