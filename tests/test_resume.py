@@ -74,7 +74,9 @@ def test_finetune_killed_and_resumed_equals_an_uninterrupted_run(tmp_path):
     assert main(_args(out)) == 0
     assert not (out / "backup").exists()  # a finished run removes its backup
 
-    for a, b in zip(_weights(out / "model.keras"), _weights(reference / "model.keras")):
+    got_weights, want_weights = _weights(out / "model.keras"), _weights(reference / "model.keras")
+    assert len(got_weights) == len(want_weights)
+    for a, b in zip(got_weights, want_weights):
         np.testing.assert_allclose(a, b, rtol=0, atol=TOLERANCE * max(1.0, np.abs(b).max()))
     want = json.loads((reference / "metrics.json").read_text())
     got = json.loads((out / "metrics.json").read_text())
@@ -148,6 +150,7 @@ def test_fit_with_backup_and_ema_killed_and_resumed_equals_an_uninterrupted_run(
     want_m = json.loads((tmp_path / "reference.npz.json").read_text())
     got_m = json.loads((tmp_path / "resumed.npz.json").read_text())
     assert got_m["loss"] == pytest.approx(want_m["loss"], rel=1e-5)
-    # The resumed fit ran the rest of epoch 1 and epochs 2, 3; its validations (with the EMA
-    # weights) are the reference's.
-    assert got_m["val_loss"] == pytest.approx(want_m["val_loss"][-len(got_m["val_loss"]):], rel=1e-5)
+    # The resumed fit ran the rest of epoch 1 and epochs 2, 3: its three validations (with the EMA
+    # weights) are the reference's three.
+    assert len(got_m["val_loss"]) == len(want_m["val_loss"]) == 3
+    assert got_m["val_loss"] == pytest.approx(want_m["val_loss"], rel=1e-5)

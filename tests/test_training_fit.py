@@ -32,7 +32,6 @@ class _RecordWeights(keras.callbacks.Callback):
         self.after_batch.append([np.array(v.numpy()) for v in self.model.trainable_variables])
 
 
-@pytest.mark.skipif(BACKEND not in ("jax", "tensorflow", "torch"), reason="fit backends")
 def test_accumulated_steps_equal_large_batch_steps_and_ema_is_polyak():
     """4 accumulated micro-batches of 4 == one batch of 16, with momentum, the global-norm clip
     (active: the first gradient's norm is 0.31 > 0.1; clipping micro-batches instead would
