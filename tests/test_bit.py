@@ -198,7 +198,8 @@ def test_npz_round_trip_through_timms_own_loader(timm_side):
     apart = _rel_err(big_transfer, np.load(root / "ref_npz.npy"))
     print(f"big_transfer numerics: {err:.2e} (timm's eps 1e-8 is {apart:.2e} away)")
     assert err < TIMM_TOL and apart > 10 * TIMM_TOL
-    told = keras_vit.load_checkpoint(str(root / "BiT-M-R50x1.npz"), std_conv_epsilon=1e-8, classifier_activation=None)
+    told = keras_vit.load_checkpoint(str(root / "BiT-M-R50x1.npz"), image_size=64, std_conv_epsilon=1e-8,
+                                     classifier_activation=None)
     assert _rel_err(told.predict(timm_side["x64"], verbose=0), np.load(root / "ref_npz.npy")) < TIMM_TOL
 
 
@@ -212,7 +213,7 @@ def test_a_folder_holding_a_bit_npz_is_bit(timm_side, tmp_path):
     from keras_vit.checkpoints import detect_format
 
     assert detect_format(snapshot).name == "bit_npz"
-    loaded = keras_vit.load_checkpoint(snapshot, std_conv_epsilon=1e-8, classifier_activation=None)
+    loaded = keras_vit.load_checkpoint(snapshot, image_size=64, std_conv_epsilon=1e-8, classifier_activation=None)
     np.testing.assert_array_equal(loaded.predict(timm_side["x64"], verbose=0), model.predict(timm_side["x64"], verbose=0))
 
 
