@@ -24,7 +24,9 @@ Artefacts (`images` is the input name everywhere):
 - Inputs: float32 images scaled to [-1, 1] at the model's size, any batch size; with
   `with_preprocessing=True`, uint8 images of any size (batch, height, width, 3), resized
   (bilinear) to the model's size and scaled to [-1, 1] inside the artefact, as
-  `keras_vit.preprocess_input` and the evaluation pipeline of `keras_vit.data` do.
+  `keras_vit.preprocess_input` and the evaluation pipeline of `keras_vit.data` do. A
+  `dynamic_image_size` model takes float images of any size its stride divides, and with
+  preprocessing resizes to the size it was built at (its `image_size`).
 - `int8=True`: int8 weights, each format in its runtime's own int8 form, applied to the float
   model. SavedModel: keras_vit's int8 (`VisionTransformer.quantize("int8")`: every transformer
   matmul, pre_logits and the head with int8 kernels and per-output-channel scales, inputs
@@ -159,6 +161,18 @@ def _size_pair(image_size):
     return size
 
 
+def _model_size(model):
+    """(height, width) the model was built for. A dynamic_image_size model takes images of any size
+    (its input shape has None) but keeps the size it was built at in its config; a dimension that
+    is None in both is None."""
+    size = model.get_config().get("image_size") if hasattr(model, "get_config") else None
+    if size is None:
+        size = model.input_shape[1:3]
+    if isinstance(size, int):
+        size = (size, size)
+    return tuple(None if s is None else int(s) for s in size)
+
+
 def _quantization_mode(model):
     modes = {
         layer.quantization_mode
@@ -237,6 +251,11 @@ def _checked_job(model, job):
                 f"image_size {size[0]}x{size[1]} is not divisible by the model's stride {stride} (patch size "
                 "times the ResNet's stride). Pick a multiple of it."
             )
+    if with_preprocessing and size is None and None in _model_size(model):
+        raise ExportError(
+            f"with_preprocessing=True resizes images to the model's size, and this model has none (input shape "
+            f"{model.input_shape}). Pass image_size=(H, W) (--image-size H W), or export without preprocessing."
+        )
     return dict(path=path, format=fmt, int8=int8, image_size=size, with_preprocessing=with_preprocessing)
 
 
@@ -327,7 +346,7 @@ def _forward(model, with_preprocessing):
     """The artefact's forward pass: images -> what Keras' predict returns."""
     import tensorflow as tf
 
-    height, width = model.input_shape[1:3]
+    height, width = _model_size(model)
 
     def forward(images):
         x = images

@@ -22,9 +22,11 @@ ort = pytest.importorskip("onnxruntime")
 pytest.importorskip("tf2onnx")
 litert = pytest.importorskip("ai_edge_litert.interpreter")
 
-# SavedModel of a model built on TensorFlow: the same graph, so rounding alone (none seen).
-SAVED_MODEL_BAR = 1e-6 if BACKEND == "tensorflow" else 1e-5
-BAR = 1e-5
+# Relative errors against Keras' predict, about 10x the largest measured (JAX, TensorFlow):
+# the SavedModel of a model built on TensorFlow runs the same graph (measured 0); from JAX 1.4e-7.
+# ONNX 1.4e-7, LiteRT 2.1e-7 (float32 rounding: a wrong resize or preprocessing moves them by 1e-2).
+SAVED_MODEL_BAR = 1e-7 if BACKEND == "tensorflow" else 2e-6
+BAR = 2e-6
 
 # The ViT: class token, pre_logits, logits out. The hybrid: ResNet stem + stages, gap.
 # Wide enough that every transformer kernel has over 1024 elements, the least the TFLite
@@ -109,11 +111,11 @@ def test_float_artefacts_match_keras_predict(which, vit_exports, hybrid_exports)
     # serving_default: probabilities (softmax of the ViT's logits; the hybrid's own softmax) and
     # the top-5 classes, checked with NumPy.
     probabilities = softmax(expected) if which == "vit" else expected
-    np.testing.assert_allclose(signature["probabilities"], probabilities, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(signature["probabilities"], probabilities, rtol=2e-6, atol=1e-8)  # 1.8e-7
     top5 = np.argsort(-probabilities, axis=-1)[:, :5]
     np.testing.assert_array_equal(signature["top5_classes"], top5)
     np.testing.assert_allclose(
-        signature["top5_probabilities"], np.take_along_axis(probabilities, top5, -1), rtol=1e-5, atol=1e-7
+        signature["top5_probabilities"], np.take_along_axis(probabilities, top5, -1), rtol=2e-6, atol=1e-8
     )
     assert signature["top5_classes"].dtype == np.int32
 
@@ -126,11 +128,28 @@ def test_with_preprocessing_takes_uint8_images_of_any_size(vit_exports):
     expected = model.predict(keras_vit.preprocess_input(resized), verbose=0)
     interpreter = litert.Interpreter(model_path=paths["litert_pre"])
     assert interpreter.get_signature_runner("serve").get_input_details()["images"]["dtype"] == np.uint8
-    assert relative_error(run_litert(paths["litert_pre"], pixels), expected) <= 1e-5
+    assert relative_error(run_litert(paths["litert_pre"], pixels), expected) <= BAR  # measured 2.1e-7
     other = np.random.default_rng(5).integers(0, 256, (1, 64, 80, 3)).astype("uint8")
     resized = tf.image.resize(other.astype("float32"), model.image_size, method="bilinear").numpy()
     expected = model.predict(keras_vit.preprocess_input(resized), verbose=0)
-    assert relative_error(run_litert(paths["litert_pre"], other), expected) <= 1e-5
+    assert relative_error(run_litert(paths["litert_pre"], other), expected) <= BAR
+
+
+def test_dynamic_image_size_model_exports_with_and_without_preprocessing(tmp_path):
+    # A model that takes images of any size: with preprocessing, the artefact resizes uint8 images
+    # of any size to the size the model was built at (as keras_vit.data does); without, it takes
+    # float images of any size the patch divides.
+    model = randomize(keras_vit.VisionTransformer(**dict(VIT, dynamic_image_size=True)), seed=9)
+    assert model.input_shape == (None, None, None, 3) and model.image_size == (32, 32)
+    pre, plain = str(tmp_path / "pre.onnx"), str(tmp_path / "any.onnx")
+    export_models(model, [dict(path=pre, format="onnx", with_preprocessing=True), dict(path=plain, format="onnx")])
+    pixels = np.random.default_rng(4).integers(0, 256, (3, 45, 37, 3)).astype("uint8")
+    resized = tf.image.resize(pixels.astype("float32"), (32, 32), method="bilinear").numpy()
+    expected = model.predict(keras_vit.preprocess_input(resized), verbose=0)
+    assert relative_error(run_onnx(pre, pixels), expected) <= BAR  # measured 4e-8
+    for size in [(32, 32), (48, 40)]:
+        images = float_images(2, size, seed=10)
+        assert relative_error(run_onnx(plain, images), model.predict(images, verbose=0)) <= BAR, size  # 8e-8
 
 
 # === int8 ===
@@ -145,23 +164,27 @@ def test_int8_artefacts(vit_exports):
         "onnx": run_onnx(paths["onnx_int8"], images),
         "litert": run_litert(paths["litert_int8"], images),
     }
-    # The SavedModel computes the int8 Keras model. Another backend's float rounding of
-    # x * scale can send an input element to the neighbouring int8 step in a few images; the
-    # typical image agrees to float32 rounding.
+    # The SavedModel computes the int8 Keras model, to float32 rounding (largest per-image error,
+    # relative to the largest logit: 0 built on TensorFlow, 5.7e-7 from JAX, 1.1e-6 from PyTorch;
+    # an input element rounded to the neighbouring int8 step would move an image by about 1e-3).
     quantized = keras_vit.VisionTransformer.from_config(model.get_config())
     quantized.set_weights(model.get_weights())
     quantized.quantize("int8")
     int8_logits = quantized.predict(images, verbose=0, batch_size=64)
     per_image = np.abs(artefacts["saved_model"] - int8_logits).max(-1) / np.abs(int8_logits).max()
-    assert np.median(per_image) <= 1e-5 and per_image.max() <= 1e-2
+    assert np.median(per_image) <= 1e-6 and per_image.max() <= 1e-5
 
-    spread = float(np.ptp(float_logits))
+    # Every artefact keeps the float model's top-1 class on every image: the float logits' top-1
+    # margins are at least 0.0103, and int8 moves a logit by at most 0.0015 (SavedModel), 0.0013
+    # (ONNX) and 0.0011 (LiteRT) on every backend; bounded at 10x the largest.
+    margins = np.diff(np.sort(float_logits, -1)[:, -2:], axis=-1)
+    assert margins.min() > 0.01
     for name, logits in artefacts.items():
         agreement = float(np.mean(logits.argmax(-1) == float_logits.argmax(-1)))
         change = float(np.abs(logits - float_logits).max())
-        print(f"int8 {name}: top-1 agreement {agreement:.3f}, largest logit change {change:.4f} (logit range {spread:.2f})")
-        assert agreement >= 0.9, name
-        assert change <= 0.1 * spread, name
+        print(f"int8 {name}: top-1 agreement {agreement:.3f}, largest logit change {change:.4f}")
+        assert agreement == 1.0, name
+        assert change <= 0.015, name
     # LiteRT: the block kernels (q, k, v, out, Dense_0, Dense_1) and pre_logits are int8 (the
     # head has under 1024 weights), in a smaller file. ONNX: every weight matmul (those and the
     # head) runs as MatMulInteger on int8 weights (at this tiny size the scales and zero points
@@ -202,7 +225,7 @@ def test_cli_exports_onnx_with_preprocessing_at_a_new_size(tiny_preset, tmp_path
     pixels = np.random.default_rng(8).integers(0, 256, (2, 30, 50, 3)).astype("uint8")
     resized = tf.image.resize(pixels.astype("float32"), (48, 40), method="bilinear").numpy()
     expected = model.predict(keras_vit.preprocess_input(resized), verbose=0)
-    assert relative_error(run_onnx(str(out), pixels), expected) <= 1e-5
+    assert relative_error(run_onnx(str(out), pixels), expected) <= BAR
 
 
 @pytest.mark.parametrize(
