@@ -12,8 +12,12 @@ timm's `resnetv2._load_weights` reads:
     resnet/head/conv2d/{kernel,bias}                         (1, 1, C, classes)
 
 The config is the `keras_vit.models.bit.BiTResNet` keyword arguments, inferred from the shapes,
-with timm's BiT numerics (weight standardisation eps 1e-8 inside the square root, GroupNorm eps
-1e-5): timm runs both kinds of file with them.
+with the numerics of the code that wrote the file: timm's for timm repositories (weight
+standardisation eps 1e-8 inside the square root, GroupNorm eps 1e-5), big_transfer's own for
+its .npz files (eps 1e-10, `BIG_TRANSFER_NUMERICS`). Pass `std_conv_epsilon=` to the load to run
+a file with the other's. Both readers go through the common hardening: .npy headers checked
+before anything is allocated, the zip's CRC-32 and finiteness checked as each weight is read,
+config.json fields validated.
 
 Two formats of the registry: "timm_bit" (timm folders and .safetensors) and "bit_npz"
 (big_transfer .npz, with a writer); keras_vit.loading builds the BiTResNet.
