@@ -356,6 +356,8 @@ def test_a_grid_that_is_not_square_loads_at_its_own_size(tmp_path):
         keras_vit.load_checkpoint(path)
     with pytest.raises(CheckpointError, match=r"Pass image_size"):
         keras_vit.load_checkpoint(path, image_size=64)  # 8x8: not the stored grid, which is not square
+    tree, config = keras_vit.read_checkpoint(path, image_size=(32, 48))
+    assert config["image_size"] == (32, 48) and tree["Transformer/posembed_input/pos_embedding"].shape == (1, 24, WIDTH)
     print(f"4x6 grid: max relative error {err:.2e}")
 
 

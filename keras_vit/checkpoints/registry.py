@@ -161,19 +161,21 @@ def detect_format(path):
     )
 
 
-def read_checkpoint(path):
+def read_checkpoint(path, image_size=None):
     """Read a local checkpoint into (canonical weight tree, VisionTransformer kwargs).
 
     The kwargs hold the architecture inferred from the checkpoint itself (shapes and its own
     config file) and the numerics of its source framework; the tree's values are float32 numpy
     arrays (use `keras_vit.load_checkpoint` to load into a model without this full copy).
+    `image_size` is needed only where the file cannot tell its position-embedding grid (a
+    big_vision file whose grid is not square; the error says so).
 
     Example:
         >>> tree, config = keras_vit.read_checkpoint("vit_tiny_patch16_224/")   # doctest: +SKIP
         >>> config["num_heads"], config["gelu_approximate"]
         (3, False)
     """
-    tree, config = detect_format(path).read(os.fspath(path))
+    tree, config = detect_format(path).read_at(os.fspath(path), image_size)
     if hasattr(tree, "bind"):
         tree = tree.materialize(config)
     return materialize(tree), config
