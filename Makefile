@@ -32,11 +32,13 @@ for line in listed.splitlines():
         found[name] = (rank[scope], ast.literal_eval(value))
 uv = {"find-links": ("UV_FIND_LINKS", ","), "index-url": ("UV_INDEX_URL", " "),
       "extra-index-url": ("UV_EXTRA_INDEX_URL", " "), "constraint": ("UV_CONSTRAINT", " ")}
-for name, (variable, separator) in uv.items():
-    if name in found and variable not in os.environ:
-        print(f"export {variable}={shlex.quote(separator.join(found[name][1].split()))}")
-if "extra-index-url" in found and "UV_INDEX_STRATEGY" not in os.environ:
-    print("export UV_INDEX_STRATEGY=unsafe-best-match")
+handed = {variable: separator.join(found[name][1].split()) for name, (variable, separator) in uv.items()
+          if name in found and variable not in os.environ}
+if "UV_EXTRA_INDEX_URL" in handed and "UV_INDEX_STRATEGY" not in os.environ:
+    handed["UV_INDEX_STRATEGY"] = "unsafe-best-match"
+for variable, value in handed.items():
+    print(f"export {variable}={shlex.quote(value)}")
+print("make venv: uv gets from pip's configuration:", " ".join(handed) or "nothing", file=sys.stderr)
 endef
 export PIP_SOURCES_FOR_UV
 
@@ -44,7 +46,7 @@ $(STAMP): pyproject.toml
 	@echo "make venv: $(VENV) with $(PYTHON) ($$($(PYTHON) --version 2>&1))"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip uv
-	eval "$$($(PY) -c "$$PIP_SOURCES_FOR_UV")"; env | grep '^UV_' || true; \
+	eval "$$($(PY) -c "$$PIP_SOURCES_FOR_UV")"; \
 	  $(VENV)/bin/uv pip install --quiet --python $(PY) --compile-bytecode -e ".[dev]" \
 	  || $(PY) -m pip install --quiet -e ".[dev]"
 	touch $(STAMP)
