@@ -135,3 +135,13 @@ def test_resume_refuses_a_run_started_with_other_arguments(scratch_run, capsys):
     assert _finetune(scratch_run, *arch, "--resume") == 2  # built at 224 px, the default
     assert "--image-size 16 (now 224)" in capsys.readouterr().err
     assert {name: (scratch_run / name).read_bytes() for name in before} == before
+
+
+def test_a_run_that_fails_after_writing_its_config_leaves_no_folder(scratch_run, tmp_path, capsys):
+    """fewshot finds too few training images per class only after it has created its run folder
+    and written config.json: the failed run removes the folder it created."""
+    out = tmp_path / "fewshot"
+    assert main(["fewshot", "--weights", str(scratch_run), "--data", "digits", "--shots", "100",
+                 "--max-train-images", "40", "--max-test-images", "10", "--out", str(out)]) == 2
+    assert "fewer than shots=100" in capsys.readouterr().err
+    assert not out.exists()
