@@ -13,7 +13,9 @@ allocating; tracemalloc checks a 100 GB claim), nothing written to the caches or
 The truncation and flipped-byte matrix is built from `keras_vit.checkpoints.registry`: every
 registered format needs a generator in GENERATORS below (a small valid file of that format), and a
 format without one fails `test_every_registered_format_has_a_generator` saying what to add. The
-cases are derandomized, so each run tries the same ones; their outcome counts are asserted
+truncations and flips come from a NumPy generator seeded per case label (hypothesis' derandomized
+generation changes with what ran before in the process) and the structured damage from
+derandomized hypothesis strategies, so each run tries the same cases; their outcome counts are asserted
 (EXPECTED) and docs/reliability.md's table is rendered from them (`python tests/test_hostile_files.py`
 prints it; `test_reliability_doc_shows_the_asserted_counts` checks the doc). KERAS_VIT_FUZZ=heavy
 tries 10x as many fresh random cases and asserts only how each case ends.
@@ -30,6 +32,7 @@ import struct
 import tempfile
 import tracemalloc
 import zipfile
+import zlib
 
 import numpy as np
 import pytest
@@ -70,45 +73,45 @@ OUTCOMES = collections.defaultdict(collections.Counter)
 #: values, where the format has no checksum over the bytes changed.
 EXPECTED = {
     "npz truncation": {"CheckpointError": 60},
-    "npz flipped bytes": {"CheckpointError": 55, "read": 5},
+    "npz flipped bytes": {"CheckpointError": 60},
     "npz headers claiming 100 GB / objects": {"CheckpointError": 4},
     "npz dtypes/shapes/values": {"CheckpointError": 35, "read": 5},
     "big_vision truncation": {"CheckpointError": 20},
-    "big_vision flipped bytes": {"CheckpointError": 17, "read": 3},
+    "big_vision flipped bytes": {"CheckpointError": 20},
     "big_vision headers claiming 100 GB / objects": {"CheckpointError": 4},
     "big_vision scanned truncation": {"CheckpointError": 20},
-    "big_vision scanned flipped bytes": {"CheckpointError": 19, "read": 1},
+    "big_vision scanned flipped bytes": {"CheckpointError": 20},
     "big_vision scanned headers claiming 100 GB / objects": {"CheckpointError": 4},
     "bit_npz truncation": {"CheckpointError": 20},
-    "bit_npz flipped bytes": {"CheckpointError": 18, "read": 2},
+    "bit_npz flipped bytes": {"CheckpointError": 20},
     "bit_npz headers claiming 100 GB / objects": {"CheckpointError": 4},
     "timm truncation": {"CheckpointError": 60},
-    "timm flipped bytes": {"CheckpointError": 46, "read": 14},
+    "timm flipped bytes": {"CheckpointError": 9, "read": 51},
     "safetensors header": {"CheckpointError": 59, "read": 1},
     "safetensors 100 GB claims": {"CheckpointError": 4},
     "safetensors non-finite / int": {"CheckpointError": 4},
     "timm config.json fields": {"CheckpointError": 18, "read": 22},
     "timm JSON documents": {"CheckpointError": 6},
     "timm_bit truncation": {"CheckpointError": 20},
-    "timm_bit flipped bytes": {"CheckpointError": 14, "read": 6},
+    "timm_bit flipped bytes": {"read": 20},
     "timm_bit config.json fields": {"CheckpointError": 5, "read": 15},
     "timm_bit JSON documents": {"CheckpointError": 6},
     "transformers truncation": {"CheckpointError": 30},
-    "transformers flipped bytes": {"CheckpointError": 22, "read": 8},
+    "transformers flipped bytes": {"CheckpointError": 7, "read": 23},
     "transformers config.json fields": {"CheckpointError": 35, "read": 5},
     "transformers JSON documents": {"CheckpointError": 6},
     "keras_preset truncation": {"CheckpointError": 10},
-    "keras_preset flipped bytes": {"CheckpointError": 4, "read": 6},
+    "keras_preset flipped bytes": {"CheckpointError": 1, "read": 9},
     "keras_preset config.json fields": {"CheckpointError": 17, "read": 3},
     "keras_preset JSON documents": {"CheckpointError": 6},
     "keras config claiming a huge model": {"CheckpointError": 5},
     "preset missing files": {"CheckpointError": 2},
     "keras_weights truncation": {"CheckpointError": 10},
-    "keras_weights flipped bytes": {"CheckpointError": 4, "read": 6},
+    "keras_weights flipped bytes": {"CheckpointError": 2, "read": 8},
     "keras truncation": {"CheckpointError": 10},
-    "keras flipped bytes": {"CheckpointError": 7, "read": 3},
+    "keras flipped bytes": {"CheckpointError": 10},
     "axial_deeplab truncation": {"CheckpointError": 20},
-    "axial_deeplab flipped bytes": {"CheckpointError": 19, "read": 1},
+    "axial_deeplab flipped bytes": {"CheckpointError": 20},
     "torch zip pickles / storages": {"CheckpointError": 17},
 }
 
@@ -397,30 +400,28 @@ def _damaged(valid, sample, data):
     return {**valid["files"][sample.files], sample.target: data}
 
 
+def _rng(label):
+    """The random cases of `label`: the same in every run and process (hypothesis' derandomized
+    generation is not: it changes with what ran before in the process), fresh with KERAS_VIT_FUZZ=heavy."""
+    return np.random.default_rng(None if HEAVY else zlib.crc32(label.encode()))
+
+
 def _cut(label, sample, sandbox, valid):
     data = valid["files"][sample.files][sample.target]
-
-    @cases(sample.cases)
-    @given(st.integers(0, len(data) - 1))
-    def run(length):
-        attempt(f"{label} truncation", sandbox, _damaged(valid, sample, data[:length]), sample.entry)
-
-    run()
+    rng = _rng(f"{label} truncation")
+    for length in rng.integers(0, len(data), sample.cases * (10 if HEAVY else 1)):
+        attempt(f"{label} truncation", sandbox, _damaged(valid, sample, data[:int(length)]), sample.entry)
 
 
 def _flip(label, sample, sandbox, valid):
     data = valid["files"][sample.files][sample.target]
-
-    @cases(sample.cases)
-    @given(st.lists(st.tuples(st.integers(0, len(data) - 1), st.integers(1, 255)), min_size=1, max_size=8))
-    def run(flips):
+    rng = _rng(f"{label} flipped bytes")
+    for _ in range(sample.cases * (10 if HEAVY else 1)):
         damaged = bytearray(data)
-        for position, mask in flips:
-            damaged[position] ^= mask
+        for _ in range(int(rng.integers(1, 9))):  # 1 to 8 bytes, each XORed with a non-zero mask
+            damaged[int(rng.integers(0, len(data)))] ^= int(rng.integers(1, 256))
         attempt(f"{label} flipped bytes", sandbox, _damaged(valid, sample, bytes(damaged)), sample.entry,
                 build=sample.build)
-
-    run()
 
 
 def check_outcomes(label):
