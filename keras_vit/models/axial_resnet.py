@@ -27,6 +27,7 @@ from keras_vit.layers.axial import BATCH_NORM_EPSILON, BATCH_NORM_MOMENTUM, Axia
 from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.layers.resnet import MaxPoolZeroPad
 from keras_vit.models.axial_resnet_family import AxialResNetConfig, axial_spans
+from keras_vit.models.config_model import model_from_config
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class AxialResNet(TraceTrainStepOnce, keras.Model):
@@ -168,7 +169,4 @@ class AxialResNet(TraceTrainStepOnce, keras.Model):
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        if "dtype" in config and isinstance(config["dtype"], dict):
-            config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
-        return cls(**config)
+        return model_from_config(cls, config)

@@ -5,8 +5,6 @@ The config, the architecture table, the FLOP count and the family record live in
 `keras_vit.models.axial_vit_family` (no Keras there); this module builds the model.
 """
 
-import inspect
-
 import keras
 
 from keras_vit import compilation
@@ -18,6 +16,7 @@ from keras_vit.layers.quantized import Dense
 from keras_vit.layers.transformer import PatchEmbedding
 from keras_vit.models.axial_vit_family import AxialViTConfig
 from keras_vit.models.config import KERAS_MODEL_ARGS, check_keywords
+from keras_vit.models.config_model import expose_config_fields, model_from_config
 
 
 def _graph(c, dtype):
@@ -146,30 +145,8 @@ class AxialVisionTransformer(TraceTrainStepOnce, keras.Model):
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        if "dtype" in config and isinstance(config["dtype"], dict):
-            config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
-        return cls(**config)
+        return model_from_config(cls, config)
 
 
-def _field_property(field):
-    return property(lambda self: getattr(self.config, field), doc=f"The config's `{field}`.")
-
-
-# Every config field reads as a model attribute (model.image_size, model.attention_axes, ...).
-for _field in AxialViTConfig.fields():
-    setattr(AxialVisionTransformer, _field, _field_property(_field))
-
-AxialVisionTransformer.__init__.__signature__ = inspect.Signature(
-    [inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)]
-    + [
-        inspect.Parameter(
-            f.name,
-            inspect.Parameter.KEYWORD_ONLY,
-            default=inspect.Parameter.empty if f.default is f.default_factory else f.default,
-        )
-        for f in AxialViTConfig.__dataclass_fields__.values()
-    ]
-    + [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=None) for k in KERAS_MODEL_ARGS[:2]]
-    + [inspect.Parameter("trainable", inspect.Parameter.KEYWORD_ONLY, default=True)]
-)
+# Every config field reads as a model attribute; help() and IDEs show them as keyword arguments.
+expose_config_fields(AxialVisionTransformer, AxialViTConfig)

@@ -18,6 +18,7 @@ from keras_vit.backend_workarounds import TraceTrainStepOnce
 
 from keras_vit.layers.resnet import GroupNorm, MaxPoolZeroPad, PreActResNetStage, StdConv2D
 from keras_vit.models.config import BIT_NUMERICS, BiTConfig
+from keras_vit.models.config_model import model_from_config
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -142,8 +143,5 @@ class BiTResNet(TraceTrainStepOnce, keras.Model):
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        if "dtype" in config and isinstance(config["dtype"], dict):
-            config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
-        return cls(**config)
+        return model_from_config(cls, config)
 

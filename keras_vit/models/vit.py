@@ -1,7 +1,5 @@
 """The VisionTransformer model: ViT and R+ViT hybrids as one functional Keras model."""
 
-import inspect
-
 import keras
 
 from keras_vit import compilation
@@ -14,6 +12,7 @@ from keras_vit.layers.quantized import Dense
 from keras_vit.layers.resnet import GroupNorm, MaxPoolSame, ResNetStage, StdConv2D
 from keras_vit.layers.transformer import ClassToken, EncoderBlock, PatchEmbedding, TokenPooling
 from keras_vit.models.config import KERAS_MODEL_ARGS, ViTConfig, check_keywords
+from keras_vit.models.config_model import expose_config_fields, model_from_config
 
 _POSITION_LAYERS = {
     "learned": PositionEmbedding,
@@ -275,31 +274,8 @@ class VisionTransformer(TraceTrainStepOnce, TorchOnBatchInputs, keras.Model):
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
-        config = dict(config)
-        if "dtype" in config and isinstance(config["dtype"], dict):
-            config["dtype"] = keras.dtype_policies.deserialize(config["dtype"])
-        return cls(**config)
+        return model_from_config(cls, config)
 
 
-def _field_property(field):
-    return property(lambda self: getattr(self.config, field), doc=f"The config's `{field}`.")
-
-
-# Every config field reads as a model attribute (model.image_size, model.resnet, ...).
-for _field in ViTConfig.fields():
-    setattr(VisionTransformer, _field, _field_property(_field))
-
-# help() and IDEs show the config's fields as keyword arguments.
-VisionTransformer.__init__.__signature__ = inspect.Signature(
-    [inspect.Parameter("self", inspect.Parameter.POSITIONAL_ONLY)]
-    + [
-        inspect.Parameter(
-            f.name,
-            inspect.Parameter.KEYWORD_ONLY,
-            default=inspect.Parameter.empty if f.default is f.default_factory else f.default,
-        )
-        for f in ViTConfig.__dataclass_fields__.values()
-    ]
-    + [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=None) for k in KERAS_MODEL_ARGS[:2]]
-    + [inspect.Parameter("trainable", inspect.Parameter.KEYWORD_ONLY, default=True)]
-)
+# Every config field reads as a model attribute; help() and IDEs show them as keyword arguments.
+expose_config_fields(VisionTransformer, ViTConfig)
