@@ -13,6 +13,8 @@ the original's checkpoints load at 224 px; other sizes are refused when the weig
 
 import dataclasses
 
+from keras_vit.models.config import FieldGroupConfig
+
 #: PyTorch's BatchNorm epsilon, which every norm of the original uses.
 BATCH_NORM_EPSILON = 1e-5
 
@@ -107,7 +109,7 @@ def _positive_int(value, key):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class AxialResNetConfig:
+class AxialResNetConfig(FieldGroupConfig):
     """Every argument of `keras_vit.models.AxialResNet`, normalised and validated once.
 
     Example:
@@ -171,24 +173,6 @@ class AxialResNetConfig:
     def spans(self):
         """[(span, stride)] of every block."""
         return axial_spans(self.image_size, self.block_units)
-
-    @classmethod
-    def fields(cls, *groups):
-        return tuple(f.name for f in dataclasses.fields(cls) if not groups or f.metadata["group"] in groups)
-
-    @classmethod
-    def architecture_fields(cls):
-        return cls.fields("architecture", "numerics")
-
-    @classmethod
-    def from_dict(cls, config, *, ignore=("name", "dtype", "trainable")):
-        """An AxialResNetConfig from a dict (`get_config()`, a checkpoint config); unknown keys
-        raise with a suggestion."""
-        from keras_vit.models.config import check_keywords
-
-        config = {k: v for k, v in dict(config).items() if k not in ignore}
-        check_keywords(config, cls.fields(), cls.__name__)
-        return cls(**config)
 
     def to_dict(self):
         out = {f: getattr(self, f) for f in self.fields()}

@@ -13,7 +13,7 @@ and the head end it. With ViT-B's widths and patch 16 at 224 px that is 171,620,
 
 import dataclasses
 
-from keras_vit.models.config import KERAS_MODEL_ARGS, NUMERICS, as_pair, check_keywords, suggest
+from keras_vit.models.config import NUMERICS, FieldGroupConfig, as_pair, suggest
 from keras_vit.models.family import ModelFamily
 
 #: The axes an Axial Transformer block can attend along: "row" (along the width, within each row
@@ -67,7 +67,7 @@ _ORIGINAL = NUMERICS["original"]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class AxialViTConfig:
+class AxialViTConfig(FieldGroupConfig):
     """Every argument of `keras_vit.models.AxialVisionTransformer`, normalised and validated.
 
     `attention_axes` are the blocks of one layer in order: ("row", "column") is D.6's, a row
@@ -166,30 +166,11 @@ class AxialViTConfig:
         """(rows, cols) of the patch grid."""
         return self.image_size[0] // self.patch_size, self.image_size[1] // self.patch_size
 
-    @classmethod
-    def fields(cls, *groups):
-        return tuple(f.name for f in dataclasses.fields(cls) if not groups or f.metadata["group"] in groups)
-
-    @classmethod
-    def architecture_fields(cls):
-        return cls.fields("architecture", "numerics")
-
-    @classmethod
-    def from_dict(cls, config, *, ignore=KERAS_MODEL_ARGS):
-        """An AxialViTConfig from a dict (`get_config()`); unknown keys raise with a suggestion."""
-        config = {k: v for k, v in dict(config).items() if k not in ignore}
-        check_keywords(config, cls.fields(), cls.__name__)
-        return cls(**config)
-
     def to_dict(self):
         out = {f: getattr(self, f) for f in self.fields()}
         out["image_size"] = list(self.image_size)
         out["attention_axes"] = list(self.attention_axes)
         return out
-
-    def replace(self, **changes):
-        check_keywords(changes, self.fields(), f"{type(self).__name__}.replace")
-        return dataclasses.replace(self, **changes)
 
 
 # === FLOPs (the Table 6 convention, keras_vit.flops) ===

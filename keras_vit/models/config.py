@@ -280,8 +280,45 @@ def check_keywords(given, known, what):
         )
 
 
+class FieldGroupConfig:
+    """What every model's frozen config dataclass shares: its fields grouped by each field's
+    `metadata["group"]` ("architecture", "numerics", ...), built from a dict and copied with
+    changes, unknown names refused with a suggestion."""
+
+    @classmethod
+    def fields(cls, *groups):
+        """Names of the fields in `groups` (all fields when none is given), in declaration order."""
+        return tuple(f.name for f in dataclasses.fields(cls) if not groups or f.metadata["group"] in groups)
+
+    @classmethod
+    def architecture_fields(cls):
+        """The fields a checkpoint determines: its architecture and its numerics."""
+        return cls.fields("architecture", "numerics")
+
+    @classmethod
+    def from_dict(cls, config, *, ignore=KERAS_MODEL_ARGS):
+        """A config from a dict (the model's `get_config()`, a checkpoint config).
+
+        Keys in `ignore` (Keras' own model arguments by default) are dropped; any other key that
+        is not a field raises a TypeError with a suggestion.
+
+        Example:
+            >>> ViTConfig.from_dict({"image_size": [32, 48], "patch_size": 8, "hidden_size": 16,
+            ...                      "num_layers": 1, "num_heads": 2, "mlp_dim": 32}).grid_size
+            (4, 6)
+        """
+        config = {k: v for k, v in dict(config).items() if k not in ignore}
+        check_keywords(config, cls.fields(), cls.__name__)
+        return cls(**config)
+
+    def replace(self, **changes):
+        """A copy with `changes` applied (validated again); unknown names raise with a suggestion."""
+        check_keywords(changes, self.fields(), f"{type(self).__name__}.replace")
+        return dataclasses.replace(self, **changes)
+
+
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class ViTConfig:
+class ViTConfig(FieldGroupConfig):
     """Every argument of `keras_vit.VisionTransformer`, normalised and validated once.
 
     Sizes are normalised here (an int `image_size` becomes (height, width), `resnet` becomes
@@ -461,39 +498,11 @@ class ViTConfig:
     # --- field lists ----------------------------------------------------------------------------
 
     @classmethod
-    def fields(cls, *groups):
-        """Names of the fields in `groups` (all fields when none is given), in declaration order."""
-        return tuple(
-            f.name for f in dataclasses.fields(cls) if not groups or f.metadata["group"] in groups
-        )
-
-    @classmethod
-    def architecture_fields(cls):
-        """The fields a checkpoint determines: its architecture and its numerics."""
-        return cls.fields("architecture", "numerics")
-
-    @classmethod
     def numerics_fields(cls):
         """The fields that hold a source's numerics (the keys of NUMERICS[source])."""
         return cls.fields("numerics")
 
     # --- conversion -----------------------------------------------------------------------------
-
-    @classmethod
-    def from_dict(cls, config, *, ignore=KERAS_MODEL_ARGS):
-        """A ViTConfig from a dict (e.g. `VisionTransformer.get_config()` or a config.json).
-
-        Keys in `ignore` (Keras' own model arguments by default) are dropped; any other key that
-        is not a field raises a TypeError with a suggestion.
-
-        Example:
-            >>> ViTConfig.from_dict({"image_size": [32, 48], "patch_size": 8, "hidden_size": 16,
-            ...                      "num_layers": 1, "num_heads": 2, "mlp_dim": 32}).grid_size
-            (4, 6)
-        """
-        config = {k: v for k, v in dict(config).items() if k not in ignore}
-        check_keywords(config, cls.fields(), cls.__name__)
-        return cls(**config)
 
     def to_dict(self):
         """The fields as JSON-friendly values (lists for tuples): `VisionTransformer.get_config()`'s."""
@@ -502,11 +511,6 @@ class ViTConfig:
         if self.resnet is not None:
             out["resnet"] = [list(self.resnet[0]), self.resnet[1]]
         return out
-
-    def replace(self, **changes):
-        """A copy with `changes` applied (validated again); unknown names raise with a suggestion."""
-        check_keywords(changes, self.fields(), f"{type(self).__name__}.replace")
-        return dataclasses.replace(self, **changes)
 
     def architecture(self):
         """{field: value} of `architecture_fields()` (what a checkpoint of this model holds)."""
@@ -540,7 +544,7 @@ def _bit_image_size(size):
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class BiTConfig:
+class BiTConfig(FieldGroupConfig):
     """Every argument of `keras_vit.models.BiTResNet`, normalised and validated once (as
     `ViTConfig` is for the ViTs). `image_size` may hold None dimensions: the network is fully
     convolutional.
@@ -600,23 +604,6 @@ class BiTConfig:
         """Input pixels per position of the final feature map (stem 4, x2 for each later stage)."""
         return 4 * 2 ** (len(self.block_units) - 1)
 
-    @classmethod
-    def fields(cls, *groups):
-        """Names of the fields in `groups` (all fields when none is given), in declaration order."""
-        return tuple(f.name for f in dataclasses.fields(cls) if not groups or f.metadata["group"] in groups)
-
-    @classmethod
-    def architecture_fields(cls):
-        """The fields a checkpoint determines: its architecture and its numerics."""
-        return cls.fields("architecture", "numerics")
-
-    @classmethod
-    def from_dict(cls, config, *, ignore=KERAS_MODEL_ARGS):
-        """A BiTConfig from a dict (e.g. `BiTResNet.get_config()`); unknown keys raise a TypeError."""
-        config = {k: v for k, v in dict(config).items() if k not in ignore}
-        check_keywords(config, cls.fields(), cls.__name__)
-        return cls(**config)
-
     def to_dict(self):
         """The fields as JSON-friendly values: `BiTResNet.get_config()`'s."""
         out = {f: getattr(self, f) for f in self.fields()}
@@ -624,6 +611,3 @@ class BiTConfig:
         out["block_units"] = list(self.block_units)
         return out
 
-    def replace(self, **changes):
-        check_keywords(changes, self.fields(), f"{type(self).__name__}.replace")
-        return dataclasses.replace(self, **changes)
