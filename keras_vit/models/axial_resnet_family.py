@@ -329,7 +329,6 @@ def _make_record():
         architectures=AXIAL_RESNET_ARCHITECTURES,
         signature=("width_multiplier", "groups"),
         flops=axial_resnet_flops,
-        checkpoint_fields=AxialResNetConfig.architecture_fields(),
         head="fc/",
         optional_weights=("fc/",),
         resizable_weights=("fc/",),

@@ -305,7 +305,6 @@ AXIAL_VIT = ModelFamily(
     architectures=AXIAL_VIT_ARCHITECTURES,
     signature=("attention_axes",),
     flops=axial_vit_flops,
-    checkpoint_fields=AxialViTConfig.architecture_fields(),
     head="head/",
     optional_weights=("head/", "pre_logits/"),
     resizable_weights=("Transformer/posembed_input/", "head/"),

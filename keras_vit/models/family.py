@@ -82,7 +82,6 @@ class ModelFamily:
         extra_architectures: rows with no constructor of their own (e.g. "ViTB16Gap").
         presets: preset rows (constructor, tag, resolution, classes, top-1, Hub repo, original
             file or None, source), added to `keras_vit.presets`' table.
-        checkpoint_fields: the fields a checkpoint determines (architecture and numerics).
         head: prefix of the classification head's weights in the canonical tree.
         optional_weights: tree prefixes a saved file may lack (head, pre_logits).
         resizable_weights: tree prefixes whose shape a load may change (resized or replaced).
@@ -117,7 +116,6 @@ class ModelFamily:
     flops: Any
     extra_architectures: Mapping = dataclasses.field(default_factory=dict)
     presets: tuple = ()
-    checkpoint_fields: tuple = ()
     head: str = "head/"
     optional_weights: tuple = ("head/", "pre_logits/")
     resizable_weights: tuple = ("head/",)
@@ -165,6 +163,11 @@ class ModelFamily:
         return tuple(f for f in (*self.config_class.fields(), "dtype", "trainable") if f not in owned)
 
     # --- checkpoints ------------------------------------------------------------------------
+
+    @property
+    def checkpoint_fields(self):
+        """The fields a checkpoint determines: the config class's architecture and numerics."""
+        return self.config_class.architecture_fields()
 
     def checkpoint_config(self, model_config):
         """The checkpoint config (architecture + numerics, as a reader infers it) of a model's
@@ -479,7 +482,6 @@ VIT = ModelFamily(
     signature=("patch_size", "hidden_size"),
     flops="keras_vit.flops:vit_flops",
     presets="keras_vit.presets:VIT_PRESET_ROWS",
-    checkpoint_fields=ARCHITECTURE_FIELDS,
     head="head/",
     optional_weights=("head/", "pre_logits/"),
     resizable_weights=("Transformer/posembed_input/", "embedding/kernel", "head/"),
@@ -565,7 +567,6 @@ BIT = ModelFamily(
     signature=("block_units",),
     flops="keras_vit.flops:bit_flops",
     presets="keras_vit.presets:BIT_PRESET_ROWS",
-    checkpoint_fields=BiTConfig.architecture_fields(),
     head="resnet/head/",
     optional_weights=("resnet/head/",),
     resizable_weights=("resnet/head/",),
