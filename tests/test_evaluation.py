@@ -112,6 +112,53 @@ def test_objectnet_mapping_shipped():
         evaluation.objectnet_scores(np.zeros((1, 21843)))
 
 
+# === ObjectNet: the shipped mapping against the published one ===
+
+PUBLISHED = os.path.join(os.path.dirname(__file__), "objectnet_published")
+
+
+def _published_mapping():
+    """{class: (folder, ImageNet-1k indices)} from ObjectNet's released mapping files
+    (objectnet-1.0/mappings/, copied in tests/objectnet_published from mlfoundations/wise-ft),
+    ImageNet class names looked up in the ILSVRC-2012 synset list shipped with the package."""
+    with open(os.path.join(PUBLISHED, "objectnet_to_imagenet_1k.json")) as f:
+        to_imagenet = json.load(f)
+    with open(os.path.join(PUBLISHED, "folder_to_objectnet_label.json")) as f:
+        folder_of = {label: folder for folder, label in json.load(f).items()}
+    resources = os.path.join(os.path.dirname(keras_vit.__file__), "resources")
+    with open(os.path.join(resources, "imagenet1k_classes.txt")) as f:
+        imagenet_names = [line.rstrip("\n").split("\t", 1)[1] for line in f]
+    published = {}
+    for name, imagenet in to_imagenet.items():
+        ids = [i for part in imagenet.split("; ") for i, n in enumerate(imagenet_names) if n == part]
+        assert len(ids) == len(imagenet.split("; ")), name  # every name is one ImageNet class
+        published[name] = (folder_of[name], tuple(sorted(ids)))
+    return published
+
+
+def test_objectnet_mapping_matches_published():
+    published = _published_mapping()
+    names, members = evaluation.load_mapping()
+    shipped = {n: (f, tuple(sorted(m))) for n, f, m in zip(names, evaluation.load_folders(), members)}
+    assert shipped == published
+    assert sum(f != n.lower().replace(" ", "_") for n, (f, _) in published.items()) >= 3
+
+
+def test_objectnet_top1_is_the_testbed_rule():
+    """Top-1 of objectnet_scores equals imagenet-testbed's rule, written out here from the
+    published files: argmax over the 1000-way scores restricted to the mapped ImageNet classes,
+    right when it is one of the image's class's ImageNet classes."""
+    published = _published_mapping()
+    names, _ = evaluation.load_mapping()
+    sublist = sorted(i for _, ids in published.values() for i in ids)
+    rng = np.random.default_rng(0)
+    scores = rng.normal(size=(400, 1000))
+    labels = rng.integers(0, len(names), size=400)
+    testbed = [sublist[int(np.argmax(s[sublist]))] in published[names[y]][1] for s, y in zip(scores, labels)]
+    ours = evaluation.objectnet_scores(scores).argmax(1) == labels
+    assert ours.tolist() == testbed and 0 < sum(testbed) < 400
+
+
 # === ObjectNet: a hand-made download ===
 
 OBJECTNET_CENTRES = {0: 100, 954: 110, 409: 120, 530: 130, 671: 140, 444: 150,
@@ -119,18 +166,20 @@ OBJECTNET_CENTRES = {0: 100, 954: 110, 409: 120, 530: 130, 671: 140, 444: 150,
 
 
 def _objectnet_folder(root):
-    """images/<class>/ with 6x6 PNGs: a 1-pixel red border around a uniform 4x4 interior."""
+    """images/<folder>/ with 8x8 PNGs: a 2-pixel red border (ObjectNet's, cropped as its
+    evaluation template does) around a uniform 4x4 interior."""
     images = {  # folder: interior red values
         "banana": [100, 138, 200],  # unmapped tench first, then banana | banana 4th | banana 6th
         "alarm_clock": [128],  # digital clock (one of the class's two ImageNet classes)
         "bicycle": [118],  # analog clock, banana, digital clock, mountain bike: top-5 only
+        "full_sized_towel": [190],  # Bath towel's folder (not its class name): right
         "air_freshener": [110],  # not one of the 113 classes: skipped
     }
     for folder, values in images.items():
         os.makedirs(root / "images" / folder)
         for i, value in enumerate(values):
-            image = uniform_image(value)
-            image[0, :], image[-1, :], image[:, 0], image[:, -1] = (255, 0, 0), (255, 0, 0), (255, 0, 0), (255, 0, 0)
+            image = uniform_image(value, size=8)
+            image[:2, :], image[-2:, :], image[:, :2], image[:, -2:] = (255, 0, 0), (255, 0, 0), (255, 0, 0), (255, 0, 0)
             Image.fromarray(image).save(root / "images" / folder / f"{i}.png")
     return root
 
@@ -138,16 +187,16 @@ def _objectnet_folder(root):
 def test_objectnet_protocol_known_answer(tmp_path):
     root = _objectnet_folder(tmp_path / "objectnet-1.0")
     paths, labels, found = evaluation.index_objectnet_folder(root)
-    assert sorted(found) == ["Alarm clock", "Banana", "Bicycle"] and len(paths) == 5
+    assert sorted(found) == ["Alarm clock", "Banana", "Bath towel", "Bicycle"] and len(paths) == 6
     model = colour_classifier(OBJECTNET_CENTRES)
     result = evaluation.evaluate_classifier(model, f"objectnet:{root}", verbose=0)
-    # Right at top-1: banana (tench is not an ObjectNet class), alarm clock (digital clock).
+    # Right at top-1: banana (tench is not an ObjectNet class), alarm clock (digital clock), bath towel.
     # Top-5 only: bicycle (3rd), banana at 138 (4th). Wrong: banana at 200 (6th).
-    assert result.metrics["examples"] == 5
-    assert result.metrics["top1"] == pytest.approx(2 / 5) and result.metrics["top5"] == pytest.approx(4 / 5)
-    assert result.metrics["protocol"] == "objectnet" and result.metrics["classes_found"] == 3
+    assert result.metrics["examples"] == 6
+    assert result.metrics["top1"] == pytest.approx(3 / 6) and result.metrics["top5"] == pytest.approx(5 / 6)
+    assert result.metrics["protocol"] == "objectnet" and result.metrics["classes_found"] == 4
     per_class = {r["class"]: (r["examples"], r["correct"]) for r in result.per_class}
-    assert per_class == {"Alarm clock": (1, 1), "Banana": (3, 1), "Bicycle": (1, 0)}
+    assert per_class == {"Alarm clock": (1, 1), "Banana": (3, 1), "Bath towel": (1, 1), "Bicycle": (1, 0)}
 
 
 def test_objectnet_errors(tmp_path):

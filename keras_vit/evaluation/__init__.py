@@ -19,6 +19,7 @@ from keras_vit.evaluation.metrics import (  # noqa: F401
 )
 from keras_vit.evaluation.objectnet import (  # noqa: F401
     index_objectnet_folder,
+    load_folders,
     load_mapping,
     objectnet_dataset,
     objectnet_scores,

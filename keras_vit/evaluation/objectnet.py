@@ -2,13 +2,25 @@
 
 ObjectNet is a test set only. Its download (objectnet.dev, a manual download) holds one folder
 per class, `images/<class folder>/*.png`. Of its 313 classes, 113 overlap ImageNet-1k; the
-mapping published with ObjectNet (shipped as keras_vit/resources/objectnet_imagenet_mapping.json)
-assigns each of them one or more ImageNet classes. The protocol:
+mapping published with ObjectNet assigns each of them one or more ImageNet classes (125 in all,
+none shared). keras_vit/resources/objectnet_imagenet_mapping.json holds, per class, its name,
+its folder and its ImageNet-1k indices. It was checked against the release's
+`mappings/objectnet_to_imagenet_1k.json` (class -> ImageNet class names) and
+`mappings/folder_to_objectnet_label.json` (folder -> class), as copied in the
+mlfoundations/wise-ft repository (src/datasets/objectnet_metadata/), with the ImageNet names
+looked up in keras_vit/resources/imagenet1k_classes.txt. Three folders are not their class's
+name: full_sized_towel (Bath towel), hand_towel_or_rag (Dishrag or hand towel) and
+drying_rack_for_dishes (Drying rack for plates). The protocol, as in ObjectNet's own evaluation
+template (abarbu/objectnet-template-pytorch objectnet_pytorch_dataloader.py) and
+modestyachts/imagenet-testbed (src/eval_settings/objectnet.py):
 
 - only images of the 113 overlapping classes count;
-- each image carries a 1-pixel red border, cropped off before the model's preprocessing;
+- each image carries a red border; 2 pixels are cropped off each side before the model's
+  preprocessing;
 - an ImageNet model's scores become ObjectNet scores: each ObjectNet class scores the best of
-  its ImageNet classes (ImageNet classes outside the mapping take no part);
+  its ImageNet classes (ImageNet classes outside the mapping take no part). Top-1 is then the
+  testbed's rule: the argmax of the 1000-way scores restricted to the 125 mapped ImageNet
+  classes, right when it is one of the image's class's ImageNet classes;
 - top-1 and top-5 accuracy over the 113 classes.
 """
 
@@ -24,8 +36,9 @@ from keras_vit.data.folder import IMAGE_EXTENSIONS
 MAPPING_FILE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "resources",
                             "objectnet_imagenet_mapping.json")
 
-#: Pixels cropped off each side of an ObjectNet image (its border).
-BORDER = 1
+#: Pixels cropped off each side of an ObjectNet image (its red border), as ObjectNet's evaluation
+#: template and imagenet-testbed crop them.
+BORDER = 2
 
 
 def normalise_class_name(name):
@@ -40,6 +53,14 @@ def load_mapping(path=None):
     with open(path or MAPPING_FILE) as f:
         classes = json.load(f)["classes"]
     return tuple(c["name"] for c in classes), tuple(tuple(c["imagenet"]) for c in classes)
+
+
+@functools.lru_cache(maxsize=None)
+def load_folders(path=None):
+    """(folder names, ...) of the published mapping's classes, in load_mapping's order: the
+    folder under `images/` that holds each class in the ObjectNet download."""
+    with open(path or MAPPING_FILE) as f:
+        return tuple(c["folder"] for c in json.load(f)["classes"])
 
 
 def objectnet_scores(imagenet_scores, mapping=None):
@@ -65,11 +86,13 @@ def index_objectnet_folder(path, mapping=None):
     """(image paths, ObjectNet class indices, class names found) of an ObjectNet download.
 
     `path` is the download's root (holding `images/`) or its `images/` folder. Folders are
-    matched to the mapping's classes ignoring case and punctuation; folders of the 200
-    non-overlapping classes are skipped. A folder where no class of the mapping is found is an
-    error that says which names were expected.
+    matched to the mapping's classes by the published folder names (`full_sized_towel` is
+    "Bath towel"), or by the class name, ignoring case and punctuation in both; folders of the
+    200 non-overlapping classes are skipped. A folder where no class of the mapping is found
+    is an error that says which names were expected.
     """
     names, _ = mapping or load_mapping()
+    folders = load_folders() if mapping is None else ()
     path = os.fspath(path)
     if not os.path.isdir(path):
         raise FileNotFoundError(
@@ -78,6 +101,7 @@ def index_objectnet_folder(path, mapping=None):
         )
     root = os.path.join(path, "images") if os.path.isdir(os.path.join(path, "images")) else path
     wanted = {normalise_class_name(n): i for i, n in enumerate(names)}
+    wanted.update({normalise_class_name(n): i for i, n in enumerate(folders)})
     found = {}
     for entry in sorted(os.listdir(root)):
         full = os.path.join(root, entry)
@@ -89,7 +113,7 @@ def index_objectnet_folder(path, mapping=None):
         raise ValueError(
             f"{root!r} holds none of ObjectNet's {len(names)} classes that overlap ImageNet (found: {sample}). "
             f"Pass the unpacked ObjectNet download (its images/ folder has one folder per class, e.g. "
-            f"{', '.join(sorted(names)[:3])}, as alarm_clock, backpack, ...)."
+            f"{', '.join(sorted(folders or names)[:3])}, ...)."
         )
     paths, labels = [], []
     for index in sorted(found):
