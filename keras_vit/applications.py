@@ -13,12 +13,13 @@ from keras_vit.models.config import UnknownArgumentError, get_architecture, sugg
 from keras_vit.models.family import families, family_of
 
 
-def _image_size(input_shape, input_tensor):
-    """((height, width) or None for a size known only at run time, channels)."""
+def _image_size(input_shape, input_tensor, default=(224, 224)):
+    """((height, width) or None for a size known only at run time, channels); `default` without
+    an input shape."""
     if input_tensor is not None and input_shape is None:
         input_shape = tuple(input_tensor.shape[1:])
     if input_shape is None:
-        return (224, 224), 3
+        return tuple(default), 3
     shape = tuple(input_shape)
     if len(shape) == 2:
         shape = shape + (3,)
@@ -72,7 +73,9 @@ def build_application(
         raise UnknownArgumentError(
             f"Unknown override(s) for {architecture}: {hint}. Valid overrides: {', '.join(sorted(allowed))}."
         )
-    image_size, channels = _image_size(input_shape, input_tensor)
+    # A row may name its own default input size (`default_size`, e.g. the resolution its weights
+    # were trained at); otherwise 224.
+    image_size, channels = _image_size(input_shape, input_tensor, getattr(arch, "default_size", (224, 224)))
     kwargs = dict(arch.kwargs())
     kwargs.update(overrides)
     kwargs.update(_size_arguments(family, arch, image_size, weights))
@@ -92,6 +95,8 @@ def build_application(
         if kwargs.get("image_size") is None:
             kwargs.pop("image_size", None)
         for key in arch.kwargs():
+            if key not in family.checkpoint_fields:  # a training default of the row (dropout): kept
+                continue
             if key != "patch_size" or "patch_size" not in overrides:  # patch_size=: run at another patch size
                 kwargs.pop(key, None)  # the checkpoint states the architecture; load() checks it is `arch`
         model = load(weights, architecture=arch, **kwargs)

@@ -13,6 +13,7 @@ pytestmark = pytest.mark.backend_independent
 import keras_vit
 from keras_vit import loading, presets
 from keras_vit.models.config import ARCHITECTURES, BIT_ARCHITECTURES
+from keras_vit.models.family import all_architectures
 
 #: The timm tags of the original family that keras_vit publishes.
 TIMM_TAGS = [
@@ -63,8 +64,12 @@ def test_table_rows_are_consistent():
     names = [(p.architecture, p.tag, p.resolution) for p in presets.PRESETS.values()]
     assert len(names) == len(set(names))
     for p in presets.PRESETS.values():
-        assert p.architecture in ARCHITECTURES or p.architecture in BIT_ARCHITECTURES
-        assert p.resolution in ((224, 384) if p.architecture in ARCHITECTURES else (224, 384, 448, 480))
+        family = keras_vit.family_of(p.architecture).name
+        assert family in ("vit", "bit", "efficientnet"), p
+        if family == "efficientnet":  # at the resolution it was trained at (L2 also at 475 px)
+            assert p.resolution in (all_architectures()[p.architecture].resolution, 475), p
+        else:
+            assert p.resolution in ((224, 384) if family == "vit" else (224, 384, 448, 480)), p
         assert p.classes in (0, 1000, 21843)
         assert (p.top1 is not None) == (p.source == "timm" and p.classes == 1000)
         if p.original:

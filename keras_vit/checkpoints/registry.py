@@ -25,6 +25,7 @@ from keras_vit.models.config import NUMERICS
 _MODULES = (
     "keras_format",
     "bit",
+    "timm_efficientnet",  # before "timm": its folders are timm folders too
     "timm",
     "transformers",
     "big_vision",  # before "npz": both are .npz files, big_vision's told apart by its member names

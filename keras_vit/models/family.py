@@ -240,6 +240,7 @@ REGISTRY = (
     "keras_vit.models.family:BIT",
     "keras_vit.models.axial_vit_family:AXIAL_VIT",
     "keras_vit.models.axial_resnet_family:AXIAL_RESNET",
+    "keras_vit.models.efficientnet_family:EFFICIENTNET",
 )
 
 _LOADED = []

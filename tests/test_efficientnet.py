@@ -1,0 +1,251 @@
+"""EfficientNet against timm's TF ports (`tf_efficientnet_*`, torch on CPU): parameter counts of
+every constructor (timm's models on the meta device, the Keras models built without allocating
+their weights), FLOPs against PyTorch's FLOP counter, logits through timm's own saved folders
+(`save_for_hf`: model.safetensors / pytorch_model.bin + config.json) with random weights and
+BatchNorm statistics at 224 px and at an odd, non-square size, the `.keras` round trip, the
+preset table and the errors for checkpoints of other architectures.
+"""
+
+import contextlib
+import json
+import math
+import os
+import shutil
+import sys
+
+import keras
+import numpy as np
+import pytest
+from conftest import rel_err
+
+import keras_vit
+from keras_vit import CheckpointError
+from keras_vit.models.efficientnet_family import EFFICIENTNET_ARCHITECTURES, params_of
+
+sys.modules.setdefault("triton", None)  # see test_checkpoints: triton's LLVM and TensorFlow clash
+torch = pytest.importorskip("torch")
+timm = pytest.importorskip("timm")
+
+#: Logits against timm's, relative to their largest magnitude: float32 rounding. Measured
+#: 5.6e-7 / 3.6e-7 (JAX, 224 px / 193x257 px); the bound is about 10x the worst backend's.
+PARITY_BOUND = 1e-5
+
+
+@contextlib.contextmanager
+def shapes_only():
+    """Build Keras models whose variables are never allocated (their shapes are all that is
+    read); the variables are taken off Keras' list of pending initialisations afterwards."""
+    from keras.src.backend.common import global_state
+
+    before = list(global_state.get_global_attribute("uninitialized_variables", [], set_to_default=True))
+    try:
+        with keras.StatelessScope(initialize_variables=False):
+            yield
+    finally:
+        global_state.set_global_attribute("uninitialized_variables", before)
+
+
+def _trainable_count(model):
+    return sum(math.prod(v.shape) for v in model.trainable_weights)
+
+
+# === Parameter counts and FLOPs ===
+
+
+@pytest.mark.backend_independent  # shapes only
+@pytest.mark.parametrize("name", sorted(EFFICIENTNET_ARCHITECTURES))
+def test_parameter_counts_equal_timm(name):
+    arch = EFFICIENTNET_ARCHITECTURES[name]
+    with torch.device("meta"):  # shapes only
+        reference = timm.create_model(arch.timm_name, pretrained=False)
+    expected = sum(p.numel() for p in reference.parameters() if p.requires_grad)
+    assert arch.params == expected  # the table
+    assert params_of(arch.width_multiplier, arch.depth_multiplier) == expected  # the family's count
+    with shapes_only():
+        model = getattr(keras_vit, name)(weights=None)
+    assert _trainable_count(model) == expected  # the Keras model
+    assert model.input_shape == (None, arch.resolution, arch.resolution, 3) and model.output_shape == (None, 1000)
+    running = sum(b.numel() for n, b in reference.named_buffers() if n.endswith(("running_mean", "running_var")))
+    assert sum(math.prod(v.shape) for v in model.non_trainable_weights) == running
+    if name == "EfficientNetL2":
+        assert expected == 480_309_308
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("name, size", [(n, None) for n in sorted(EFFICIENTNET_ARCHITECTURES)]
+                         + [("EfficientNetB0", (193, 257))])
+def test_flops_equal_torch_flop_counter(name, size):
+    """keras_vit.flops' convention (one multiply-add = 2; convolutions, the squeeze-excitation's
+    1x1 convolutions and the classifier), against PyTorch's own FLOP counter on timm's model at
+    the architecture's resolution (shapes only, nothing computed)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    arch = EFFICIENTNET_ARCHITECTURES[name]
+    h, w = size or (arch.resolution, arch.resolution)
+    with torch.device("meta"):
+        reference = timm.create_model(arch.timm_name, pretrained=False).eval()
+        with FlopCounterMode(display=False) as counter:
+            reference(torch.empty(1, 3, h, w))
+    assert keras_vit.flops(name, image_size=(h, w)) == counter.get_total_flops()
+
+
+# === Logits through timm's saved folders ===
+
+
+def randomize(module, seed=0):
+    """Random weights, BatchNorm scales, shifts and running statistics everywhere."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.ndim == 1 and ".bn" in f".{name}" and name.endswith("weight"):  # BatchNorm scale
+                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
+            elif p.ndim == 1:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            else:
+                fan_in = p[0].numel()
+                p.copy_(torch.randn(p.shape, generator=g) / fan_in**0.5)
+        for name, b in module.named_buffers():
+            if name.endswith("running_mean"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=g))
+            elif name.endswith("running_var"):
+                b.copy_(0.5 + torch.rand(b.shape, generator=g))
+    return module.eval()
+
+
+def images(shape, seed=1):
+    return np.random.default_rng(seed).normal(size=shape).astype("float32")
+
+
+def torch_logits(module, x):
+    with torch.no_grad():
+        return module(torch.from_numpy(x.transpose(0, 3, 1, 2))).numpy()
+
+
+@pytest.fixture(scope="module")
+def b0(tmp_path_factory):
+    """timm's tf_efficientnet_b0 with random weights and statistics, saved by timm as its Hub
+    layout with both weight files, and its logits at 224 px and 193x257 px."""
+    from timm.models import save_for_hf
+
+    torch.manual_seed(0)
+    reference = randomize(timm.create_model("tf_efficientnet_b0", pretrained=False), seed=3)
+    folder = tmp_path_factory.mktemp("effnet") / "tf_efficientnet_b0"
+    save_for_hf(reference, folder, safe_serialization="both")
+    inputs = {size: images((2, *size, 3)) for size in ((224, 224), (193, 257))}
+    return dict(reference=reference, folder=folder, inputs=inputs,
+                logits={size: torch_logits(reference, x) for size, x in inputs.items()})
+
+
+@pytest.mark.parity
+def test_logits_equal_timm_through_its_folder(b0, tmp_path):
+    # The constructor with timm's folder as weights, at any size (None, None): 224 px and an odd,
+    # non-square size, where TF "SAME" pads one pixel more at the bottom and right.
+    model = keras_vit.EfficientNetB0(weights=str(b0["folder"]), input_shape=(None, None, 3),
+                                     classifier_activation=None)
+    assert keras_vit.family_of(model).name == "efficientnet"
+    for size, x in b0["inputs"].items():
+        err = rel_err(model.predict(x, verbose=0), b0["logits"][size])
+        print(f"EfficientNet-B0 logits vs timm at {size}: relative error {err:.2e}")
+        assert err < PARITY_BOUND, (size, err)
+
+    # load_checkpoint at the folder's own size (pretrained_cfg.input_size), and the .keras round
+    # trip of what it loaded (safe mode, no custom objects).
+    loaded = keras_vit.load_checkpoint(b0["folder"])
+    config = loaded.get_config()
+    assert config["image_size"] == [224, 224] and config["width_multiplier"] == 1.0
+    assert config["depth_multiplier"] == 1.0 and config["batch_norm_epsilon"] == 1e-3
+    x, expected = b0["inputs"][(224, 224)], b0["logits"][(224, 224)]
+    assert rel_err(loaded.predict(x, verbose=0), expected) < PARITY_BOUND
+    loaded.save(tmp_path / "b0.keras")
+    reloaded = keras.saving.load_model(tmp_path / "b0.keras")
+    assert type(reloaded) is type(loaded) and reloaded.get_config() == loaded.get_config()
+    assert rel_err(reloaded.predict(x, verbose=0), expected) < PARITY_BOUND
+
+
+@pytest.mark.backend_independent  # the reader only
+def test_every_file_layout_reads_the_same(b0, tmp_path):
+    """The folder's safetensors, its pytorch_model.bin alone, and a bare .safetensors (no
+    config.json: the architecture found from the shapes) give one tree and one config."""
+    from keras_vit.checkpoints import detect_format, read_checkpoint
+
+    folder = b0["folder"]
+    only_bin = tmp_path / "bin"
+    only_bin.mkdir()
+    for name in ("pytorch_model.bin", "config.json"):
+        shutil.copy(folder / name, only_bin / name)
+    assert detect_format(folder).name == detect_format(only_bin).name == "timm_efficientnet"
+    assert detect_format(folder / "model.safetensors").name == "timm_efficientnet"
+    tree, config = read_checkpoint(folder)
+    for other in (only_bin, folder / "model.safetensors"):
+        other_tree, other_config = read_checkpoint(other)
+        assert other_config == config and sorted(other_tree) == sorted(tree)
+        for key in tree:
+            np.testing.assert_array_equal(other_tree[key], tree[key])
+    # Layouts: PyTorch (out, in, kh, kw) -> (kh, kw, in, out); depthwise (C, 1, k, k) -> (k, k, C, 1).
+    ref = b0["reference"]
+    np.testing.assert_array_equal(tree["conv_stem/kernel"], ref.conv_stem.weight.detach().numpy().transpose(2, 3, 1, 0))
+    np.testing.assert_array_equal(tree["blocks/2/1/conv_dw/kernel"],
+                                  ref.blocks[2][1].conv_dw.weight.detach().numpy().transpose(2, 3, 0, 1))
+    np.testing.assert_array_equal(tree["blocks/0/0/se/conv_reduce/bias"], ref.blocks[0][0].se.conv_reduce.bias.detach())
+    np.testing.assert_array_equal(tree["bn2/moving_variance"], ref.bn2.running_var.numpy())
+    np.testing.assert_array_equal(tree["classifier/kernel"], ref.classifier.weight.detach().numpy().T)
+
+
+# === Presets and refused checkpoints ===
+
+
+@pytest.mark.backend_independent
+def test_presets_resolve_to_timms_noisy_student_repos():
+    from keras_vit.presets import find_preset, preset_by_name
+
+    for name, arch in EFFICIENTNET_ARCHITECTURES.items():
+        preset = find_preset(name, "ns_jft_in1k")
+        assert preset.repo == f"timm/{arch.timm_name}.ns_jft_in1k" and preset.classes == 1000
+        assert preset.resolution == arch.resolution
+        assert find_preset(name, "imagenet") == preset  # the best ImageNet-1k weights
+    l2_475 = find_preset("EfficientNetL2", "ns_jft_in1k_475")
+    assert (l2_475.repo, l2_475.resolution) == ("timm/tf_efficientnet_l2.ns_jft_in1k_475", 475)
+    assert find_preset("EfficientNetL2", "imagenet").resolution == 800  # 88.35% over 88.23%
+    assert preset_by_name("tf_efficientnet_b3.ns_jft_in1k").architecture == "EfficientNetB3"
+    assert preset_by_name("EfficientNetL2.ns_jft_in1k_475") == l2_475
+    with pytest.raises(ValueError, match="Valid: None, imagenet, imagenet21k, ns_jft_in1k, ns_jft_in1k_475"):
+        find_preset("EfficientNetL2", "ns_jft")
+    # timm's own table says the same (repos, sizes, crop and normalisation)
+    for preset in (p for p in keras_vit.list_presets() if p.architecture.startswith("EfficientNet")):
+        cfg = timm.models.get_pretrained_cfg(preset.repo.split("/", 1)[1])
+        assert cfg.hf_hub_id == preset.repo and tuple(cfg.input_size) == (3, preset.resolution, preset.resolution)
+        from keras_vit.models.efficientnet_family import preprocessing
+
+        assert preprocessing(preset.repo) == dict(mean=cfg.mean, std=cfg.std, interpolation=cfg.interpolation,
+                                                  crop_pct=cfg.crop_pct)
+
+
+def test_checkpoints_of_other_architectures_are_refused(b0, tmp_path):
+    # An EfficientNet-B0 file given to the B1 constructor names both architectures.
+    with pytest.raises(ValueError, match=r"different architecture \(EfficientNet-B0 \(width x1, depth x1\)\) than "
+                                         r"EfficientNetB1 \(EfficientNet-B1 \(width x1, depth x1.1\)\)"):
+        keras_vit.EfficientNetB1(weights=str(b0["folder"]))
+    # A config.json that names another architecture than the weights hold.
+    lying = tmp_path / "lying"
+    shutil.copytree(b0["folder"], lying)
+    config = json.loads((lying / "config.json").read_text())
+    (lying / "config.json").write_text(json.dumps(dict(config, architecture="tf_efficientnet_b2")))
+    with pytest.raises(CheckpointError, match=r"not those of timm's tf_efficientnet_b2 \(stem 32, blocks per stage "
+                                              r"\(2, 3, 3, 4, 4, 5, 2\), head 1408; the file: stem 32, blocks per stage "
+                                              r"\(1, 2, 2, 3, 3, 4, 1\), head 1280\): missing weights "
+                                              r"blocks/0/1/bn1/beta.*shape mismatches blocks/2/0/conv_pwl/kernel "
+                                              r"\(1, 1, 144, 40\) \(expected \(1, 1, 144, 48\)\)"):
+        keras_vit.load_checkpoint(lying)
+    # timm's PyTorch-native EfficientNet pads and normalises otherwise: refused by name.
+    (lying / "config.json").write_text(json.dumps(dict(config, architecture="efficientnet_b0")))
+    with pytest.raises(CheckpointError, match=r"'efficientnet_b0' is timm's PyTorch-native EfficientNet"):
+        keras_vit.load_checkpoint(lying)
+    # A ViT checkpoint for an EfficientNet constructor, and the other way round.
+    vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, num_classes=5, depth=1)
+    from timm.models import save_for_hf
+
+    save_for_hf(vit, tmp_path / "vit", safe_serialization=True, model_args=dict(img_size=32, num_classes=5, depth=1))
+    with pytest.raises(ValueError, match=r"different architecture \(hidden 192, 1 layers.*than EfficientNetB0"):
+        keras_vit.EfficientNetB0(weights=str(tmp_path / "vit"))
+    with pytest.raises(ValueError, match=r"different architecture \(EfficientNet-B0 .*than ViTTi16"):
+        keras_vit.ViTTi16(weights=str(b0["folder"]))
