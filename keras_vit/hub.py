@@ -14,6 +14,7 @@ and the lock files that serialise concurrent loads of one repository (`locks/`).
 This module imports nothing else of keras_vit but keras_vit.names (the checks on names).
 """
 
+import fnmatch
 import hashlib
 import json
 import logging
@@ -28,6 +29,13 @@ logger = logging.getLogger("keras_vit")
 #: msgpack or TensorFlow .h5 that transformers repositories also hold). The loading path passes
 #: the checkpoint formats' own patterns (keras_vit.checkpoints.registry.hub_file_patterns).
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "model.weights.h5", "*.npz", "*.keras", "*.md"]
+#: Files fetched only from a repository that holds no weights file of ALLOW_PATTERNS: a PyTorch
+#: zip `pytorch_model.bin` (read without unpickling code, keras_vit.checkpoints.torch_zip) of an
+#: older timm or transformers repository. Never downloaded beside safetensors.
+FALLBACK_PATTERNS = ["pytorch_model.bin"]
+#: Patterns of the files that describe a checkpoint (configs, shard indexes, model cards) rather
+#: than hold its weights.
+METADATA_PATTERNS = ["*.json", "*.md"]
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
 _SHA1 = re.compile(r"^[0-9a-f]{40}$")
 
@@ -135,7 +143,7 @@ def verify_snapshot(folder, repo_id, *, sha256=None, weights_file=None):
     if sha256:
         target = weights_file and os.path.join(folder, weights_file)
         if not target:
-            candidates = [p for p in files if p.endswith((".safetensors", ".h5", ".npz", ".keras"))] or files
+            candidates = [p for p in files if p.endswith((".safetensors", ".h5", ".npz", ".keras", ".bin"))] or files
             target = max(candidates, key=os.path.getsize) if candidates else None
         if target is None or not os.path.exists(target):
             raise IntegrityError(f"{repo_id} has no weights file {weights_file!r} to check against sha256 {sha256}.")
@@ -289,8 +297,37 @@ def _lock(repo_id):
     return FileLock(path)
 
 
-def fetch(repo_id, revision=None, *, sha256=None, weights_file=None, what=None, allow_patterns=None):
+def _holds_weights(folder, patterns):
+    """Whether the snapshot `folder` holds a file matching `patterns` that is not metadata."""
+    for path in _snapshot_files(folder):
+        name = os.path.relpath(path, folder).replace(os.sep, "/")
+        if any(fnmatch.fnmatch(name, p) for p in patterns) and not any(
+            fnmatch.fnmatch(name, p) for p in METADATA_PATTERNS
+        ):
+            return True
+    return False
+
+
+def _download_weights(repo_id, revision, what, allow_patterns, fallback_patterns):
+    """`download` of `allow_patterns`; then, when the snapshot holds no weights file, of
+    `fallback_patterns` too -> (folder, commit, the patterns the snapshot was fetched with)."""
+    folder, commit = download(repo_id, revision, what=what, allow_patterns=allow_patterns)
+    if not fallback_patterns:
+        return folder, commit, allow_patterns
+    patterns = list(allow_patterns) + [p for p in fallback_patterns if p not in allow_patterns]
+    if not _holds_weights(folder, patterns):
+        folder, commit = download(repo_id, revision, what=what, allow_patterns=patterns)
+    return folder, commit, patterns
+
+
+def fetch(repo_id, revision=None, *, sha256=None, weights_file=None, what=None, allow_patterns=None,
+          fallback_patterns=None):
     """A verified local snapshot of `repo_id` at `revision`: (folder, commit).
+
+    Only the files of `allow_patterns` are fetched (default ALLOW_PATTERNS), and those of
+    `fallback_patterns` (default with the default ALLOW_PATTERNS: FALLBACK_PATTERNS) only when
+    the repository holds no weights file of `allow_patterns`: a repository with only
+    `pytorch_model.bin` gets it downloaded, one with `model.safetensors` beside it does not.
 
     Downloads through huggingface_hub (its cache, progress bars, offline mode). Every file is
     checked against the hash the Hub stores it under (and `sha256`, when given, against
@@ -308,8 +345,11 @@ def fetch(repo_id, revision=None, *, sha256=None, weights_file=None, what=None, 
     """
     names.validate_repo_id(repo_id)
     names.validate_revision(revision)
+    if allow_patterns is None:
+        allow_patterns = ALLOW_PATTERNS
+        fallback_patterns = FALLBACK_PATTERNS if fallback_patterns is None else fallback_patterns
     with _lock(repo_id):
-        folder, commit = download(repo_id, revision, what=what, allow_patterns=allow_patterns)
+        folder, commit, patterns = _download_weights(repo_id, revision, what, allow_patterns, fallback_patterns)
         _remove_orphaned_partials(repo_id)
         marker_path = _marker_path(repo_id, commit)
         always = os.environ.get("KERAS_VIT_VERIFY", "").lower() == "always"
@@ -326,7 +366,7 @@ def fetch(repo_id, revision=None, *, sha256=None, weights_file=None, what=None, 
                     f"delete {os.path.join(constants.HF_HUB_CACHE, _hf_repo_folder(repo_id))} and download it anew."
                 ) from None
             logger.warning("%s Downloading it again.", err)
-            folder, commit = download(repo_id, revision, what=what, allow_patterns=allow_patterns)
+            folder, commit = download(repo_id, revision, what=what, allow_patterns=patterns)
             verify_snapshot(folder, repo_id, sha256=sha256, weights_file=weights_file)
         record = {os.path.relpath(p, folder): _stat_record(p) for p in _snapshot_files(folder)}
         _write_marker(_marker_path(repo_id, commit), {"sha256": sha256, "files": record})

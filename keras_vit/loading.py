@@ -21,7 +21,7 @@ import warnings
 from typing import Optional
 
 from keras_vit import hub, names, presets
-from keras_vit.checkpoints.registry import CheckpointFormat, detect_format, hub_file_patterns
+from keras_vit.checkpoints.registry import CheckpointFormat, detect_format, hub_fallback_patterns, hub_file_patterns
 
 #: File endings that make a string a path rather than a name.
 _PATH_ENDINGS = (".npz", ".keras", ".h5", ".safetensors", ".json")
@@ -89,6 +89,7 @@ def _fetch_preset(preset, source, what):
         weights_file=preset.weights_file,
         what=what,
         allow_patterns=hub_file_patterns(),
+        fallback_patterns=hub_fallback_patterns(),
     )
     return ResolvedWeights(source, folder, detect_format(folder), preset, preset.repo, preset.revision, commit)
 
@@ -130,7 +131,8 @@ def resolve(source, *, architecture=None, image_size=None):
         return ResolvedWeights(source, path, detect_format(path))
     if source.startswith("hf://"):
         repo, revision = hub.parse_hf_handle(source)
-        folder, commit = hub.fetch(repo, revision, what=source, allow_patterns=hub_file_patterns())
+        folder, commit = hub.fetch(repo, revision, what=source, allow_patterns=hub_file_patterns(),
+                                   fallback_patterns=hub_fallback_patterns())
         return ResolvedWeights(source, folder, detect_format(folder), None, repo, revision, commit)
     if _looks_like_path(source):
         raise FileNotFoundError(

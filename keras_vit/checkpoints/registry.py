@@ -51,6 +51,9 @@ class CheckpointFormat:
         numerics: the row of keras_vit.models.config.NUMERICS its framework computes with
             (None where the file states its own, as Keras-native files do).
         hub_files: glob patterns of the files a Hub repository in this format needs.
+        hub_fallback_files: glob patterns of the files fetched from a Hub repository only when it
+            holds none of the `hub_files` (a `pytorch_model.bin` beside which a repository's
+            safetensors make it redundant: never both are downloaded).
         patch_resize_rule: the pixel resize (a `keras_vit.layers.resize.PATCH_RESIZE_RULES` name)
             whose effect a load at another patch size inverts (FlexiViT's PI-resize), as the
             format's framework does it; None: timm's rule, the default of `load_checkpoint`.
@@ -67,6 +70,7 @@ class CheckpointFormat:
     write: Optional[Callable] = None
     numerics: Optional[str] = None
     hub_files: tuple = ()
+    hub_fallback_files: tuple = ()
     patch_resize_rule: Optional[str] = None
     read_sized: Optional[Callable] = None
     torch_zip: bool = False
@@ -112,6 +116,16 @@ def hub_file_patterns():
     patterns = ["*.json", "*.md"]
     for fmt in formats().values():
         patterns += [p for p in fmt.hub_files if p not in patterns]
+    return patterns
+
+
+def hub_fallback_patterns():
+    """The files fetched from a checkpoint repository only when it holds none of
+    `hub_file_patterns()`'s weights (keras_vit.hub.fetch's `fallback_patterns`): the union of
+    every format's `hub_fallback_files`."""
+    patterns = []
+    for fmt in formats().values():
+        patterns += [p for p in fmt.hub_fallback_files if p not in patterns]
     return patterns
 
 

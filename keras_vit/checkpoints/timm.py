@@ -269,4 +269,5 @@ FORMAT = CheckpointFormat(
     read=lambda path: read_timm(path, lazy=True),
     numerics="timm",
     hub_files=("*.safetensors", "*.safetensors.index.json"),
+    hub_fallback_files=("pytorch_model.bin",),  # read by checkpoints.torch_zip, which runs nothing from it
 )

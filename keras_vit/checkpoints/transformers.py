@@ -171,4 +171,5 @@ FORMAT = CheckpointFormat(
     read=lambda path: read_transformers(path, lazy=True),
     numerics="transformers",
     hub_files=("*.safetensors", "*.safetensors.index.json"),
+    hub_fallback_files=("pytorch_model.bin",),  # read by checkpoints.torch_zip, which runs nothing from it
 )
