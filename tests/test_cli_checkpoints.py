@@ -75,6 +75,28 @@ def test_convert_resizes_to_image_size(tiny_preset, tmp_path):
     assert keras_vit.load_checkpoint(folder).input_shape == (None, 48, 48, 3)
 
 
+def test_convert_non_square_big_vision_file_with_height_x_width(tmp_path, capsys):
+    """A big_vision .npz stores no image size, and 4x6 = 24 position tokens are no square grid:
+    `--image-size 32x48` says which grid they are (the file alone cannot be read)."""
+    model = randomize(keras_vit.VisionTransformer(**dict(TINY, image_size=(32, 48)), classifier_activation=None),
+                      seed=6)
+    src, npz = str(tmp_path / "src.keras"), str(tmp_path / "bv.npz")
+    model.save(src)
+    assert main(["convert", src, npz, "--to", "big_vision"]) == 0
+    with np.load(npz) as f:
+        assert next(v.shape for k, v in f.items() if k.endswith("pos_embedding")) == (1, 24, 24)
+    capsys.readouterr()
+    assert main(["convert", npz, str(tmp_path / "a.keras")]) == 2
+    assert "not a square grid" in capsys.readouterr().err
+    dst = str(tmp_path / "b.keras")
+    assert main(["convert", npz, dst, "--image-size", "32x48"]) == 0
+    assert "at 32x48" in capsys.readouterr().out
+    x = np.random.default_rng(1).uniform(-1, 1, (2, 32, 48, 3)).astype("float32")
+    converted = keras_vit.load_checkpoint(dst)
+    assert converted.input_shape == (None, 32, 48, 3)
+    np.testing.assert_allclose(converted.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-5, atol=1e-5)
+
+
 def test_help_lists_the_commands():
     from keras_vit.cli import build_parser
 

@@ -150,6 +150,8 @@ def test_bad_values_fail_before_anything_loads(tmp_path):
     Image.new("RGB", (64, 64), (200, 10, 10)).save(png)
     png.write_bytes(png.read_bytes()[:-30])  # the image data's end and IEND cut off
     out = str(tmp_path / "run")
+    (tmp_path / "started").mkdir()
+    (tmp_path / "started" / "config.json").write_text(json.dumps({"image_size": [16, 24]}))
     train = ["finetune", "--arch", TINY_ARCH, "--weights", "none", "--data", "digits", "--out", out]
     fewshot = ["fewshot", "--weights", str(tmp_path / "model.keras"), "--data", "digits", "--out", out]
     explain = ["explain", "--weights", "none", "--arch", TINY_ARCH, "--out", out]
@@ -163,12 +165,23 @@ def test_bad_values_fail_before_anything_loads(tmp_path):
         (train + ["--ema", "2"], "finetune", ["argument --ema: 2 is not a number in (0, 1)", "e.g. 0.9999"]),
         (train + ["--label-smoothing", "1"], "finetune", ["argument --label-smoothing: 1 is not a number in [0, 1)"]),
         (train + ["--image-size", "-32"], "finetune", ["argument --image-size: -32 is not"]),
+        (train + ["--image-size", "32x"], "finetune", ["argument --image-size: '32x' is not an image size",
+                                                       "(384)", "HEIGHTxWIDTH (384x512, or 384,512)"]),
+        (train + ["--image-size", "16x0"], "finetune", ["argument --image-size: 16x0 is not", "at least 1 pixel"]),
+        (train + ["--image-size", "16x32", "--resume", "--out", str(tmp_path / "started")], "finetune",
+         ["--image-size 16x24 (now 16x32)"]),
+        (["convert", "a.npz", "b.keras", "--image-size", "1x2x3"], "convert",
+         ["argument --image-size: '1x2x3' is not an image size", "HEIGHTxWIDTH"]),
+        (["vtab", "--arch", "ViTTi16", "--weights", "none", "--out", out, "--image-size", "384x512"], "vtab",
+         ["argument --image-size: '384x512' is not square", "one square resolution", "pass one number"]),
         (train + ["--steps", "4", "--warmup", "4"], "finetune", ["--warmup 4 must be smaller than --steps 4"]),
         (fewshot + ["--shots", "a,b"], "fewshot", ["argument --shots: 'a' is not a whole number", "--shots 1,5,10,25"]),
         (fewshot + ["--shots", "5,0"], "fewshot", ["argument --shots: 0 is not a positive number", "--shots 1,5,10,25"]),
         (["evaluate", "--weights", "m.keras", "--data", "digits", "--batch-size", "-1", "--out", out], "evaluate",
          ["argument --batch-size: -1 is not"]),
         (["export", "m.keras", out, "--image-size", "0"], "export", ["argument --image-size: 0 is not"]),
+        (["export", "m.keras", out, "--image-size", "abc"], "export", ["argument --image-size: 'abc' is not"]),
+        (["export", "m.keras", out, "--image-size", "16x24", "32"], "export", ["--image-size takes", "got 16x24 32"]),
         (explain + [str(tmp_path / "notimage.jpg")], "explain", ["notimage.jpg' is not an image file", "image files"]),
         (explain + [str(tmp_path / "folder")], "explain", ["folder' is a folder, not an image file", "*.jpg"]),
         (explain + [str(png)], "explain", ["truncated.png' is a damaged image"]),
@@ -309,13 +322,29 @@ def test_evaluate_prints_no_backend_start_up_lines_on_jax(tmp_path):
 # === What used to fail and now works ===
 
 
-def test_explain_accepts_weights_none(tmp_path, capsys):
+def test_explain_accepts_weights_none_at_height_x_width(tmp_path, capsys):
     out = tmp_path / "explain"
     with pytest.warns(UserWarning, match="randomly initialised"):
         status = main(["explain", "sample:grace_hopper", "--weights", "none", "--arch", TINY_ARCH,
-                       "--image-size", "32", "--components", "4", "--out", str(out)])
+                       "--image-size", "32x48", "--components", "4", "--out", str(out)])
     assert status == 0
-    assert json.loads((out / "summary.json").read_text())["grid_size"] == [4, 4]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["grid_size"] == [4, 6] and summary["image_size"] == [32, 48]
+
+
+def test_evaluate_takes_height_x_width(tmp_path, capsys):
+    import keras_vit as kv
+
+    model = kv.VisionTransformer(image_size=(16, 24), patch_size=8, hidden_size=16, num_layers=1, num_heads=2,
+                                 mlp_dim=16, classes=10)
+    model.save(tmp_path / "m.keras")
+    args = ["evaluate", "--weights", str(tmp_path / "m.keras"), "--data", "digits", "--verbose", "0"]
+    assert main(args + ["--image-size", "16x24", "--out", str(tmp_path / "ok")]) == 0
+    assert json.loads((tmp_path / "ok" / "config.json").read_text())["image_size"] == [16, 24]
+    capsys.readouterr()
+    assert main(args + ["--image-size", "24x16", "--out", str(tmp_path / "swapped")]) == 2
+    assert "The model runs at 16x24, not --image-size 24x16" in capsys.readouterr().err
+    assert not (tmp_path / "swapped").exists()
 
 
 def test_failed_run_leaves_no_run_folder(tmp_path, capsys):

@@ -53,6 +53,52 @@ positive_int = number(int, low=1)
 #: --seed: what NumPy's and Keras' seeding accept.
 seed_int = number(int, low=0, high=2**32 - 1)
 
+#: The forms --image-size takes, for its help and its errors.
+IMAGE_SIZE_FORMS = "one number of pixels for a square input (384) or HEIGHTxWIDTH (384x512, or 384,512)"
+
+
+def image_size_type(square_reason=None):
+    """An argparse `type` for --image-size: `384` -> 384, `384x512` or `384,512` -> (384, 512)
+    (height, width; `384x384` -> 384). Anything else fails while the arguments are parsed, as one
+    line naming the flag and the accepted forms. With `square_reason`, a command that runs at one
+    square resolution refuses HxW with a different height and width, saying why."""
+
+    def parse(text):
+        parts = str(text).strip().lower().replace(",", "x").split("x")
+        try:
+            values = [int(p) for p in parts]
+        except ValueError:
+            values = None
+        if values is None or len(values) > 2:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an image size; pass {IMAGE_SIZE_FORMS}")
+        if min(values) < 1:
+            raise argparse.ArgumentTypeError(
+                f"{text} is not an image size: a side is a whole number of at least 1 pixel; pass {IMAGE_SIZE_FORMS}"
+            )
+        if len(values) == 1 or values[0] == values[1]:
+            return values[0]
+        if square_reason:
+            raise argparse.ArgumentTypeError(f"{text!r} is not square: {square_reason}; pass one number, e.g. 384")
+        return tuple(values)
+
+    parse.__name__ = "image size"  # argparse's fallback message names the type
+    return parse
+
+
+def image_hw(image_size):
+    """(height, width) of an --image-size value (an int or a pair), or None."""
+    if image_size is None:
+        return None
+    if isinstance(image_size, int):
+        return (image_size, image_size)
+    return tuple(int(s) for s in image_size)
+
+
+def format_image_size(image_size):
+    """An --image-size value as it is typed: `384`, `384x512`."""
+    h, w = image_hw(image_size)
+    return str(h) if h == w else f"{h}x{w}"
+
 
 def shot_counts(text):
     """--shots: comma-separated positive whole numbers, as a sorted tuple without repeats."""
@@ -79,9 +125,10 @@ def training_api():
     return training
 
 
-def add_model_args(parser, *, source=True, default_arch=None):
+def add_model_args(parser, *, source=True, default_arch=None, square_reason=None):
     """The model arguments every command shares: --arch, --weights, --preset (with `source`)
-    and --image-size. Read them back with `load_model(args, ...)`."""
+    and --image-size (square, or HxW unless `square_reason` says why the command cannot run
+    at one). Read them back with `load_model(args, ...)`."""
     group = parser.add_argument_group("model")
     if source:
         group.add_argument(
@@ -99,8 +146,10 @@ def add_model_args(parser, *, source=True, default_arch=None):
             "\"num_layers\": 4, \"num_heads\": 4, \"mlp_dim\": 128}'"
             + (f" (default: {default_arch})" if default_arch else ""),
         )
-    group.add_argument("--image-size", type=positive_int, default=None,
-                       help="input resolution (default: the checkpoint's, or 224); the patch size must divide it")
+    group.add_argument("--image-size", type=image_size_type(square_reason), default=None, metavar="SIZE",
+                       help="input resolution: " + (
+                           "one number of pixels (a square input)" if square_reason else IMAGE_SIZE_FORMS)
+                       + " (default: the checkpoint's, or 224); the patch size must divide it")
     return group
 
 
@@ -208,8 +257,8 @@ def _flag(key):
 def _shown(key, value):
     if isinstance(value, bool):
         return "given" if value else "not given"
-    if key == "image_size" and isinstance(value, list) and len(value) == 2 and value[0] == value[1]:
-        value = value[0]
+    if key == "image_size" and isinstance(value, list) and len(value) == 2:
+        return format_image_size(value)
     if isinstance(value, list):
         return ",".join(str(v) for v in value)
     return "not given" if value is None else str(value)
@@ -234,7 +283,7 @@ def check_resume(args, config=None):
         config = run_config(args, warmup=args.warmup if args.warmup is not None else default_warmup(args.steps))
         config = {k: v for k, v in config.items() if not (k in _RESUME_DERIVED and v is None)}
         if config.get("image_size") is not None:
-            config["image_size"] = [config["image_size"]] * 2
+            config["image_size"] = list(image_hw(config["image_size"]))
     now = json.loads(json.dumps({k: v for k, v in config.items() if k not in _RESUME_IGNORES}, default=str))
     changed = [k for k in sorted(now) if k in saved and saved[k] != now[k]]
     if changed:
@@ -286,7 +335,8 @@ def load_model(args, *, image_size=None, include_top=True, classes=None, pooling
     With weights: `keras_vit.<Arch>(weights=...)` when --arch names a constructor (a tag or
     alias is then that architecture's), else `keras_vit.load_checkpoint(...)`. Without
     (`--weights none`): a randomly initialised --arch with `fresh_classes` outputs.
-    `image_size` (int) resizes the position embeddings; None keeps the checkpoint's.
+    `image_size` (int or (height, width)) resizes the position embeddings; None keeps the
+    checkpoint's.
     """
     from keras_vit.loading import load_checkpoint  # keras_vit.load_checkpoint, without data/training
 
@@ -296,7 +346,7 @@ def load_model(args, *, image_size=None, include_top=True, classes=None, pooling
     if weights is None:
         return build_fresh_model(arch, image_size or 224, fresh_classes)
     if arch:
-        shape = None if image_size is None else (image_size, image_size, 3)
+        shape = None if image_size is None else (*image_hw(image_size), 3)
         kwargs = {} if classes is None else {"classes": classes}
         return constructor(arch)(weights=weights, input_shape=shape, include_top=include_top, pooling=pooling,
                                  **kwargs)
@@ -319,7 +369,8 @@ def load_as_is(args, *, image_size=None):
 
 
 def build_fresh_model(arch, image_size, classes):
-    """A randomly initialised model of `arch` (constructor name or JSON) at `image_size`."""
+    """A randomly initialised model of `arch` (constructor name or JSON) at `image_size` (int
+    or (height, width))."""
     from keras_vit.models.family import family_of, get_family
 
     if _is_json_arch(arch):
@@ -333,7 +384,7 @@ def build_fresh_model(arch, image_size, classes):
         except ValueError:
             family = get_family("vit")  # VisionTransformer's own error names what is missing
         return family.build(**config)
-    return constructor(arch.strip())(weights=None, input_shape=(image_size, image_size, 3), classes=classes)
+    return constructor(arch.strip())(weights=None, input_shape=(*image_hw(image_size), 3), classes=classes)
 
 
 def model_for_task(args, image_size, classes):

@@ -123,7 +123,7 @@ def run(args):
             raise ValueError(f"This model cannot be written as {fmt.description}: {err}") from None
         kind = fmt.description
         # An .npz states no numerics: its reader assumes its framework's. Say so where they differ.
-        _, written = fmt.read(dst)
+        _, written = fmt.read_at(dst, (h, w))  # a non-square grid: the file alone may not tell it
         differ = {k: (v, written[k]) for k, v in _numerics(c).items() if k in written and written[k] != v}
         if differ:
             listed = ", ".join(f"{k}={a!r} (the file loads with {b!r})" for k, (a, b) in differ.items())

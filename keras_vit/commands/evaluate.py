@@ -63,10 +63,11 @@ def evaluate(args):
     ema = model is not None
     if model is None:
         model = _common.load_trained_model(args)
-    if args.image_size is not None and tuple(model.image_size) != (args.image_size, args.image_size):
+    if args.image_size is not None and tuple(model.image_size) != _common.image_hw(args.image_size):
         raise ValueError(
-            f"The model runs at {tuple(model.image_size)}, not --image-size {args.image_size}: evaluate at the "
-            "model's resolution (omit --image-size) or fine-tune it at the new one first."
+            f"The model runs at {_common.format_image_size(tuple(model.image_size))}, not --image-size "
+            f"{_common.format_image_size(args.image_size)}: evaluate at the model's resolution (omit --image-size) or "
+            "fine-tune it at the new one first."
         )
     head = model.output_shape[-1]
     if args.classes is not None and args.classes != head:

@@ -28,8 +28,9 @@ def add_parser(subparsers):
     parser.add_argument("out", metavar="OUT", help="the artefact: a folder (saved_model), a .onnx or a .tflite file")
     parser.add_argument("--format", choices=FORMATS, default="saved_model", help="default: saved_model")
     parser.add_argument("--int8", action="store_true", help="export the int8-quantized model")
-    parser.add_argument("--image-size", type=_common.positive_int, nargs="+", metavar=("H", "W"), default=None,
-                        help="input size H [W] (default: the checkpoint's); position embeddings are resized")
+    parser.add_argument("--image-size", type=_common.image_size_type(), nargs="+", metavar="SIZE", default=None,
+                        help="input size: " + _common.IMAGE_SIZE_FORMS + ", or H W (default: the checkpoint's); "
+                        "position embeddings are resized")
     parser.add_argument("--with-preprocessing", action="store_true",
                         help="the artefact takes uint8 images of any size and resizes and scales them itself")
     parser.add_argument("--force", action="store_true", help="overwrite OUT if it exists")
@@ -46,11 +47,15 @@ def run(args):
 
 
 def _image_size(values):
+    """(height, width) of --image-size: SIZE (384, 384x512) or H W (384 512)."""
     if values is None:
         return None
-    if len(values) not in (1, 2) or min(values) < 1:
-        raise ValueError(f"--image-size takes H or H W (positive pixels); got {' '.join(map(str, values))}.")
-    return (values[0], values[0]) if len(values) == 1 else tuple(values)
+    if len(values) == 1:
+        return _common.image_hw(values[0])
+    if len(values) == 2 and all(isinstance(v, int) for v in values):
+        return tuple(values)
+    shown = " ".join(_common.format_image_size(v) for v in values)
+    raise ValueError(f"--image-size takes {_common.IMAGE_SIZE_FORMS}, or H W; got {shown}.")
 
 
 def export(args):

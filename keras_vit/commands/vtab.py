@@ -25,7 +25,8 @@ def add_parser(subparsers):
     positive = getattr(_common, "positive_int", int)
     parser = subparsers.add_parser("vtab", help="fine-tune and evaluate on the 19 VTAB-1k tasks",
                                    description=__doc__.split("\n\n")[0])
-    _common.add_model_args(parser)
+    _common.add_model_args(parser, square_reason="vtab fine-tunes every task at one square resolution (the "
+                           f"paper's {setting.image_size} px)")
     parser.add_argument("--data-dir", default=None, help="tensorflow-datasets data directory holding the tasks' data")
     parser.add_argument("--tasks", default=None,
                         help="comma-separated tasks (default: all 19), e.g. dtd,clevr_count or vtab/dtd")
