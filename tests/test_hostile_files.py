@@ -112,6 +112,8 @@ EXPECTED = {
     "keras flipped bytes": {"CheckpointError": 10},
     "axial_deeplab truncation": {"CheckpointError": 20},
     "axial_deeplab flipped bytes": {"CheckpointError": 20},
+    "timm_efficientnet truncation": {"CheckpointError": 20},
+    "timm_efficientnet flipped bytes": {"CheckpointError": 1, "read": 19},
     "torch zip pickles / storages": {"CheckpointError": 17},
 }
 
@@ -248,7 +250,10 @@ def valid():
     files["big_vision scanned"] = {"bv.npz": _saved(lambda path: write_big_vision_npz(model, path, scan=True))}
     axial_bytes, axial_tree = axial_deeplab_sample()
     files["axial_deeplab"] = {"model.pth.tar": axial_bytes}
-    return {"files": files, "tree": tree, "timm_state": timm_state, "bit_tree": bit_tree, "axial_tree": axial_tree}
+    efficientnet_bytes, efficientnet_tree = timm_efficientnet_sample()
+    files["timm_efficientnet"] = {"model.safetensors": efficientnet_bytes}
+    return {"files": files, "tree": tree, "timm_state": timm_state, "bit_tree": bit_tree, "axial_tree": axial_tree,
+            "efficientnet_tree": efficientnet_tree}
 
 
 def _saved(write):
@@ -286,6 +291,36 @@ def _timm_bit_state(tree):
             else:
                 state[prefix + norm[part] + "." + {"gamma": "weight", "beta": "bias"}[parts[5]]] = value
     return {k: np.ascontiguousarray(v, np.float32) for k, v in state.items()}
+
+
+def _timm_efficientnet_state(tree):
+    """A canonical EfficientNet tree in timm's layout (the inverse of the reader's mapping, written out)."""
+    leaves = {"gamma": "weight", "beta": "bias", "moving_mean": "running_mean", "moving_variance": "running_var",
+              "bias": "bias"}
+    state = {}
+    for key, value in tree.items():
+        module, leaf = key.rsplit("/", 1)
+        name = module.replace("/", ".")
+        if leaf != "kernel":
+            state[f"{name}.{leaves[leaf]}"] = value
+        elif module == "classifier":
+            state[f"{name}.weight"] = value.T
+        elif module.endswith("conv_dw"):
+            state[f"{name}.weight"] = value.transpose(2, 3, 0, 1)
+        else:
+            state[f"{name}.weight"] = value.transpose(3, 2, 0, 1)
+    return {k: np.ascontiguousarray(v, np.float32) for k, v in state.items()}
+
+
+def timm_efficientnet_sample():
+    """(bytes of a small bare timm EfficientNet .safetensors (width x0.25, depth x0.3: one or two
+    blocks per stage), which the reader recognises by its shapes, and its EfficientNet tree)."""
+    model = keras_vit.models.EfficientNet(image_size=32, width_multiplier=0.25, depth_multiplier=0.3, classes=3)
+    tree = get_weight_tree(model)
+    rng = np.random.default_rng(0)
+    tree = {k: (v + rng.normal(0, 0.1, v.shape)).astype(np.float32) for k, v in tree.items()}
+    tree = {k: (np.abs(v) + 0.5 if k.endswith("moving_variance") else v) for k, v in tree.items()}
+    return safetensors_bytes(*safetensors_parts(_timm_efficientnet_state(tree))), tree
 
 
 @pytest.fixture(scope="module")
@@ -368,6 +403,8 @@ GENERATORS = {
     "keras_weights": {"keras_weights": Sample("weights_h5", "w.weights.h5", "w.weights.h5", 10, build=False)},
     "keras": {"keras": Sample("keras", "m.keras", "m.keras", 10, build=False)},
     "axial_deeplab": {"axial_deeplab": Sample("axial_deeplab", "model.pth.tar", "model.pth.tar", 20)},
+    "timm_efficientnet": {"timm_efficientnet": Sample("timm_efficientnet", "model.safetensors", "model.safetensors",
+                                                      20)},
 }
 
 
@@ -723,7 +760,8 @@ def test_valid_files_still_read_exactly(sandbox, valid):
             folder = _write(sandbox, valid["files"][sample.files])
             tree, config = read_checkpoint(os.path.join(folder, sample.entry))
             family = keras_vit.family_of(config).name
-            expected = {"bit": valid["bit_tree"], "axial_resnet": valid["axial_tree"]}.get(family, valid["tree"])
+            expected = {"bit": valid["bit_tree"], "axial_resnet": valid["axial_tree"],
+                        "efficientnet": valid["efficientnet_tree"]}.get(family, valid["tree"])
             if not label.startswith("big_vision"):
                 assert set(tree) == set(expected), label
                 for key, value in expected.items():

@@ -31,6 +31,7 @@ import os
 import re
 
 from keras_vit.checkpoints.common import (
+    MALFORMED,
     CheckpointError,
     describe_keys,
     looks_like_safetensors,
@@ -308,7 +309,7 @@ def detect(path):
             return is_efficientnet_state(open_weights(path))
         if is_torch_zip(path):
             return is_efficientnet_state(TorchZipFile(path).state_dict())
-    except (CheckpointError, OSError, ValueError):
+    except (CheckpointError, OSError, *MALFORMED):  # a damaged file: the broader formats' readers say what is wrong
         return False
     return False
 
