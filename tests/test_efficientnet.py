@@ -142,8 +142,9 @@ def test_logits_equal_timm_through_its_folder(b0, tmp_path):
     # The constructor with timm's folder as weights, at any size (None, None): 224 px and an odd,
     # non-square size, where TF "SAME" pads one pixel more at the bottom and right.
     model = keras_vit.EfficientNetB0(weights=str(b0["folder"]), input_shape=(None, None, 3),
-                                     classifier_activation=None)
+                                     classifier_activation=None, dropout_rate=0.3)
     assert keras_vit.family_of(model).name == "efficientnet"
+    assert model.dropout_rate == 0.3  # an override of the row's training default survives the load
     for size, x in b0["inputs"].items():
         err = rel_err(model.predict(x, verbose=0), b0["logits"][size])
         print(f"EfficientNet-B0 logits vs timm at {size}: relative error {err:.2e}")
@@ -157,6 +158,22 @@ def test_logits_equal_timm_through_its_folder(b0, tmp_path):
     assert config["depth_multiplier"] == 1.0 and config["batch_norm_epsilon"] == 1e-3
     x, expected = b0["inputs"][(224, 224)], b0["logits"][(224, 224)]
     assert rel_err(loaded.predict(x, verbose=0), expected) < PARITY_BOUND
+    # Written back as a timm folder, it is timm's state dict, and timm loads it (strictly).
+    from keras_vit.checkpoints.timm_efficientnet import write_timm_efficientnet
+
+    write_timm_efficientnet(loaded, tmp_path / "written")
+    import safetensors.torch
+
+    written = safetensors.torch.load_file(tmp_path / "written" / "model.safetensors")
+    original = b0["reference"].state_dict()
+    assert sorted(written) == sorted(original)
+    for key, value in original.items():
+        assert torch.equal(written[key], value), key
+    again = timm.create_model("tf_efficientnet_b0", pretrained=True,
+                              pretrained_cfg_overlay=dict(file=str(tmp_path / "written" / "model.safetensors")))
+    np.testing.assert_array_equal(torch_logits(again.eval(), x), expected)
+    assert json.loads((tmp_path / "written" / "config.json").read_text())["architecture"] == "tf_efficientnet_b0"
+
     loaded.save(tmp_path / "b0.keras")
     reloaded = keras.saving.load_model(tmp_path / "b0.keras")
     assert type(reloaded) is type(loaded) and reloaded.get_config() == loaded.get_config()
@@ -190,6 +207,23 @@ def test_every_file_layout_reads_the_same(b0, tmp_path):
     np.testing.assert_array_equal(tree["blocks/0/0/se/conv_reduce/bias"], ref.blocks[0][0].se.conv_reduce.bias.detach())
     np.testing.assert_array_equal(tree["bn2/moving_variance"], ref.bn2.running_var.numpy())
     np.testing.assert_array_equal(tree["classifier/kernel"], ref.classifier.weight.detach().numpy().T)
+
+
+@pytest.mark.backend_independent  # shapes only
+def test_drop_path_and_dropout_rates_follow_timm():
+    """Stochastic depth as timm's `drop_path_rate` spreads it (block i of n: rate * i / n, only on
+    blocks that add their input back); the classifier dropout the original trains B2 with."""
+    with torch.device("meta"):
+        reference = timm.create_model("tf_efficientnet_b2", pretrained=False, drop_path_rate=0.2)
+    expected = {f"blocks_{i}_{j}_drop_path": block.drop_path.drop_prob
+                for i, stage in enumerate(reference.blocks) for j, block in enumerate(stage) if block.has_skip}
+    with shapes_only():
+        model = keras_vit.EfficientNetB2(weights=None)
+    got = {layer.name: layer.rate for layer in model.layers if layer.name.endswith("drop_path")}
+    assert sorted(got) == sorted(expected) and len(got) == 16
+    for name, rate in expected.items():
+        assert got[name] == pytest.approx(rate, abs=1e-12), name
+    assert model.get_layer("dropout").rate == 0.3
 
 
 # === Presets and refused checkpoints ===
@@ -241,6 +275,12 @@ def test_checkpoints_of_other_architectures_are_refused(b0, tmp_path):
     (lying / "config.json").write_text(json.dumps(dict(config, architecture="efficientnet_b0")))
     with pytest.raises(CheckpointError, match=r"'efficientnet_b0' is timm's PyTorch-native EfficientNet"):
         keras_vit.load_checkpoint(lying)
+    # timm builds its EfficientNets by name: other multipliers cannot be written as a timm folder.
+    from keras_vit.checkpoints.timm_efficientnet import write_timm_efficientnet
+
+    tiny = keras_vit.models.EfficientNet(image_size=32, width_multiplier=0.25, depth_multiplier=0.3, classes=3)
+    with pytest.raises(ValueError, match=r"timm builds its EfficientNets by name .*Save them as a \.keras file"):
+        write_timm_efficientnet(tiny, tmp_path / "tiny")
     # A ViT checkpoint for an EfficientNet constructor, and the other way round.
     vit = timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=32, num_classes=5, depth=1)
     from timm.models import save_for_hf

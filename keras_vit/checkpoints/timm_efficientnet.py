@@ -17,7 +17,9 @@ Mapping (PyTorch layout -> Keras layout, module paths kept, '.' -> '/'):
     conv_head.weight, bn2.*                          conv_head/kernel, bn2/*
     classifier.weight (classes, C) / .bias           classifier/kernel (C, classes) / bias
 
-BatchNorm's `num_batches_tracked` is dropped. The config is the `EfficientNet` keyword
+BatchNorm's `num_batches_tracked` is dropped. `write_timm_efficientnet` writes the tree back as
+a timm folder (model.safetensors + config.json) that timm loads as its `tf_efficientnet_*`
+(`keras-vit convert SRC DST --to timm_efficientnet`). The config is the `EfficientNet` keyword
 arguments: the width and depth multipliers of the architecture config.json names (checked
 against every shape), or, for a file without one, of the architecture whose shapes the file
 has; the resolution from `pretrained_cfg.input_size` (else the architecture's own); numerics of
@@ -26,9 +28,12 @@ the TF ports (BatchNorm eps 1e-3, `model_args.bn_eps` where stated). timm's othe
 `_es`/`_em`/`_el`, `tf_efficientnetv2_*`) are other architectures and are refused by name.
 """
 
+import json
 import math
 import os
 import re
+
+import numpy as np
 
 from keras_vit.checkpoints.common import (
     MALFORMED,
@@ -42,7 +47,15 @@ from keras_vit.checkpoints.common import (
 )
 from keras_vit.checkpoints.registry import CheckpointFormat
 from keras_vit.checkpoints.torch_zip import TorchZipFile, is_torch_zip, open_weights, weights_in_folder
-from keras_vit.models.efficientnet_family import BATCH_NORM_EPSILON, TIMM_MULTIPLIERS, weight_shapes
+from keras_vit.models.efficientnet_family import (
+    BATCH_NORM_EPSILON,
+    CROP_PCT,
+    IMAGENET_MEAN,
+    IMAGENET_STD,
+    INTERPOLATION,
+    TIMM_MULTIPLIERS,
+    weight_shapes,
+)
 
 _SUPPORTED = re.compile(r"^tf_efficientnet_(b[0-8]|l2)$")
 #: timm's EfficientNet-like architectures this reader recognises (to refuse them by name).
@@ -292,6 +305,100 @@ def read_timm_efficientnet(path, lazy=False):
     return (tree if lazy else materialize(tree)), out
 
 
+# === Writing ===
+
+
+def _timm_state(tree):
+    """The canonical tree in timm's layout (the inverse of `efficientnet_state_to_tree`), with the
+    BatchNorm step counters timm's modules hold."""
+    leaves = {v: k for k, v in _BN.items()}
+    state = {}
+    for key, value in tree.items():
+        module, leaf = key.rsplit("/", 1)
+        name = module.replace("/", ".")
+        value = np.asarray(value, dtype=np.float32)
+        if leaf == "kernel":
+            if module == "classifier":
+                value = value.T
+            elif module.endswith("conv_dw"):
+                value = value.transpose(2, 3, 0, 1)
+            else:
+                value = value.transpose(3, 2, 0, 1)
+            state[f"{name}.weight"] = value
+        elif leaf in leaves:
+            state[f"{name}.{leaves[leaf]}"] = value
+            if leaf == "moving_variance":
+                state[f"{name}.num_batches_tracked"] = np.zeros((), np.int64)
+        else:
+            state[f"{name}.{leaf}"] = value
+    return {k: np.asarray(v, order="C") for k, v in state.items()}  # (ascontiguousarray makes 0-d 1-d)
+
+
+def write_timm_efficientnet(tree, path, image_size=None):
+    """Write an EfficientNet (or its weight tree) as a timm Hub folder: model.safetensors and the
+    config.json `save_pretrained` writes, which timm loads as its `tf_efficientnet_*`.
+
+    Args:
+        tree: a keras_vit EfficientNet, or its canonical weight tree.
+        path: the folder to write (created; files in it are replaced).
+        image_size: the resolution config.json states (default: the model's, else the
+            architecture's own).
+
+    Example:
+        >>> model = keras_vit.EfficientNetB0(weights=None)  # doctest: +SKIP
+        >>> write_timm_efficientnet(model, "tf_efficientnet_b0_keras")  # doctest: +SKIP
+        'tf_efficientnet_b0_keras'
+    """
+    from collections.abc import Mapping
+
+    import safetensors.numpy
+
+    if not isinstance(tree, Mapping):
+        from keras_vit.models.weight_tree import get_weight_tree
+
+        size = tuple(tree.get_config().get("image_size") or ())
+        if image_size is None and len(size) == 2 and None not in size:
+            image_size = size
+        tree = get_weight_tree(tree)
+    if "conv_stem/kernel" not in tree:
+        raise ValueError("Not an EfficientNet weight tree: it has no 'conv_stem/kernel'.")
+    if "classifier/kernel" not in tree:
+        raise ValueError("timm's EfficientNets end in a classifier; write a model built with include_top=True.")
+    _, channels, _, classes = _counts(tree)
+    found = _search_multipliers(tree, classes, channels)
+    names = [name for name, (w, d, _) in TIMM_MULTIPLIERS.items() if found is not None and (w, d) == found]
+    if not names:
+        raise ValueError(
+            "timm builds its EfficientNets by name (tf_efficientnet_b0 ... b8, l2); these weights are none of them "
+            "(their width and depth multipliers are another network's). Save them as a .keras file or a Keras preset."
+        )
+    architecture = names[0]
+    if image_size is None:
+        image_size = (TIMM_MULTIPLIERS[architecture][2],) * 2
+    h, w = (image_size, image_size) if isinstance(image_size, int) else (int(image_size[0]), int(image_size[1]))
+    # The Noisy Student preset's central crop at this size, where there is one (timm's default else).
+    crop_pct = CROP_PCT.get(f"timm/{architecture}.ns_jft_in1k_{h}", CROP_PCT.get(f"timm/{architecture}.ns_jft_in1k", 0.875))
+    config = {
+        "architecture": architecture,
+        "num_classes": classes,
+        "num_features": int(tree["conv_head/kernel"].shape[-1]),
+        "global_pool": "avg",
+        "model_args": {"in_chans": channels, "num_classes": classes, "global_pool": "avg"},
+        "pretrained_cfg": {"input_size": [channels, h, w], "interpolation": INTERPOLATION, "crop_pct": crop_pct,
+                           "mean": list(IMAGENET_MEAN), "std": list(IMAGENET_STD),
+                           "num_classes": classes, "first_conv": "conv_stem", "classifier": "classifier"},
+    }
+    path = os.fspath(path)
+    os.makedirs(path, exist_ok=True)
+    weights, config_path = os.path.join(path, "model.safetensors"), os.path.join(path, "config.json")
+    safetensors.numpy.save_file(_timm_state(tree), weights + ".tmp", metadata={"format": "pt"})
+    with open(config_path + ".tmp", "w") as f:
+        json.dump(config, f, indent=2)
+    os.replace(weights + ".tmp", weights)
+    os.replace(config_path + ".tmp", config_path)
+    return path
+
+
 # === Format ===
 
 
@@ -319,6 +426,7 @@ FORMAT = CheckpointFormat(
     description="a timm tf_efficientnet_* Hub folder, .safetensors or PyTorch state dict",
     detect=detect,
     read=lambda path: read_timm_efficientnet(path, lazy=True),
+    write=write_timm_efficientnet,
     numerics=None,
     hub_files=("*.safetensors", "*.safetensors.index.json"),
     torch_zip=True,
