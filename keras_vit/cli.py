@@ -182,10 +182,16 @@ def _out_folder(args):
     return os.path.abspath(out) if isinstance(out, str) and out else None
 
 
+def _writes_run_folders():
+    """False in the processes other than process 0 of a multi-process job (they write nothing)."""
+    distribution = sys.modules.get("keras_vit.distribution")  # loaded by any command that joined a job
+    return distribution is None or distribution.is_first_process()
+
+
 def _remove_if_left_empty(folder, existed):
     """A failed run leaves no run folder behind that holds nothing but its config.json (nor
     empty folders it created inside)."""
-    if folder is None or existed or not os.path.isdir(folder):
+    if folder is None or existed or not os.path.isdir(folder) or not _writes_run_folders():
         return
     for root, dirs, files in os.walk(folder, topdown=False):
         if [f for f in files if not (root == folder and f == "config.json")]:

@@ -33,6 +33,7 @@ optionally under any name scope, so a model built here, loaded from a checkpoint
 layout: the paths are the layer names of the original checkpoints.
 """
 
+import contextlib
 import warnings
 
 import keras
@@ -211,3 +212,203 @@ def rule_for(layout_map, path):
     if len(keys) > 1:
         raise ValueError(f"Variable path {path!r} matches several layout rules: {keys}.")
     return keys[0] if keys else None
+
+
+# === Several processes (hosts): data parallelism ===
+#
+# A job of several processes (the hosts of a TPU pod slice, the nodes of a GPU cluster, or
+# processes on one machine) runs the same program in every process. keras_vit's part:
+# `join_processes` connects them (keras.distribution.initialize), `data_parallel` replicates the
+# weights over every device of every process, `process_shard` tells `keras_vit.data.load_dataset`
+# which rows of each global batch this process reads, and `is_first_process` says who writes
+# files. These are the JAX backend's (keras.distribution is implemented for JAX only).
+
+
+def _jax_if_loaded():
+    """The jax module when the JAX backend is in use and loaded, else None (imports nothing)."""
+    import sys
+
+    jax = sys.modules.get("jax")
+    if jax is None or keras.backend.backend() != "jax":
+        return None
+    return jax
+
+
+def _joined(jax):
+    is_initialized = getattr(jax.distributed, "is_initialized", None)
+    return bool(is_initialized()) if is_initialized is not None else jax.process_count() > 1
+
+
+def process_count():
+    """How many processes the job has: `jax.process_count()` once `join_processes` has run, else 1.
+
+    Example:
+        >>> process_count()
+        1
+    """
+    jax = _jax_if_loaded()
+    return jax.process_count() if jax is not None and _joined(jax) else 1
+
+
+def process_index():
+    """This process's index in the job (0 to `process_count() - 1`): 0 outside a job of several
+    processes and on backends other than JAX. Asking starts no backend.
+
+    Example:
+        >>> process_index()
+        0
+    """
+    jax = _jax_if_loaded()
+    return jax.process_index() if jax is not None and _joined(jax) else 0
+
+
+def is_first_process():
+    """True in process 0, the one that writes run folders, checkpoints and models (every process
+    holds the same replicated weights; the others write nothing).
+
+    Example:
+        >>> is_first_process()
+        True
+    """
+    return process_index() == 0
+
+
+def process_shard():
+    """(process_count, process_index) for `keras_vit.data.load_dataset(shard=...)` in a job of
+    several processes, None in a single process.
+
+    Example:
+        >>> process_shard() is None        # a single process
+        True
+    """
+    count = process_count()
+    return (count, process_index()) if count > 1 else None
+
+
+def _require_jax(what):
+    if keras.backend.backend() != "jax":
+        raise ValueError(
+            f"{what} runs on the JAX backend (keras.distribution is implemented for JAX only); this process runs "
+            f"Keras on {keras.backend.backend()!r}. Set KERAS_BACKEND=jax (TensorFlow scales out with "
+            "tf.distribute strategies instead, see docs/TPU.md)."
+        )
+
+
+class NoJobFoundError(ValueError):
+    """`join_processes()` without arguments found no job of several processes in the environment."""
+
+
+def join_processes(coordinator_address=None, num_processes=None, process_id=None):
+    """Connect this process to the other processes of its job: `keras.distribution.initialize`.
+
+    Call it first thing, in every process, before anything runs on the devices. With no
+    arguments the environment decides, as `keras.distribution.initialize()` reads it: on a
+    Cloud TPU pod slice (and under SLURM or Open MPI) JAX finds the coordinator, the process
+    count and this process's index by itself; elsewhere set KERAS_DISTRIBUTION_JOB_ADDRESSES
+    (the coordinator's host:port), KERAS_DISTRIBUTION_NUM_PROCESSES and
+    KERAS_DISTRIBUTION_PROCESS_ID, or pass them. `num_processes=1` joins nothing (a single
+    process using its own devices). Joining twice is a no-op.
+
+    Args:
+        coordinator_address: "host:port" of process 0, reachable from every process.
+        num_processes: the number of processes of the job.
+        process_id: this process's index, 0 to num_processes - 1.
+
+    Returns:
+        The number of processes of the job.
+
+    Example:
+        >>> join_processes(num_processes=1)
+        1
+    """
+    _require_jax("join_processes")
+    import jax
+
+    if num_processes == 1 or _joined(jax):
+        return process_count()
+    explicit = any(v is not None for v in (coordinator_address, num_processes, process_id))
+    try:
+        keras.distribution.initialize(job_addresses=coordinator_address, num_processes=num_processes,
+                                      process_id=process_id)
+    except ValueError as error:
+        if explicit or "coordinator_address" not in str(error):
+            raise
+        raise NoJobFoundError(
+            "No job of several processes found in the environment (a Cloud TPU pod slice, SLURM, Open MPI, or the "
+            "KERAS_DISTRIBUTION_JOB_ADDRESSES / _NUM_PROCESSES / _PROCESS_ID variables). Pass the coordinator "
+            "(host:port of process 0), the number of processes and this process's index, or 1 process to use this "
+            "machine's devices alone."
+        ) from error
+    return process_count()
+
+
+def data_parallel():
+    """`keras.distribution.DataParallel` over every device of every process, for a pipeline
+    that reads each process's own share of every global batch (`auto_shard_dataset=False`).
+
+    The weights are replicated on every device (so process 0 alone can save them: no collective
+    is needed); each step splits the global batch over all devices, and the gradients are
+    averaged over all of them, so a step computes what one device computes on the whole batch.
+    Feed `fit` with `keras_vit.data.load_dataset(..., batch_size=GLOBAL, shard=process_shard())`:
+    each process then reads and preprocesses only its rows, and Keras assembles the per-process
+    batches into the global one. (A pipeline that yields the global batch in every process needs
+    Keras' own sharding instead: `keras.distribution.DataParallel(devices=...)`.)
+
+    Example:
+        >>> distribution = data_parallel()
+        >>> keras.distribution.set_distribution(distribution)     # doctest: +SKIP
+    """
+    _require_jax("data_parallel")
+    return keras.distribution.DataParallel(devices=keras.distribution.list_devices(), auto_shard_dataset=False)
+
+
+@contextlib.contextmanager
+def without_distribution():
+    """Lift the current `keras.distribution` for the duration of the block: Keras then creates
+    variables on this process's default device.
+
+    For process 0 saving replicated weights alone (`data_parallel`): every value is local, but
+    Keras' saving creates a throwaway optimizer to list what to skip, and under a distribution
+    of several processes placing its variables is a collective that the other processes,
+    not saving, would never join.
+
+    Example:
+        >>> with without_distribution():
+        ...     keras.distribution.distribution() is None
+        True
+    """
+    current = keras.distribution.distribution()
+    keras.distribution.set_distribution(None)
+    try:
+        yield
+    finally:
+        keras.distribution.set_distribution(current)
+
+
+def barrier(name):
+    """Wait until every process of the job has reached the barrier `name` (no-op in one process).
+
+    Example:
+        >>> barrier("run folder written")
+    """
+    if process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        multihost_utils.sync_global_devices(name)
+
+
+def processes_where(flag):
+    """The indices of the processes in which `flag` is true (every process calls it: a
+    collective in a job of several processes).
+
+    Example:
+        >>> processes_where(False)
+        []
+    """
+    if process_count() == 1:
+        return [0] if flag else []
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    flags = np.asarray(multihost_utils.process_allgather(np.asarray([bool(flag)], np.int32))).reshape(-1)
+    return [int(i) for i in np.flatnonzero(flags)]

@@ -15,6 +15,9 @@ Files:
   model.keras    the final model (keras.saving format; loads with keras.saving.load_model)
 
 Plots use matplotlib's Agg canvas (no display, no pyplot global state).
+
+In a job of several processes (keras_vit.distribution) every process runs the same code and
+keeps the same history, but only process 0 writes: the folder is written once.
 """
 
 import csv
@@ -55,11 +58,19 @@ def _write_csv(path, rows):
 
 
 class RunFolder:
-    """A folder for one run's config, metrics, curves and model (created if missing)."""
+    """A folder for one run's config, metrics, curves and model (created if missing).
 
-    def __init__(self, path):
+    `writes`: whether this process writes the files; default: unless it is one of the
+    processes other than process 0 of a multi-process job (`keras_vit.distribution`).
+    """
+
+    def __init__(self, path, writes=None):
+        from keras_vit.distribution import is_first_process
+
         self.path = os.fspath(path)
-        os.makedirs(self.path, exist_ok=True)
+        self.writes = is_first_process() if writes is None else bool(writes)
+        if self.writes:
+            os.makedirs(self.path, exist_ok=True)
         self.history = []  # one dict per evaluation (epoch end)
         self.steps = []  # (step, running loss, learning rate) every few training steps
         self.stage_starts = []  # (stage, first step - 1) of each stage logged
@@ -68,6 +79,8 @@ class RunFolder:
         return os.path.join(self.path, name)
 
     def save_config(self, config):
+        if not self.writes:
+            return
         with open(self.file("config.json"), "w") as f:
             json.dump(_jsonable(dict(config)), f, indent=2, sort_keys=True)
 
@@ -80,8 +93,10 @@ class RunFolder:
 
     def write_metrics(self, metrics):
         """Merge `metrics` into metrics.json and rewrite metrics.csv (one row, a column per metric)."""
-        merged = self.read_metrics()
+        merged = self.read_metrics() if self.writes else {}
         merged.update(_jsonable(dict(metrics)))
+        if not self.writes:
+            return merged
         with open(self.file("metrics.json"), "w") as f:
             json.dump(merged, f, indent=2, sort_keys=True)
         flat = {k: v for k, v in merged.items() if not isinstance(v, (dict, list))}
@@ -90,6 +105,8 @@ class RunFolder:
 
     def write_table(self, name, rows):
         """Write `rows` (list of dicts) to `name`.csv and `name`.json."""
+        if not self.writes:
+            return
         _write_csv(self.file(f"{name}.csv"), rows)
         with open(self.file(f"{name}.json"), "w") as f:
             json.dump(_jsonable(rows), f, indent=2)
@@ -106,6 +123,8 @@ class RunFolder:
         self.stage_starts = [tuple(s) for s in saved.get("stage_starts", [])]
 
     def write_history(self):
+        if not self.writes:
+            return
         _write_csv(self.file("history.csv"), self.history)
         with open(self.file("history.json"), "w") as f:
             json.dump(_jsonable({"evaluations": self.history, "steps": self.steps, "stage_starts": self.stage_starts}),
@@ -117,6 +136,8 @@ class RunFolder:
 
     def plot_curves(self, filename="curves.png", title=None):
         """Draw loss / accuracy / learning rate against the step into `filename`."""
+        if not self.writes:
+            return self.file(filename)
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         from matplotlib.figure import Figure
 
@@ -167,12 +188,18 @@ class RunFolder:
     def save_model(self, model, filename="model.keras"):
         """Save `model` without its optimizer state, so that `keras.saving.load_model` needs
         nothing but `import keras_vit` (the file holds the architecture and weights)."""
+        from keras_vit.distribution import without_distribution
+
         path = self.file(filename)
-        if getattr(model, "optimizer", None) is not None and hasattr(model, "get_config"):
-            clean = model.__class__.from_config(model.get_config())
-            clean.set_weights(model.get_weights())
-            model = clean
-        model.save(path)
+        if not self.writes:
+            return path
+        # Process 0 alone, on its own devices: the weights of a data-parallel job are replicated.
+        with without_distribution():
+            if getattr(model, "optimizer", None) is not None and hasattr(model, "get_config"):
+                clean = model.__class__.from_config(model.get_config())
+                clean.set_weights(model.get_weights())
+                model = clean
+            model.save(path)
         return path
 
 

@@ -100,6 +100,19 @@ def format_image_size(image_size):
     return str(h) if h == w else f"{h}x{w}"
 
 
+def host_port(text):
+    """--coordinator-address: HOST:PORT (a host name or IPv4 address, or [IPv6], and a port 1-65535)."""
+    fix = "pass process 0's address as HOST:PORT, e.g. 10.0.0.2:1234"
+    host, sep, port = str(text).strip().rpartition(":")
+    if not sep or not host or host in ("[]",):
+        raise argparse.ArgumentTypeError(f"{text!r} is not HOST:PORT; {fix}")
+    if not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise argparse.ArgumentTypeError(f"{port!r} in {text!r} is not a port number (1-65535); {fix}")
+    if host.startswith("[") != host.endswith("]") or (":" in host and not host.startswith("[")):
+        raise argparse.ArgumentTypeError(f"{text!r}: write an IPv6 host in brackets, e.g. [::1]:1234")
+    return f"{host}:{int(port)}"
+
+
 def shot_counts(text):
     """--shots: comma-separated positive whole numbers, as a sorted tuple without repeats."""
     fix = "pass shots per class as positive whole numbers separated by commas, e.g. --shots 1,5,10,25"
@@ -163,6 +176,109 @@ def add_data_args(parser, split="train"):
     group.add_argument("--on-bad-file", choices=("skip", "error"), default="skip",
                        help="image folders: skip corrupt / non-image files with a counted warning, or fail")
     return group
+
+
+#: The --distribute modes (keras_vit.distribution): "data" replicates the weights on every device.
+DISTRIBUTE_MODES = ("data",)
+
+
+def add_distribution_args(parser):
+    """--distribute and the flags of a job of several processes (keras.distribution.initialize)."""
+    group = parser.add_argument_group(
+        "distribution (JAX)",
+        "Data parallelism over every device of every process. In a job of several processes (the hosts of a TPU "
+        "pod slice, the nodes of a GPU cluster) start the same command in every process: each reads its rows of "
+        "every global batch, and process 0 alone writes the run folder. On a Cloud TPU pod slice (and under "
+        "SLURM or Open MPI) the processes find each other: --distribute data is all it takes; elsewhere pass the "
+        "three flags below (or set KERAS_DISTRIBUTION_JOB_ADDRESSES, _NUM_PROCESSES, _PROCESS_ID).",
+    )
+    group.add_argument("--distribute", choices=DISTRIBUTE_MODES, default=None,
+                       help="'data': keras.distribution.DataParallel over all devices of all processes, --batch-size "
+                       "being the global batch (default: one device)")
+    group.add_argument("--coordinator-address", type=host_port, default=None, metavar="HOST:PORT",
+                       help="address of process 0, reachable from every process (default: from the environment)")
+    group.add_argument("--num-processes", type=positive_int, default=None, metavar="N",
+                       help="processes in the job; 1: this process's devices alone (default: from the environment)")
+    group.add_argument("--process-id", type=number(int, low=0), default=None, metavar="I",
+                       help="this process's index, 0 to N - 1; process 0 writes the run folder (default: from the "
+                       "environment)")
+    return group
+
+
+def check_distribution_args(args):
+    """Refuse impossible --distribute / --coordinator-address / --num-processes / --process-id
+    combinations before anything loads (each flag alone is checked by its argparse type)."""
+    given = [f for f in ("coordinator_address", "num_processes", "process_id") if getattr(args, f, None) is not None]
+    if not getattr(args, "distribute", None):
+        if given:
+            raise ValueError(f"{_flag(given[0])} describes a job of several processes: add --distribute data.")
+        return
+    count, index = args.num_processes, args.process_id
+    if count is None and given:
+        raise ValueError(
+            f"{_flag(given[0])} needs --num-processes N too (the three flags go together), or pass none of them on "
+            "a TPU pod slice, where the processes find each other."
+        )
+    if count == 1:
+        if args.coordinator_address is not None or index not in (None, 0):
+            raise ValueError(
+                "--num-processes 1 runs one process on this machine's devices: drop --coordinator-address and "
+                "--process-id, or give --num-processes the job's process count."
+            )
+    elif count is not None:
+        missing = [f for f in ("coordinator_address", "process_id") if getattr(args, f) is None]
+        if missing:
+            raise ValueError(
+                f"--num-processes {count} needs {' and '.join(_flag(f) for f in missing)}: the coordinator's "
+                "HOST:PORT (process 0's address) and this process's index, the same address in every process."
+            )
+        if index >= count:
+            raise ValueError(
+                f"--process-id {index} is not below --num-processes {count}: number the processes 0 to {count - 1}."
+            )
+    if args.batch_size % (count or 1):
+        raise ValueError(
+            f"--batch-size {args.batch_size} (the global batch) does not split evenly over --num-processes {count}: "
+            f"pass a multiple of {count}."
+        )
+
+
+def start_distribution(args):
+    """With --distribute data: join the job's processes and set a data-parallel distribution
+    over all their devices (keras_vit.distribution). Returns the process shard for
+    keras_vit.data.load_dataset (None in one process), after saying what runs where."""
+    if not getattr(args, "distribute", None):
+        return None
+    import keras
+
+    from keras_vit import distribution
+
+    if keras.backend.backend() != "jax":
+        raise ValueError(
+            f"--distribute data runs on the JAX backend (keras.distribution); Keras runs on "
+            f"{keras.backend.backend()!r} here. Set KERAS_BACKEND=jax, or leave out --distribute."
+        )
+    try:
+        distribution.join_processes(args.coordinator_address, args.num_processes, args.process_id)
+    except distribution.NoJobFoundError:
+        raise ValueError(
+            "--distribute data found no job of several processes in the environment (a Cloud TPU pod slice, SLURM, "
+            "Open MPI, KERAS_DISTRIBUTION_JOB_ADDRESSES): pass --coordinator-address HOST:PORT --num-processes N "
+            "--process-id I in every process, or --num-processes 1 for this machine's devices alone."
+        ) from None
+    data_parallel = distribution.data_parallel()
+    devices = int(data_parallel.device_mesh.devices.size)
+    processes = distribution.process_count()
+    if args.batch_size % devices:
+        raise ValueError(
+            f"--batch-size {args.batch_size} (the global batch) does not split evenly over the {devices} devices of "
+            f"--distribute data ({processes} process{'es' if processes > 1 else ''}): pass a multiple of {devices}."
+        )
+    keras.distribution.set_distribution(data_parallel)
+    print(f"data-parallel over {devices} devices in {processes} process{'es' if processes > 1 else ''} (this is "
+          f"process {distribution.process_index()}): each process reads {args.batch_size // processes} of every "
+          f"{args.batch_size} examples of a batch")
+    return distribution.process_shard()
 
 
 def _load_json_arch(text):
@@ -244,7 +360,9 @@ def check_training_args(args):
 
 
 #: Arguments that do not change what a resumed run computes.
-_RESUME_IGNORES = ("command", "func", "out", "resume", "verbose", "data_dir")
+#: How many processes compute a step does not change what it computes (the global batch is the same).
+_RESUME_IGNORES = ("command", "func", "out", "resume", "verbose", "data_dir", "distribute", "coordinator_address",
+                   "num_processes", "process_id")
 #: The recorded settings that the command works out when a flag is not given.
 _RESUME_DERIVED = {"image_size", "classes"}
 

@@ -4,6 +4,11 @@
         --steps 10000 --batch-size 512 --lr 0.01 --warmup 500 --out runs/cifar100
     keras-vit finetune --weights runs/pretrain --data digits --image-size 32 --steps 300 --out runs/ft
 
+On several hosts (a TPU pod slice: the same command on every worker; see docs/TPU.md):
+
+    keras-vit finetune --distribute data --arch ViTB16 --weights augreg_in21k --data tfds:cifar100 \
+        --image-size 384 --batch-size 512 --resume --out /mnt/shared/runs/cifar100
+
 Recipe: SGD momentum 0.9, global-norm clip 1.0, no weight decay, linear warm-up then cosine
 decay; Inception crop + flip for training, resize for evaluation; a zero-initialised head and
 position embeddings resized to the new resolution (keras_vit.training.for_finetuning).
@@ -54,6 +59,7 @@ def add_parser(subparsers):
     group.add_argument("--out", required=True, help="run folder (metrics, curves, model.keras)")
     group.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
                        help="Keras verbosity: 1 progress bars, 2 lines, 0 quiet")
+    _common.add_distribution_args(parser)
     parser.set_defaults(func=finetune)
     return parser
 
@@ -70,9 +76,29 @@ def steps_plan(steps, eval_every):
     return epochs, steps // epochs
 
 
+def _check_shared_folder(run, shard):
+    """Every process of a job resumes from the backup process 0 writes: all must see the folder."""
+    if shard is None:
+        return
+    import os
+
+    from keras_vit import distribution
+
+    distribution.barrier("config.json written")
+    missing = distribution.processes_where(not os.path.exists(run.file("config.json")))
+    if missing:
+        raise ValueError(
+            f"--resume: process{'es' if len(missing) > 1 else ''} {', '.join(map(str, missing))} cannot see the "
+            f"config.json that process 0 wrote in --out {run.path}: every process reads the backup there to resume. "
+            "Put --out on storage that every host mounts at the same path (NFS / Filestore, a bucket mounted with "
+            "gcsfuse)."
+        )
+
+
 def finetune(args):
     _common.check_model_args(args)  # before anything loads
     _common.check_training_args(args)
+    _common.check_distribution_args(args)
     _common.check_resume(args)
     _common.resolve_weights(args)  # model_for_task loads the base at its own resolution
     import keras
@@ -80,7 +106,8 @@ def finetune(args):
     import keras_vit.data as kd
     from keras_vit.runs import RunFolder
 
-    keras.utils.set_random_seed(args.seed)
+    keras.utils.set_random_seed(args.seed)  # the same seed in every process (runs nothing on the devices)
+    shard = _common.start_distribution(args)  # before anything runs on the devices
     api = _common.training_api()
     # The data decides the class count (and checks --classes); the model is built for it.
     _, info = kd.load_source(args.data, args.train_split, data_dir=args.data_dir, on_bad_file=args.on_bad_file)
@@ -94,8 +121,9 @@ def finetune(args):
     print(f"model: {model.name}, {model.count_params():,} parameters, input {image_size[0]}x{image_size[1]}, "
           f"{classes} classes" + (f" (from {base.name} at {tuple(base.image_size)})" if base is not None else ""))
 
+    # With --distribute each process reads its rows of every global batch (the same batches as one process).
     common = dict(image_size=image_size, batch_size=args.batch_size, seed=args.seed, data_dir=args.data_dir,
-                  on_bad_file=args.on_bad_file, classes=classes)
+                  on_bad_file=args.on_bad_file, classes=classes, shard=shard)
     train_ds, train_info = kd.load_dataset(
         args.data, args.train_split, training=True, crop=not args.no_crop, flip=not args.no_flip,
         area_range=(args.min_crop_area, 1.0), **common,
@@ -107,12 +135,19 @@ def finetune(args):
     config = _common.run_config(args, image_size=list(image_size), classes=classes, warmup=warmup,
                                 train_examples=train_info.num_examples, eval_examples=eval_info.num_examples)
     _common.check_resume(args, config)  # what the model and the data decided, against the run's record
-    run = RunFolder(args.out)  # created once the model and data are ready: a failed start leaves none
+    if shard is not None and eval_info.num_examples and args.eval_steps is None:
+        kept = eval_info.num_examples // args.batch_size * args.batch_size
+        if kept < eval_info.num_examples:
+            print(f"evaluating on {kept} of the {eval_info.num_examples} {args.eval_split} examples: several processes "
+                  f"evaluate whole batches of {args.batch_size} only (a --batch-size dividing "
+                  f"{eval_info.num_examples} uses them all)")
+    run = RunFolder(args.out)  # process 0 writes it; created once the model and data are ready
     run.save_config(config)
     backup, done = None, 0
     if args.resume:
         import os
 
+        _check_shared_folder(run, shard)
         backup = os.path.join(run.path, "backup")
         progress = api.backup_progress(backup)
         if progress:

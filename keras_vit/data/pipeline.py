@@ -147,6 +147,32 @@ def load_source(data, split="train", *, data_dir=None, on_bad_file="skip"):
     )
 
 
+def _check_shard(shard, batch_size, drop_remainder):
+    """(num_processes, process_index) of `load_dataset(shard=...)`, (1, 0) for None."""
+    if shard is None:
+        return 1, 0
+    try:
+        count, index = (int(v) for v in shard)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"shard={shard!r} is not (num_processes, process_index): pass keras_vit.distribution.process_shard(), "
+            "e.g. (2, 0) for the first of two processes, or None."
+        ) from None
+    if count < 1 or not 0 <= index < count:
+        raise ValueError(f"shard={shard!r}: the process index must be 0 to num_processes - 1 = {count - 1}.")
+    if batch_size % count:
+        raise ValueError(
+            f"batch_size={batch_size} (the global batch) does not split evenly over {count} processes: pass a "
+            f"multiple of {count}."
+        )
+    if count > 1 and drop_remainder is False:
+        raise ValueError(
+            "drop_remainder=False with shard: every process must get the same number of rows per step, so a "
+            "sharded pipeline keeps whole global batches only; leave drop_remainder unset."
+        )
+    return count, index
+
+
 def shuffle_repeated(ds, buffer_size, seed):
     """`ds` repeated forever, then shuffled through a buffer of `buffer_size` with `seed` (as the
     original vision_transformer and big_vision input pipelines do): every iterator yields the same
@@ -181,6 +207,7 @@ def load_dataset(
     cache=None,
     data_dir=None,
     on_bad_file="skip",
+    shard=None,
 ):
     """Build the input pipeline of `data`/`split` for a model at `image_size`.
 
@@ -202,6 +229,16 @@ def load_dataset(
             under 20k images).
         data_dir: tensorflow-datasets data directory.
         on_bad_file: image folders: "skip" (counted warning) or "error".
+        shard: (num_processes, process_index) in a job of several processes
+            (`keras_vit.distribution.process_shard()`), or None. `batch_size` stays the GLOBAL
+            batch size; the pipeline yields this process's rows of every global batch of the
+            one-process pipeline, rows [index * b, (index + 1) * b) with b = batch_size //
+            num_processes, in the same order (so the processes together train on exactly the
+            batches one process would). A repeated training pipeline crops and flips only this
+            process's examples (every process still reads and shuffles the whole source, which
+            is what keeps the global batches those of one process); any other pipeline keeps
+            whole global batches only (the last short one, if any, is left out), since a step
+            needs the same number of rows in every process.
 
     Returns:
         (tf.data.Dataset, DatasetInfo).
@@ -217,6 +254,7 @@ def load_dataset(
     from keras_vit.data import preprocessing
 
     data = os.fspath(data)
+    shards, shard_index = _check_shard(shard, batch_size, drop_remainder)
     ds, info = load_source(data, split, data_dir=data_dir, on_bad_file=on_bad_file)
     _check_classes(classes, info)
     num_classes = info.num_classes if info.num_classes is not None else classes
@@ -248,6 +286,11 @@ def load_dataset(
             ds = ds.shuffle(buffer, seed=int(seed), reshuffle_each_iteration=True)
     elif repeat:
         ds = ds.repeat()
+    local_batch = batch_size // shards
+    # A repeated training stream has no last batch: each process keeps its rows of every global
+    # batch before the augmentation (the expensive part). Other pipelines are sliced after
+    # batching (below), which also drops a short last global batch.
+    filter_first = shards > 1 and training and repeat
     if training:
         # The element index (across epochs) and the seed give each example its own stateless seed.
         def augment(index, pair):
@@ -258,7 +301,10 @@ def load_dataset(
             )
             return image, label
 
-        ds = ds.enumerate().map(augment, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+        ds = ds.enumerate()
+        if filter_first:
+            ds = ds.filter(lambda index, pair: (index // local_batch) % shards == shard_index)
+        ds = ds.map(augment, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     else:
         ds = ds.map(
             lambda image, label: (preprocessing.eval_preprocess(image, image_size), label),
@@ -268,7 +314,13 @@ def load_dataset(
         ds = ds.map(lambda image, label: (image, tf.one_hot(label, num_classes, dtype=tf.float32)))
     else:
         ds = ds.map(lambda image, label: (image, tf.cast(label, tf.int32)))
-    ds = ds.batch(batch_size, drop_remainder=drop_remainder)
+    if filter_first:
+        ds = ds.batch(local_batch, drop_remainder=True)
+    elif shards > 1:
+        rows = slice(shard_index * local_batch, (shard_index + 1) * local_batch)
+        ds = ds.batch(batch_size, drop_remainder=True).map(lambda image, label: (image[rows], label[rows]))
+    else:
+        ds = ds.batch(batch_size, drop_remainder=drop_remainder)
     options = tf.data.Options()
     options.deterministic = True
     ds = ds.with_options(options).prefetch(tf.data.AUTOTUNE)

@@ -147,6 +147,10 @@ class BackupAndResume(keras.callbacks.BackupAndRestore):
     on a stream of batches with `steps_per_epoch` and skip `backup_progress(dir)["step"]`
     batches of it when resuming (a restarted NumPy-array epoch cannot skip its first batches).
 
+    In a job of several processes (`keras_vit.distribution.data_parallel`) every process
+    resumes from the same `backup_dir`, which process 0 alone writes (and deletes at the end):
+    put it where every process can read it.
+
     Args: as keras.callbacks.BackupAndRestore (backup_dir, save_freq="epoch" or an int,
         double_checkpoint, delete_checkpoint).
 
@@ -199,6 +203,12 @@ class BackupAndResume(keras.callbacks.BackupAndRestore):
             self._ending_partial_epoch = True
             self.model.stop_training = True
 
+    def on_train_end(self, logs=None):
+        from keras_vit.distribution import is_first_process
+
+        if is_first_process():  # process 0 deletes the backup it wrote
+            super().on_train_end(logs)
+
     def on_epoch_end(self, epoch, logs=None):
         if self._ending_partial_epoch:
             self._ending_partial_epoch = False
@@ -208,15 +218,20 @@ class BackupAndResume(keras.callbacks.BackupAndRestore):
         super().on_epoch_end(epoch, logs)
 
     def _save_model(self):
+        from keras_vit.distribution import is_first_process, without_distribution
+
+        model = self.model  # syncs the JAX training state into the variables (in every process)
+        if not is_first_process():
+            return  # the weights are replicated: process 0 writes the backup every process resumes from
         if not os.path.exists(self.backup_dir):
             os.makedirs(self.backup_dir, exist_ok=True)
         if self.double_checkpoint and os.path.exists(self._weights_path):
             shutil.copyfile(self._weights_path, self._prev_weights_path)
         if self.double_checkpoint and os.path.exists(self._training_metadata_path):
             shutil.copyfile(self._training_metadata_path, self._prev_training_metadata_path)
-        model = self.model  # syncs the JAX training state into the variables
         tmp = self._weights_path + ".tmp.weights.h5"
-        model.save_weights(tmp, overwrite=True)
+        with without_distribution():  # process 0 alone: nothing here may wait for the others
+            model.save_weights(tmp, overwrite=True)
         os.replace(tmp, self._weights_path)
         meta = {"epoch": self._current_epoch, "batch": self._batches_in_epoch, "step": self._step}
         with open(self._training_metadata_path + ".tmp", "w") as f:
