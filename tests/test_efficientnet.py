@@ -182,8 +182,9 @@ def test_logits_equal_timm_through_its_folder(b0, tmp_path):
 
 @pytest.mark.backend_independent  # the reader only
 def test_every_file_layout_reads_the_same(b0, tmp_path):
-    """The folder's safetensors, its pytorch_model.bin alone, and a bare .safetensors (no
-    config.json: the architecture found from the shapes) give one tree and one config."""
+    """The folder's safetensors, its pytorch_model.bin alone, a bare .safetensors and a bare
+    torch.save state dict (no config.json: the architecture found from the shapes) give one tree
+    and one config."""
     from keras_vit.checkpoints import detect_format, read_checkpoint
 
     folder = b0["folder"]
@@ -193,8 +194,10 @@ def test_every_file_layout_reads_the_same(b0, tmp_path):
         shutil.copy(folder / name, only_bin / name)
     assert detect_format(folder).name == detect_format(only_bin).name == "timm_efficientnet"
     assert detect_format(folder / "model.safetensors").name == "timm_efficientnet"
+    torch.save(b0["reference"].state_dict(), tmp_path / "b0.pth")  # a bare state dict (PyTorch zip)
+    assert detect_format(tmp_path / "b0.pth").name == "timm_efficientnet"
     tree, config = read_checkpoint(folder)
-    for other in (only_bin, folder / "model.safetensors"):
+    for other in (only_bin, folder / "model.safetensors", tmp_path / "b0.pth"):
         other_tree, other_config = read_checkpoint(other)
         assert other_config == config and sorted(other_tree) == sorted(tree)
         for key in tree:

@@ -3,8 +3,9 @@ EfficientNet weight tree.
 
 Read from a timm Hub folder (`model.safetensors` or `pytorch_model.bin` beside the config.json
 that `save_pretrained` / `push_to_hub` writes, whose `architecture` names the model), a bare
-`.safetensors`, or a PyTorch zip state dict (`.pth`, `.bin`: timm's release files such as
-`tf_efficientnet_b0_ns-c0e6a31c.pth`, read by keras_vit.checkpoints.torch_zip, no pickle code run).
+`.safetensors`, or a state dict saved with `torch.save` (a PyTorch zip file, `.pth` or `.bin`, read by
+keras_vit.checkpoints.torch_zip: no pickle code runs; files in torch's legacy pre-1.6 format are
+refused, as for every format).
 
 Mapping (PyTorch layout -> Keras layout, module paths kept, '.' -> '/'):
 
@@ -106,7 +107,8 @@ def efficientnet_state_to_tree(files, *, source="checkpoint"):
         shape = tuple(value.shape)
         if layout in ("conv", "depthwise"):
             if len(shape) != 4:
-                raise CheckpointError(f"{source}: {key} has shape {shape}; a convolution's weight is (out, in, kh, kw).")
+                raise CheckpointError(
+                    f"{source}: {key} has shape {shape}; a convolution's weight is (out, in, kh, kw).")
             value = value.transpose(2, 3, 1, 0) if layout == "conv" else value.transpose(2, 3, 0, 1)
         elif layout == "dense":
             if len(shape) != 2:
@@ -245,8 +247,8 @@ def _config_fields(config, config_path):
         raise CheckpointError(f"{config_path}: 'architecture' is {str(arch)[:40]!r}; expected a timm model name.")
     base = _base_name(arch)
     if not _SUPPORTED.match(base):
-        what = ("timm's PyTorch-native EfficientNet (symmetric padding, BatchNorm eps 1e-5)" if not base.startswith("tf_")
-                else "a variant with other blocks than tf_efficientnet_b0-b8 / l2")
+        what = ("timm's PyTorch-native EfficientNet (symmetric padding, BatchNorm eps 1e-5)"
+                if not base.startswith("tf_") else "a variant with other blocks than tf_efficientnet_b0-b8 / l2")
         raise CheckpointError(
             f"{config_path}: timm architecture {arch!r} is {what}; keras_vit's EfficientNet reproduces timm's TF "
             "ports tf_efficientnet_b0 ... b8 and tf_efficientnet_l2 (TF \"SAME\" padding, eps 1e-3)."
@@ -377,7 +379,8 @@ def write_timm_efficientnet(tree, path, image_size=None):
         image_size = (TIMM_MULTIPLIERS[architecture][2],) * 2
     h, w = (image_size, image_size) if isinstance(image_size, int) else (int(image_size[0]), int(image_size[1]))
     # The Noisy Student preset's central crop at this size, where there is one (timm's default else).
-    crop_pct = CROP_PCT.get(f"timm/{architecture}.ns_jft_in1k_{h}", CROP_PCT.get(f"timm/{architecture}.ns_jft_in1k", 0.875))
+    repo = f"timm/{architecture}.ns_jft_in1k"
+    crop_pct = CROP_PCT.get(f"{repo}_{h}", CROP_PCT.get(repo, 0.875))
     config = {
         "architecture": architecture,
         "num_classes": classes,

@@ -237,20 +237,19 @@ class EfficientNetArchitecture:
                 "dropout_rate": self.dropout}
 
 
-EFFICIENTNET_ARCHITECTURES = {
-    a.name: a
-    for a in (
-        EfficientNetArchitecture("EfficientNetB0", "EfficientNet-B0", 1.0, 1.0, 224, 0.2, 5_288_548, "tf_efficientnet_b0"),
-        EfficientNetArchitecture("EfficientNetB1", "EfficientNet-B1", 1.0, 1.1, 240, 0.2, 7_794_184, "tf_efficientnet_b1"),
-        EfficientNetArchitecture("EfficientNetB2", "EfficientNet-B2", 1.1, 1.2, 260, 0.3, 9_109_994, "tf_efficientnet_b2"),
-        EfficientNetArchitecture("EfficientNetB3", "EfficientNet-B3", 1.2, 1.4, 300, 0.3, 12_233_232, "tf_efficientnet_b3"),
-        EfficientNetArchitecture("EfficientNetB4", "EfficientNet-B4", 1.4, 1.8, 380, 0.4, 19_341_616, "tf_efficientnet_b4"),
-        EfficientNetArchitecture("EfficientNetB5", "EfficientNet-B5", 1.6, 2.2, 456, 0.4, 30_389_784, "tf_efficientnet_b5"),
-        EfficientNetArchitecture("EfficientNetB6", "EfficientNet-B6", 1.8, 2.6, 528, 0.5, 43_040_704, "tf_efficientnet_b6"),
-        EfficientNetArchitecture("EfficientNetB7", "EfficientNet-B7", 2.0, 3.1, 600, 0.5, 66_347_960, "tf_efficientnet_b7"),
-        EfficientNetArchitecture("EfficientNetL2", "EfficientNet-L2", 4.3, 5.3, 800, 0.5, 480_309_308, "tf_efficientnet_l2"),
-    )
-}
+#: (constructor, paper name, width, depth, resolution, dropout, trainable parameters, timm name)
+_ROWS = (
+    ("EfficientNetB0", "EfficientNet-B0", 1.0, 1.0, 224, 0.2, 5_288_548, "tf_efficientnet_b0"),
+    ("EfficientNetB1", "EfficientNet-B1", 1.0, 1.1, 240, 0.2, 7_794_184, "tf_efficientnet_b1"),
+    ("EfficientNetB2", "EfficientNet-B2", 1.1, 1.2, 260, 0.3, 9_109_994, "tf_efficientnet_b2"),
+    ("EfficientNetB3", "EfficientNet-B3", 1.2, 1.4, 300, 0.3, 12_233_232, "tf_efficientnet_b3"),
+    ("EfficientNetB4", "EfficientNet-B4", 1.4, 1.8, 380, 0.4, 19_341_616, "tf_efficientnet_b4"),
+    ("EfficientNetB5", "EfficientNet-B5", 1.6, 2.2, 456, 0.4, 30_389_784, "tf_efficientnet_b5"),
+    ("EfficientNetB6", "EfficientNet-B6", 1.8, 2.6, 528, 0.5, 43_040_704, "tf_efficientnet_b6"),
+    ("EfficientNetB7", "EfficientNet-B7", 2.0, 3.1, 600, 0.5, 66_347_960, "tf_efficientnet_b7"),
+    ("EfficientNetL2", "EfficientNet-L2", 4.3, 5.3, 800, 0.5, 480_309_308, "tf_efficientnet_l2"),
+)
+EFFICIENTNET_ARCHITECTURES = {row[0]: EfficientNetArchitecture(*row) for row in _ROWS}
 
 #: timm's TF-ported EfficientNets by architecture name: (width, depth, resolution). B8 has no
 #: constructor here, but its files load (`keras_vit.load_checkpoint`).
@@ -422,8 +421,8 @@ def _card(config):
              "Student improves ImageNet classification\" (Xie et al., CVPR 2020), a baseline of \"An Image is\n"
              "Worth 16x16 Words\" (Dosovitskiy et al., ICLR 2021, Table 2).")
     rows = [("architecture", _describe(config)),
-            ("numerics", f"BatchNorm eps {config.get('batch_norm_epsilon', BATCH_NORM_EPSILON):g}, TF \"SAME\" padding, "
-                         "SiLU"),
+            ("numerics", f"BatchNorm eps {config.get('batch_norm_epsilon', BATCH_NORM_EPSILON):g}, "
+                         "TF \"SAME\" padding, SiLU"),
             ("preprocessing", f"RGB in [0, 1] normalised with mean {IMAGENET_MEAN} and std {IMAGENET_STD}; "
                               f"{INTERPOLATION} resize to size / crop_pct, central crop")]
     return ("efficientnet", "noisy-student"), intro, rows
