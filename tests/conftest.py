@@ -90,9 +90,9 @@ def pytest_configure(config):
 #: A module is the unit the two xdist workers take turns on (--dist loadfile); the longest start
 #: first so that the workers finish together, with the many short modules filling in at the end.
 LONG_MODULES = ("test_docs", "test_export", "test_saving_precision", "test_bit", "test_demo", "test_performance",
-                "test_cache_faults", "test_distribution_jax", "test_applications", "test_training_fit",
-                "test_model_variants", "test_resume", "test_distribution_tf", "test_checkpoints", "test_cli_errors",
-                "test_hub", "test_models", "test_quantize", "test_dynamic_size", "test_analysis")
+                "test_cache_faults", "test_distribution_jax", "test_multihost_finetune", "test_applications",
+                "test_training_fit", "test_model_variants", "test_resume", "test_distribution_tf", "test_checkpoints",
+                "test_cli_errors", "test_hub", "test_models", "test_quantize", "test_dynamic_size", "test_analysis")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -216,6 +216,7 @@ def test_two_processes_killed_and_resumed_match_one_process(base_model, tmp_path
     # The same final (EMA) weights and metrics.
     got_weights, want_weights = _weights(out / "model.keras"), _weights(reference / "model.keras")
     assert len(got_weights) == len(want_weights)
+    print("max final weight difference:", max(float(np.abs(a - b).max()) for a, b in zip(got_weights, want_weights)))
     for a, b in zip(got_weights, want_weights):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * max(1.0, np.abs(b).max()))
     got_metrics, want_metrics = (json.loads((folder / "metrics.json").read_text()) for folder in (out, reference))
