@@ -2,7 +2,7 @@
 a pod slice in small.
 
 The run is killed with SIGKILL in both processes once process 0 has written its first backup,
-then resumed with --resume in both. Against a one-process, one-device run of the same command
+then resumed with --resume in both (and a copy of it in one process). Against a one-process, one-device run of the same command
 (same global batch, seed and steps) it must log the same loss at every step (within 2e-5) and
 end with the same weights and metrics; only process 0 may write into the run folder. The
 per-process input pipeline itself (each process its own rows of every global batch, disjoint,
@@ -11,6 +11,7 @@ together the one-process batch) is checked directly on tf.data, on every backend
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -188,7 +189,15 @@ def test_two_processes_killed_and_resumed_match_one_process(base_model, tmp_path
     assert not (out / "metrics.json").exists() and not (out / "model.keras").exists()
     killed_writes = [(logs / f"writes{i}.log").read_text().split("\n") for i in range(2)]
 
-    outputs = _finish(_start_job(_args(out, base_model), out, logs), logs)
+    # Both processes resume; meanwhile a copy of the killed run resumes here, in one process (the
+    # process flags are not part of what a resumed run must repeat: the global batches are the same).
+    alone = tmp_path / "resumed-alone"
+    shutil.copytree(out, alone)
+    job = _start_job(_args(out, base_model), out, logs)
+    try:
+        assert main(_args(alone, base_model)) == 0
+    finally:
+        outputs = _finish(job, logs)
     assert f"resuming after step {progress['step']}" in outputs[1]
     assert "each process reads 12 of every 24 examples" in outputs[1]
     assert not (out / "backup").exists()  # the finished run removed its backup
@@ -213,15 +222,21 @@ def test_two_processes_killed_and_resumed_match_one_process(base_model, tmp_path
         assert g["val_accuracy"] == pytest.approx(w["val_accuracy"], abs=1e-6)
         assert g["val_loss"] == pytest.approx(w["val_loss"], abs=2e-5)
 
-    # The same final (EMA) weights and metrics.
-    got_weights, want_weights = _weights(out / "model.keras"), _weights(reference / "model.keras")
-    assert len(got_weights) == len(want_weights)
-    print("max final weight difference:", max(float(np.abs(a - b).max()) for a, b in zip(got_weights, want_weights)))
-    for a, b in zip(got_weights, want_weights):
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * max(1.0, np.abs(b).max()))
-    got_metrics, want_metrics = (json.loads((folder / "metrics.json").read_text()) for folder in (out, reference))
-    assert got_metrics["test_accuracy"] == pytest.approx(want_metrics["test_accuracy"], abs=1e-6)
-    assert got_metrics["test_loss"] == pytest.approx(want_metrics["test_loss"], abs=2e-5)
+    # The same final (EMA) weights and metrics, resumed on 2 processes or on one.
+    want_weights = _weights(reference / "model.keras")
+    want_metrics = json.loads((reference / "metrics.json").read_text())
+    for folder in (out, alone):
+        got_weights = _weights(folder / "model.keras")
+        assert len(got_weights) == len(want_weights)
+        print(f"{folder.name}: max final weight difference",
+              max(float(np.abs(a - b).max()) for a, b in zip(got_weights, want_weights)))
+        for a, b in zip(got_weights, want_weights):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * max(1.0, np.abs(b).max()))
+        got_metrics = json.loads((folder / "metrics.json").read_text())
+        assert got_metrics["test_accuracy"] == pytest.approx(want_metrics["test_accuracy"], abs=1e-6)
+        assert got_metrics["test_loss"] == pytest.approx(want_metrics["test_loss"], abs=2e-5)
+    alone_steps = np.array(json.loads((alone / "history.json").read_text())["steps"])
+    assert np.abs(alone_steps[:, 1] - want_steps[:, 1]).max() <= 2e-5
     config = json.loads((out / "config.json").read_text())
     assert config["distribute"] == "data" and config["num_processes"] == 2 and config["process_id"] == 0
 
