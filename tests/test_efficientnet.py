@@ -68,6 +68,20 @@ def test_parameter_counts_equal_timm(name):
     assert model.input_shape == (None, arch.resolution, arch.resolution, 3) and model.output_shape == (None, 1000)
     running = sum(b.numel() for n, b in reference.named_buffers() if n.endswith(("running_mean", "running_var")))
     assert sum(math.prod(v.shape) for v in model.non_trainable_weights) == running
+    # timm's full-size state dict, mapped by the reader, is the Keras model's weight tree: same
+    # keys, same shapes (nothing read: the tensors are on the meta device).
+    from keras_vit.checkpoints.common import LazyArray
+    from keras_vit.checkpoints.timm_efficientnet import efficientnet_state_to_tree
+
+    state = reference.state_dict()
+
+    class Shapes:
+        def lazy(self, key):
+            return LazyArray(lambda: None, tuple(state[key].shape))
+
+    tree = efficientnet_state_to_tree(dict.fromkeys(state, Shapes()))
+    assert {k: tuple(v.shape) for k, v in tree.items()} == {
+        k: tuple(v.shape) for k, v in model.weight_tree_variables().items()}
     if name == "EfficientNetL2":
         assert expected == 480_309_308
 
