@@ -31,6 +31,11 @@ regular expressions on `Variable.path` (`encoderblock_3/MlpBlock_3/Dense_1/kerne
 optionally under any name scope, so a model built here, loaded from a checkpoint
 (`keras_vit.load_checkpoint`, `keras.saving.load_model`) or from a constructor gets the same
 layout: the paths are the layer names of the original checkpoints.
+
+Jobs of several processes (the hosts of a pod slice): `join_processes`, `data_parallel`,
+`process_shard` (for `keras_vit.data.load_dataset(shard=...)`), `is_first_process` (who writes
+files) and `without_distribution` (process 0 saving alone); see the section below and
+docs/TPU.md, section 3.
 """
 
 import contextlib
