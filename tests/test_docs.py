@@ -2,9 +2,9 @@
 
 - ```python blocks: the blocks of one file run in order in one fresh process (a shared
   namespace, like a notebook), on the suite's backend, in a temporary working directory.
-- ```bash / ```sh blocks: each `keras-vit ...` command runs through the console script, in
+- ```bash / ```sh blocks: each `keras-vit ...` command runs as the console script runs it, in
   order, in one temporary working directory per file (other shell lines, such as `make` or
-  `pip install`, are not run).
+  `pip install`, are not run); the commands of one file share one process.
 - A block preceded by `<!-- needs: REASON -->` is skipped for that reason; when the comment
   holds a code block of its own, that stand-in runs instead (the same steps, offline and small).
 
@@ -15,6 +15,7 @@ import dataclasses
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -179,21 +180,65 @@ def test_python_blocks_run(path, tmp_path):
     assert out.returncode == 0, f"{out.stdout[-3000:]}\n{out.stderr[-6000:]}"
 
 
+# The `keras-vit` commands of one file, in order, in one process: each is what the console
+# script runs (the entry point its metadata names, with the command's arguments), from a clean
+# Keras session, and reports its exit status.
+_COMMANDS = r"""
+import json, shlex, sys, traceback
+from importlib.metadata import entry_points
+import keras
+(script,) = entry_points(group="console_scripts", name="keras-vit")
+entry = script.load()
+for where, command in json.loads(sys.stdin.read()):
+    print(f"--- {where}: {command}", flush=True)
+    print(f"--- {where}: {command}", file=sys.stderr, flush=True)
+    keras.config.set_dtype_policy("float32")
+    keras.utils.clear_session()
+    try:
+        status = entry(shlex.split(command, comments=True)[1:])
+    except SystemExit as stop:
+        status = stop.code
+    except BaseException:
+        traceback.print_exc()
+        status = "an exception"
+    if status:
+        print(f"FAILED ({status}): {where}: {command}", file=sys.stderr)
+        sys.exit(1)
+"""
+
+
 @pytest.mark.skipif(BACKEND != "jax", reason="the commands do not depend on the backend; run once, in the JAX pass")
 @pytest.mark.skipif(shutil.which("keras-vit", path=os.path.dirname(sys.executable)) is None,
                     reason="the keras-vit console script is not installed")
 @pytest.mark.parametrize("path", FILES)
 def test_shell_commands_run(path, tmp_path):
+    """A file with several plain commands runs them in one process (_COMMANDS: the console
+    script's entry point, one clean session per command); otherwise each runs through bash and
+    the console script."""
     blocks, skipped = runnable(parse_blocks(path), SHELL_LANGUAGES)
-    commands = [(b, c) for b in blocks for c in shell_commands(b)]
+    commands = [(f"{b.path}:{b.line}", c) for b in blocks for c in shell_commands(b)]
     if not commands:
         pytest.skip(f"{path}: no keras-vit command to run")
     env = _environment("jax")
-    for block, command in commands:
+    if len(commands) > 1 and all(_is_plain(command) for _, command in commands):
+        out = subprocess.run([sys.executable, "-c", _COMMANDS], input=json.dumps(commands), capture_output=True,
+                             text=True, cwd=tmp_path, env=env, timeout=900)
+        assert out.returncode == 0, f"{commands}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        assert "Traceback" not in out.stderr, out.stderr[-3000:]
+        return
+    for where, command in commands:
         out = subprocess.run(["bash", "-c", command], capture_output=True, text=True, cwd=tmp_path, env=env,
                              timeout=900)
-        assert out.returncode == 0, f"{block.path}:{block.line}: {command}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+        assert out.returncode == 0, f"{where}: {command}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
         assert "Traceback" not in out.stderr
+
+
+def _is_plain(command):
+    """True for a command that is only words (no pipe, redirection, list or expansion): its
+    arguments are what shlex reads."""
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split, lexer.commenters = True, "#"
+    return "$" not in command.split("#", 1)[0] and not any(set(token) <= set("();<>|&") for token in lexer)
 
 
 def _readme():

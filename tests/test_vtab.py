@@ -1,5 +1,6 @@
 """The VTAB-1k suite (keras_vit.evaluation.run_vtab, `keras-vit vtab`) on tfds' mock data: every
-task end to end with a tiny model, resume, the tables and plot, the task labels, bad input."""
+task's data, one task per group end to end with a tiny model, resume, the tables and plot, the
+task labels, bad input."""
 
 import csv
 import json
@@ -74,46 +75,91 @@ def test_structured_labels_known_answer():
         assert int(kitti(example)) == want, (types, depths)
 
 
+#: The tasks fine-tuned and evaluated end to end: one per group (natural, specialized, structured;
+#: the structured one reads nested object lists). Every task's data (both splits, shapes, labels,
+#: counts) is read in test_every_task_reads_its_splits; the steps after reading are the same code
+#: for every task.
+END_TO_END = ["vtab/caltech101", "vtab/eurosat", "vtab/clevr_count"]
+
+
+def _mock(task):
+    if task in OBJECT_TASKS:
+        return tfds.testing.mock_data(as_dataset_fn=_objects_as_dataset, policy=tfds.testing.MockPolicy.USE_CODE)
+    return tfds.testing.mock_data(num_examples=4, policy=tfds.testing.MockPolicy.USE_CODE)
+
+
+@pytest.mark.backend_independent  # the tasks' data pipelines are TensorFlow on every backend
+def test_every_task_reads_its_splits():
+    """All 19 tasks: the fine-tuning split (train800val200) and the test split, as run_vtab reads them."""
+    import keras_vit.data as kd
+
+    def read(task):
+        source = TFDS_DATASETS[task]
+        train, info = kd.load_dataset(f"tfds:{task}", evaluation.VTAB_1K.train_split, image_size=16, batch_size=2,
+                                      training=True, classes=source.classes)
+        test, _ = kd.load_dataset(f"tfds:{task}", evaluation.VTAB_1K.test_split, image_size=16, batch_size=4,
+                                  classes=source.classes)
+        for x, y in (next(iter(train)), next(iter(test))):
+            assert tuple(x.shape[1:]) == (16, 16, 3) and x.dtype == tf.float32, (task, x.shape, x.dtype)
+            labels = np.asarray(y)
+            assert labels.ndim == 1 and len(labels) == x.shape[0], (task, labels.shape)
+            assert labels.min() >= 0 and labels.max() < source.classes, (task, labels)
+        return info
+
+    with _mock(VTAB_TASKS[0]):
+        for task in VTAB_TASKS:
+            if task not in OBJECT_TASKS:
+                # Mock data: 4 examples per split; train800val200 is train's 4 + val's 4.
+                assert read(task).num_examples == 8, task
+    with _mock(OBJECT_TASKS[0]):
+        for task in OBJECT_TASKS:
+            read(task)
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(keras.backend.backend() != "jax", reason="the tasks' data pipelines are TensorFlow on every "
                     "backend; each backend's fine-tuning path runs in test_resume_gradient_accumulation_and_cli")
-def test_every_task_end_to_end(tmp_path, capsys):
-    """All 19 tasks, 1 step each, write their rows; the run resumes task by task."""
+def test_tasks_end_to_end(tmp_path, capsys):
+    """One task per group (END_TO_END), 1 step each, write their rows and the tables; the run
+    resumes task by task. (Every task's data: test_every_task_reads_its_splits.)"""
     out = str(tmp_path / "vtab")
     base = _tiny_base()
-    others = [t for t in VTAB_TASKS if t not in OBJECT_TASKS]
-    with tfds.testing.mock_data(num_examples=4, policy=tfds.testing.MockPolicy.USE_CODE):
-        evaluation.run_vtab(base, out, tasks=others, **QUICK)
-    with tfds.testing.mock_data(as_dataset_fn=_objects_as_dataset, policy=tfds.testing.MockPolicy.USE_CODE):
-        result = evaluation.run_vtab(base, out, tasks=OBJECT_TASKS, micro_batch_size=1, **QUICK)
+    plain = [t for t in END_TO_END if t not in OBJECT_TASKS]
+    objects = [t for t in END_TO_END if t in OBJECT_TASKS]
+    with _mock(plain[0]):
+        evaluation.run_vtab(base, out, tasks=plain, **QUICK)
+    with _mock(objects[0]):
+        result = evaluation.run_vtab(base, out, tasks=objects, micro_batch_size=1, **QUICK)
     rows = result["tasks"]
-    assert [r["task"] for r in rows] == list(VTAB_TASKS)
+    assert [r["task"] for r in rows] == [t for t in VTAB_TASKS if t in END_TO_END]
+    assert sorted({r["group"] for r in rows}) == sorted(evaluation.GROUPS)
     for row in rows:
         source = TFDS_DATASETS[row["task"]]
         assert row["group"] == source.vtab and row["classes"] == source.classes
         assert row["examples"] > 0 and 0 <= row["top1"] <= 1
         assert row["setting"]["steps"] == 1 and row["setting"]["image_size"] == 16
-    # Mock data: 4 examples per split; train800val200 is train's 4 + val's 4 (the object tasks': 6 + 6).
     assert {r["train_examples"] for r in rows if r["task"] not in OBJECT_TASKS} == {8}
     assert {r["setting"]["micro_batch_size"] for r in rows if r["task"] in OBJECT_TASKS} == {1}
     groups = result["groups"]
     for group in evaluation.GROUPS:
         values = [r["top1"] for r in rows if TFDS_DATASETS[r["task"]].vtab == group]
         assert groups[group]["mean"] == pytest.approx(np.mean(values)) and groups[group]["tasks"] == len(values)
-    assert groups["all"]["mean"] == pytest.approx(np.mean([r["top1"] for r in rows])) and groups["all"]["tasks"] == 19
+        assert groups[group]["of"] == sum(TFDS_DATASETS[t].vtab == group for t in VTAB_TASKS)
+    n = len(END_TO_END)
+    assert groups["all"]["mean"] == pytest.approx(np.mean([r["top1"] for r in rows])) and groups["all"]["tasks"] == n
     saved = json.loads(open(os.path.join(out, "vtab.json")).read())
-    assert saved["groups"] == json.loads(json.dumps(groups)) and len(saved["tasks"]) == 19
+    assert saved["groups"] == json.loads(json.dumps(groups)) and len(saved["tasks"]) == n
     with open(os.path.join(out, "vtab.csv")) as f:
         table = list(csv.reader(f))
-    assert table[0] == ["task", "group", "top1", "examples"] and len(table) == 1 + 19 + 4
-    assert table[-1][:2] == ["mean (19 of 19 tasks)", "all"] and float(table[-1][2]) == pytest.approx(
+    assert table[0] == ["task", "group", "top1", "examples"] and len(table) == 1 + n + 4
+    assert table[-1][:2] == [f"mean ({n} of 19 tasks)", "all"] and float(table[-1][2]) == pytest.approx(
         groups["all"]["mean"], abs=1e-6)
     assert os.path.getsize(os.path.join(out, "vtab.png")) > 0
     capsys.readouterr()
     # Everything done: a rerun trains nothing and returns the same table.
-    with tfds.testing.mock_data(num_examples=4, policy=tfds.testing.MockPolicy.USE_CODE):
-        again = evaluation.run_vtab(base, out, **QUICK)
-    assert capsys.readouterr().out.count("done before (resumed)") == 19 and again["tasks"] == rows
+    with _mock(plain[0]):
+        again = evaluation.run_vtab(base, out, tasks=END_TO_END, **QUICK)
+    assert capsys.readouterr().out.count("done before (resumed)") == n and again["tasks"] == rows
 
 
 def test_resume_gradient_accumulation_and_cli(tmp_path, capsys):
