@@ -217,6 +217,7 @@ _BY_REPO_NAME = {repo.split("/", 1)[-1]: p for repo, p in PRESETS.items()}
 
 #: The aliases every constructor accepts besides its tags.
 ALIASES = ("imagenet", "imagenet21k")
+_ALIAS_TEXT = {"imagenet": "ImageNet(-1k)", "imagenet21k": "ImageNet-21k"}
 
 
 def register_preset(architecture, tag, resolution, repo, *, classes, top1=None, **fields):
@@ -314,12 +315,19 @@ def find_preset(architecture, weights, image_size=None):
             f"No pretrained weights are published for {architecture}, so weights={weights!r} cannot be loaded. "
             "Pass a local checkpoint path or 'hf://owner/repo', or weights=None for a randomly initialised model."
         )
-    close = difflib.get_close_matches(str(weights), valid + list(ALIASES), n=3, cutoff=0.5)
+    # Only the aliases that name weights of this architecture are offered (EfficientNet has no
+    # ImageNet-21k weights, so "imagenet21k" is not valid for it).
+    aliases = [a for a in ALIASES if _alias_rows(architecture, a, image_size)]
+    listed = ", ".join(["None", *aliases, *valid])
+    see = (f"a local checkpoint path or 'hf://owner/repo'. See keras_vit.list_presets({architecture!r}).")
+    if weights in ALIASES:
+        raise ValueError(
+            f"No {_ALIAS_TEXT[weights]} weights are published for {architecture}, so weights={weights!r} cannot be "
+            f"loaded. Valid: {listed}, {see}"
+        )
+    close = difflib.get_close_matches(str(weights), valid + aliases, n=3, cutoff=0.5)
     hint = f" Did you mean {' or '.join(repr(c) for c in close)}?" if close else ""
-    raise ValueError(
-        f"Unknown weights {weights!r} for {architecture}.{hint} Valid: None, {', '.join(ALIASES)}, "
-        f"{', '.join(valid)}, a local checkpoint path or 'hf://owner/repo'. See keras_vit.list_presets({architecture!r})."
-    )
+    raise ValueError(f"Unknown weights {weights!r} for {architecture}.{hint} Valid: {listed}, {see}")
 
 
 def preset_by_name(name, image_size=None):

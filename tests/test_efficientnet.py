@@ -260,8 +260,11 @@ def test_presets_resolve_to_timms_noisy_student_repos():
     assert find_preset("EfficientNetL2", "imagenet").resolution == 800  # 88.35% over 88.23%
     assert preset_by_name("tf_efficientnet_b3.ns_jft_in1k").architecture == "EfficientNetB3"
     assert preset_by_name("EfficientNetL2.ns_jft_in1k_475") == l2_475
-    with pytest.raises(ValueError, match="Valid: None, imagenet, imagenet21k, ns_jft_in1k, ns_jft_in1k_475"):
+    with pytest.raises(ValueError, match="Did you mean 'ns_jft_in1k'.*Valid: None, imagenet, ns_jft_in1k, ns_jft_in1k_475,"):
         find_preset("EfficientNetL2", "ns_jft")
+    # no ImageNet-21k weights exist for EfficientNet: the alias is refused as such, and not offered
+    with pytest.raises(ValueError, match="No ImageNet-21k weights are published for EfficientNetL2.*Valid: None, imagenet, ns_jft"):
+        find_preset("EfficientNetL2", "imagenet21k")
     # timm's own table says the same (repos, sizes, crop and normalisation)
     for preset in (p for p in keras_vit.list_presets() if p.architecture.startswith("EfficientNet")):
         cfg = timm.models.get_pretrained_cfg(preset.repo.split("/", 1)[1])
