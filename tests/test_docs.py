@@ -1,7 +1,8 @@
 """Every code block of README.md, CONTRIBUTING.md and docs/*.md runs as written.
 
-- ```python blocks: the blocks of one file run in order in one fresh process (a shared
-  namespace, like a notebook), on the suite's backend, in a temporary working directory.
+- ```python blocks: the blocks of one file run in order in one namespace (like a notebook), on
+  the suite's backend, in a temporary working directory of their own; the files share one
+  fresh process, each from a clean Keras session (those in OWN_PROCESS get a process each).
 - ```bash / ```sh blocks: each `keras-vit ...` command runs as the console script runs it, in
   order, in one temporary working directory per file (other shell lines, such as `make` or
   `pip install`, are not run); the commands of one file share one process.
@@ -131,20 +132,6 @@ def shell_commands(block):
     return commands
 
 
-_SESSION = r"""
-import json, sys, traceback
-namespace = {"__name__": "__main__"}
-for block in json.loads(sys.stdin.read()):
-    print(f"--- {block['where']}", flush=True)
-    try:
-        exec(compile(block["code"], block["where"], "exec"), namespace)
-    except BaseException:
-        traceback.print_exc()
-        print(f"FAILED: {block['where']}", file=sys.stderr)
-        sys.exit(1)
-"""
-
-
 def _environment(backend):
     env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=os.pathsep.join(
         p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
@@ -165,19 +152,85 @@ def test_the_docs_have_code_blocks():
     assert len(python) >= 3 and sum(len(shell_commands(b)) for b in shell) >= 3
 
 
-@pytest.mark.parametrize("path", FILES)
-def test_python_blocks_run(path, tmp_path):
+_SESSION = r"""
+import json, os, sys, traceback
+# {path: [{"where", "code"}]}: each file's blocks in order, in its own namespace and working folder.
+files, results = json.loads(sys.stdin.read()), {}
+for number, (path, blocks) in enumerate(files.items()):
+    if len(files) > 1:  # the files of a shared process start from a clean Keras session
+        import keras
+        keras.config.set_dtype_policy("float32")
+        keras.utils.clear_session()
+    os.chdir(os.path.join(sys.argv[1], str(number)))
+    namespace, results[path] = {"__name__": "__main__"}, None
+    for block in blocks:
+        print(f"--- {block['where']}", flush=True)
+        print(f"--- {block['where']}", file=sys.stderr, flush=True)
+        try:
+            exec(compile(block["code"], block["where"], "exec"), namespace)
+        except BaseException:
+            results[path] = f"{block['where']}:\n{traceback.format_exc()}"
+            print(f"FAILED: {block['where']}", file=sys.stderr, flush=True)
+            break
+print("RESULTS " + json.dumps(results), flush=True)
+"""
+
+
+#: Files whose blocks set up the process itself (TensorFlow's logical devices before TensorFlow
+#: initialises): they run in a process of their own.
+OWN_PROCESS = {"docs/TPU.md"}
+
+
+def _python_blocks(path):
+    """(the blocks to run as _SESSION takes them, or None with the reason to skip)."""
     if BACKEND == "torch" and path.endswith("TPU.md"):
-        pytest.skip("the TPU guide's blocks run tf.distribute and JAX, which the JAX and TensorFlow passes cover; "
-                    "TensorFlow imported beside PyTorch crashes the interpreter")
+        return None, ("the TPU guide's blocks run tf.distribute and JAX, which the JAX and TensorFlow passes cover; "
+                      "TensorFlow imported beside PyTorch crashes the interpreter")
     blocks, skipped = runnable(parse_blocks(path), PYTHON_LANGUAGES)
     if not blocks:
-        pytest.skip(f"{path}: no python block to run ({len(skipped)} marked as needing: "
-                    f"{'; '.join(reason for _, reason in skipped)})")
-    payload = json.dumps([{"where": f"{b.path}:{b.line}", "code": b.code} for b in blocks])
-    out = subprocess.run([sys.executable, "-c", _SESSION], input=payload, capture_output=True, text=True,
-                         cwd=tmp_path, env=_environment(BACKEND), timeout=900)
-    assert out.returncode == 0, f"{out.stdout[-3000:]}\n{out.stderr[-6000:]}"
+        return None, (f"{path}: no python block to run ({len(skipped)} marked as needing: "
+                      f"{'; '.join(reason for _, reason in skipped)})")
+    return [{"where": f"{b.path}:{b.line}", "code": b.code} for b in blocks], None
+
+
+def _run_sessions(files, folder):
+    """Run the python blocks of `files` ({path: blocks}) in one fresh process, each file in
+    folder/<number>: ({path: None, or what failed}, the process's output)."""
+    for number in range(len(files)):
+        os.makedirs(os.path.join(folder, str(number)), exist_ok=True)
+    out = subprocess.run([sys.executable, "-c", _SESSION, str(folder)], input=json.dumps(files), capture_output=True,
+                         text=True, cwd=folder, env=_environment(BACKEND), timeout=900)
+    reported = [line for line in out.stdout.splitlines() if line.startswith("RESULTS ")]
+    results = json.loads(reported[-1][len("RESULTS "):]) if reported else {}
+    output = f"{out.stdout[-3000:]}\n{out.stderr[-6000:]}"
+    if out.returncode:  # a crash: the files it did not report failed with it
+        results = {path: results.get(path) or f"the process ended with {out.returncode}" for path in files}
+    return results, output
+
+
+@pytest.fixture(scope="module")
+def shared_sessions(tmp_path_factory):
+    """The python blocks of every file not in OWN_PROCESS, each file in its own namespace and
+    working folder, in one process (one start-up of the backend instead of one per file)."""
+    files = {}
+    for path in FILES:
+        blocks, _ = _python_blocks(path)
+        if blocks and path not in OWN_PROCESS:
+            files[path] = blocks
+    return _run_sessions(files, tmp_path_factory.mktemp("docs"))
+
+
+@pytest.mark.parametrize("path", FILES)
+def test_python_blocks_run(path, tmp_path, request):
+    blocks, reason = _python_blocks(path)
+    if blocks is None:
+        pytest.skip(reason)
+    if path in OWN_PROCESS:
+        results, output = _run_sessions({path: blocks}, tmp_path)
+    else:
+        results, output = request.getfixturevalue("shared_sessions")
+    assert path in results, f"{path} did not run:\n{output}"
+    assert results[path] is None, f"{results[path][-6000:]}\n{output}"
 
 
 # The `keras-vit` commands of one file, in order, in one process: each is what the console

@@ -18,27 +18,32 @@ def _data(n, size, classes, seed=0):
 # === Saving ===
 
 
-@pytest.mark.parametrize("config", [TINY, TINY_HYBRID], ids=["vit", "hybrid"])
-def test_keras_file_reloads_in_fresh_process(tmp_path, config):
-    model = keras_vit.VisionTransformer(**config, representation_size=6, dropout_rate=0.1)
-    randomize(model, seed=11)
-    size = config["image_size"]
-    x, _ = _data(2, size, 1)
-    path = tmp_path / "m.keras"
-    model.save(path)
-    np.save(tmp_path / "x.npy", x)
-    np.save(tmp_path / "y.npy", model.predict(x, verbose=0))
+def test_keras_files_reload_in_a_fresh_process(tmp_path):
+    """A ViT and an R+ViT hybrid, saved here, reload in one fresh process (safe mode, no
+    custom_objects) with the same config and the same predictions."""
+    saved = {}
+    for name, config in (("vit", TINY), ("hybrid", TINY_HYBRID)):
+        model = keras_vit.VisionTransformer(**config, representation_size=6, dropout_rate=0.1)
+        randomize(model, seed=11)
+        x, _ = _data(2, config["image_size"], 1)
+        saved[name] = str(tmp_path / f"{name}.keras")
+        model.save(saved[name])
+        np.save(tmp_path / f"{name}_x.npy", x)
+        np.save(tmp_path / f"{name}_y.npy", model.predict(x, verbose=0))
     out = run_python(
         f"""
 import numpy as np, keras, keras_vit
-m = keras.saving.load_model({str(path)!r})  # safe_mode on, no custom_objects
-x, y = np.load({str(tmp_path / 'x.npy')!r}), np.load({str(tmp_path / 'y.npy')!r})
-print(type(m).__name__, m.get_config()["representation_size"], float(np.abs(m.predict(x, verbose=0) - y).max()))
+for name, path in {saved!r}.items():
+    m = keras.saving.load_model(path)  # safe_mode on, no custom_objects
+    x, y = np.load({str(tmp_path)!r} + f"/{{name}}_x.npy"), np.load({str(tmp_path)!r} + f"/{{name}}_y.npy")
+    print(name, type(m).__name__, m.get_config()["representation_size"], float(np.abs(m.predict(x, verbose=0) - y).max()))
 """
     )
-    name, rep, diff = out.split()[-3:]
-    assert name == "VisionTransformer" and rep == "6"
-    assert float(diff) == 0.0
+    lines = [line.split() for line in out.strip().splitlines()[-2:]]
+    assert [line[0] for line in lines] == ["vit", "hybrid"], out[-2000:]
+    for name, class_name, rep, diff in lines:
+        assert class_name == "VisionTransformer" and rep == "6", name
+        assert float(diff) == 0.0, name
 
 
 def test_every_layer_config_round_trips():
