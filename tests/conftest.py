@@ -86,13 +86,23 @@ def pytest_configure(config):
     )
 
 
-#: The longest test modules, longest first (their measured time summed over the three passes).
-#: A module is the unit the two xdist workers take turns on (--dist loadfile); the longest start
-#: first so that the workers finish together, with the many short modules filling in at the end.
-LONG_MODULES = ("test_docs", "test_export", "test_saving_precision", "test_bit", "test_demo", "test_performance",
-                "test_cache_faults", "test_distribution_jax", "test_multihost_finetune", "test_applications",
-                "test_training_fit", "test_model_variants", "test_resume", "test_distribution_tf", "test_checkpoints",
-                "test_cli_errors", "test_hub", "test_models", "test_quantize", "test_dynamic_size", "test_analysis")
+#: The longest test modules of each pass, longest first. A module is the unit the two xdist
+#: workers take turns on (--dist loadfile); the longest start first so that the workers finish
+#: together, with the many short modules filling in at the end. The JAX pass also runs the
+#: modules that run on one backend only (backend_independent, the JAX SPMD and multi-process
+#: ones), so it has its own order (measured on JAX); the other passes share one.
+LONG_MODULES = {
+    "jax": ("test_docs", "test_cache_faults", "test_export", "test_distribution_jax", "test_multihost_finetune",
+            "test_demo", "test_bit", "test_resume", "test_hub_pytorch_bin", "test_hub", "test_vtab",
+            "test_applications", "test_model_variants", "test_efficientnet", "test_training_fit",
+            "test_saving_precision", "test_training_pilot", "test_recipes_optax", "test_remat", "test_cli_errors",
+            "test_flexi", "test_big_vision", "test_loading", "test_cli_train", "test_models", "test_flops",
+            "test_checkpoints", "test_performance", "test_quantize"),
+    "other": ("test_docs", "test_export", "test_saving_precision", "test_bit", "test_demo", "test_performance",
+              "test_applications", "test_training_fit", "test_model_variants", "test_resume", "test_efficientnet",
+              "test_distribution_tf", "test_checkpoints", "test_models", "test_quantize", "test_dynamic_size",
+              "test_analysis"),
+}
 
 
 def pytest_collection_modifyitems(config, items):
@@ -104,7 +114,8 @@ def pytest_collection_modifyitems(config, items):
         if deselected:
             config.hook.pytest_deselected(items=deselected)
             items[:] = kept
-    rank = {name: i for i, name in enumerate(LONG_MODULES)}
+    order = LONG_MODULES["jax" if BACKEND == "jax" else "other"]
+    rank = {name: i for i, name in enumerate(order)}
     # A stable sort: each module's tests stay together and in order.
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py"),
                                          len(rank)))

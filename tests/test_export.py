@@ -6,8 +6,6 @@ On JAX and PyTorch the artefacts come from a TensorFlow subprocess, so each mode
 are written in one `export_models` call (one rebuild)."""
 
 import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -212,15 +210,15 @@ def tiny_preset(tmp_path_factory):
     return str(folder)
 
 
-def test_cli_exports_onnx_with_preprocessing_at_a_new_size(tiny_preset, tmp_path):
+def test_cli_exports_onnx_with_preprocessing_at_a_new_size(tiny_preset, tmp_path, capsys):
+    from keras_vit import cli
+
     out = tmp_path / "tiny.onnx"
-    result = subprocess.run(
-        [sys.executable, "-m", "keras_vit.cli", "export", tiny_preset, str(out), "--format", "onnx",
-         "--image-size", "48", "40", "--with-preprocessing"],
-        capture_output=True, text=True, env=dict(os.environ, KERAS_BACKEND=BACKEND), timeout=300,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert "wrote onnx artefact" in result.stdout
+    status = cli.main(["export", tiny_preset, str(out), "--format", "onnx", "--image-size", "48", "40",
+                       "--with-preprocessing"])
+    printed = capsys.readouterr()
+    assert status == 0, printed.err[-3000:]
+    assert "wrote onnx artefact" in printed.out
     model = keras_vit.load_checkpoint(tiny_preset, image_size=(48, 40))
     pixels = np.random.default_rng(8).integers(0, 256, (2, 30, 50, 3)).astype("uint8")
     resized = tf.image.resize(pixels.astype("float32"), (48, 40), method="bilinear").numpy()
