@@ -90,30 +90,30 @@ def _mock(task):
 
 @pytest.mark.backend_independent  # the tasks' data pipelines are TensorFlow on every backend
 def test_every_task_reads_its_splits():
-    """All 19 tasks: the fine-tuning split (train800val200) and the test split, as run_vtab reads them."""
-    import keras_vit.data as kd
+    """All 19 tasks: the fine-tuning split (train800val200) and the test split as keras_vit.data
+    reads a tfds source (builder, splits, image feature, label function, class count); resizing
+    and batching after that are the same for every task (test_tasks_end_to_end)."""
+    from keras_vit.data.pipeline import _source_tfds
 
     def read(task):
         source = TFDS_DATASETS[task]
-        train, info = kd.load_dataset(f"tfds:{task}", evaluation.VTAB_1K.train_split, image_size=16, batch_size=2,
-                                      training=True, classes=source.classes)
-        test, _ = kd.load_dataset(f"tfds:{task}", evaluation.VTAB_1K.test_split, image_size=16, batch_size=4,
-                                  classes=source.classes)
-        for x, y in (next(iter(train)), next(iter(test))):
-            assert tuple(x.shape[1:]) == (16, 16, 3) and x.dtype == tf.float32, (task, x.shape, x.dtype)
-            labels = np.asarray(y)
-            assert labels.ndim == 1 and len(labels) == x.shape[0], (task, labels.shape)
-            assert labels.min() >= 0 and labels.max() < source.classes, (task, labels)
-        return info
+        for split in (evaluation.VTAB_1K.train_split, evaluation.VTAB_1K.test_split):
+            ds, info = _source_tfds(task, split, None)
+            pairs = [(np.asarray(image), int(label)) for image, label in ds]
+            assert info.num_classes == source.classes and pairs, (task, split)
+            for image, label in pairs:
+                assert image.ndim == 3 and image.shape[-1] == 3 and image.dtype == np.uint8, (task, image.shape)
+                assert 0 <= label < source.classes, (task, split, label)
+            yield split, info, len(pairs)
 
     with _mock(VTAB_TASKS[0]):
         for task in VTAB_TASKS:
             if task not in OBJECT_TASKS:
                 # Mock data: 4 examples per split; train800val200 is train's 4 + val's 4.
-                assert read(task).num_examples == 8, task
+                assert [(n, info.num_examples) for _, info, n in read(task)] == [(8, 8), (4, 4)], task
     with _mock(OBJECT_TASKS[0]):
         for task in OBJECT_TASKS:
-            read(task)
+            assert [n for _, _, n in read(task)] == [12, 6], task  # _objects_as_dataset: 6 per split
 
 
 @pytest.mark.slow
