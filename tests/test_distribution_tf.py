@@ -1,7 +1,7 @@
 """tf.distribute (TensorFlow backend) on logical CPU devices, and TPU constraints a CPU can check.
 
-Logical devices must be configured before TensorFlow initialises its runtime, so each scenario
-runs in a fresh process (conftest.run_python) that splits the CPU into two logical devices
+Logical devices must be configured before TensorFlow initialises its runtime, so the scenarios
+run in a fresh process (conftest.run_python) that splits the CPU into two logical devices
 before anything else touches TensorFlow.
 """
 
@@ -55,12 +55,16 @@ def run(code, tmp_path=None):
     return json.loads(out.strip().splitlines()[-1])
 
 
-@pytest.mark.slow
-def test_mirrored_strategy_fit_matches_one_device_and_reloads(tmp_path):
-    report = run(
-        r"""
-out = {}
-_, out["single"] = fit()
+# Two scenarios in one process (module fixture `scenarios`), after one single-device fit that both
+# compare against: MirroredStrategy over the two logical devices, with a save and a one-device
+# reload; the TPU constraints (XLA train step, the hybrid under XLA, mixed_bfloat16 under a strategy).
+SINGLE = r"""
+_, SINGLE_LOSS = fit()
+REPORT = {}
+"""
+
+MIRRORED_SCENARIO = r"""
+out = {"single": SINGLE_LOSS}
 with strategy.scope():
     model, out["mirrored"] = fit()
 out["mirrored_variable"] = type(model.weights[0].value).__name__
@@ -69,26 +73,11 @@ model.save_weights(TMP + "/mirrored.weights.h5")
 plain = keras_vit.VisionTransformer(**CFG)  # outside the strategy: one device
 plain.load_weights(TMP + "/mirrored.weights.h5")
 out["reload_error"] = float(np.max(np.abs(np.asarray(plain.predict(x[:16], verbose=0)) - pred)))
-print(json.dumps(out))
-""",
-        tmp_path,
-    )
-    print(report)
-    # Variables are mirrored, one copy per logical device.
-    assert "Mirrored" in report["mirrored_variable"], report["mirrored_variable"]
-    np.testing.assert_allclose(report["mirrored"], report["single"], rtol=2e-5)
-    assert report["reload_error"] < 1e-5
+REPORT["mirrored"] = out
+"""
 
-
-@pytest.mark.slow
-def test_tpu_constraints_xla_train_step_and_bfloat16():
-    """What TPUStrategy imposes, checked on CPU: the whole train step (and the hybrid's stem)
-    compiles with XLA at static shapes, several steps per execution give the same loss, and the
-    mixed_bfloat16 policy trains under a strategy with float32 variables and outputs."""
-    report = run(
-        r"""
-out = {}
-_, out["single"] = fit()
+TPU_SCENARIO = r"""
+out = {"single": SINGLE_LOSS}
 model, out["xla_steps_per_execution"] = fit(jit_compile=True, steps_per_execution=2)
 out["jit_compile"] = bool(model.jit_compile)
 
@@ -107,9 +96,32 @@ with strategy.scope():
     model, out["bfloat16"] = fit()
 out["bfloat16_variable_dtype"] = model.weights[0].dtype
 out["bfloat16_output_dtype"] = str(model.predict(x[:16], verbose=0).dtype)
-print(json.dumps(out))
+REPORT["tpu"] = out
 """
-    )
+
+
+@pytest.fixture(scope="module")
+def scenarios(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("distribution")
+    return run(SINGLE + MIRRORED_SCENARIO + TPU_SCENARIO + "print(json.dumps(REPORT))\n", tmp)
+
+
+@pytest.mark.slow
+def test_mirrored_strategy_fit_matches_one_device_and_reloads(scenarios):
+    report = scenarios["mirrored"]
+    print(report)
+    # Variables are mirrored, one copy per logical device.
+    assert "Mirrored" in report["mirrored_variable"], report["mirrored_variable"]
+    np.testing.assert_allclose(report["mirrored"], report["single"], rtol=2e-5)
+    assert report["reload_error"] < 1e-5
+
+
+@pytest.mark.slow
+def test_tpu_constraints_xla_train_step_and_bfloat16(scenarios):
+    """What TPUStrategy imposes, checked on CPU: the whole train step (and the hybrid's stem)
+    compiles with XLA at static shapes, several steps per execution give the same loss, and the
+    mixed_bfloat16 policy trains under a strategy with float32 variables and outputs."""
+    report = scenarios["tpu"]
     print(report)
     assert report["jit_compile"]
     np.testing.assert_allclose(report["xla_steps_per_execution"], report["single"], rtol=2e-5)
