@@ -7,6 +7,12 @@
     keras_vit.export_model(model, "vit_b16.tflite", format="litert", int8=True)
     model.export("vit_b16.onnx", format="onnx")                          # the same, Keras' spelling
 
+Every model family exports (ViT and its hybrids, BiT, Axial-ViT, AxialResNet, EfficientNet):
+`model.export` of each family's model class comes here (`keras_vit.models.export_method`), and
+what differs between families is read off the family record (`keras_vit.models.family`): the
+input normalisation `with_preprocessing` applies, whether int8 exists, whether the weights
+allow another `image_size`.
+
 Every artefact is produced by TensorFlow: the SavedModel by `tf.saved_model` (through
 `keras.export.ExportArchive`), ONNX by tf2onnx from the same traced function, LiteRT by the
 TFLite converter from that SavedModel (builtin ops only, so ai-edge-litert's Interpreter runs it
@@ -21,12 +27,16 @@ Artefacts (`images` is the input name everywhere):
   (`include_top=False`) returns `features`. The endpoint `serve` returns exactly what Keras'
   `predict` returns.
 - ONNX and LiteRT: one input `images`, one output: what Keras' `predict` returns.
-- Inputs: float32 images scaled to [-1, 1] at the model's size, any batch size; with
-  `with_preprocessing=True`, uint8 images of any size (batch, height, width, 3), resized
-  (bilinear) to the model's size and scaled to [-1, 1] inside the artefact, as
-  `keras_vit.preprocess_input` and the evaluation pipeline of `keras_vit.data` do. A
+- Inputs: float32 images as the model takes them (ViT, BiT, Axial-ViT: scaled to [-1, 1];
+  EfficientNet, AxialResNet: normalised with the ImageNet mean and std) at the model's size, any
+  batch size; with `with_preprocessing=True`, uint8 images of any size (batch, height, width, 3),
+  resized (bilinear) to the model's size and normalised inside the artefact by the family's
+  `input_normalization` ((pixels / 255 - mean) / std; for [-1, 1] that is
+  `keras_vit.preprocess_input`, as the evaluation pipeline of `keras_vit.data` does). A
   `dynamic_image_size` model takes float images of any size its stride divides, and with
-  preprocessing resizes to the size it was built at (its `image_size`).
+  preprocessing resizes to the size it was built at (its `image_size`); a fully convolutional
+  model built for any size (BiT, EfficientNet with input_shape=(None, None, 3)) needs
+  `image_size` for preprocessing.
 - `int8=True`: int8 weights, each format in its runtime's own int8 form, applied to the float
   model. SavedModel: keras_vit's int8 (`VisionTransformer.quantize("int8")`: every transformer
   matmul, pre_logits and the head with int8 kernels and per-output-channel scales, inputs
@@ -38,7 +48,8 @@ Artefacts (`images` is the input name everywhere):
   hybrid's ResNet stays float everywhere (its standardised kernels are computed, not stored).
 - A model already quantized in Keras (int8) exports as it is to every format and computes its
   int8 numerics; ONNX and LiteRT fold its int8 kernels into float32 constants (no smaller file).
-  int8=True for ONNX or LiteRT needs the float model (ExportError otherwise).
+  int8=True for ONNX or LiteRT needs the float model (ExportError otherwise). int8 is the Vision
+  Transformer's (its family's `int8`); other families export float32 only.
 """
 
 import json
@@ -83,16 +94,18 @@ def export_model(
     """Export a keras_vit model for serving as a SavedModel, an ONNX file or a LiteRT file.
 
     Args:
-        model: a keras_vit model (VisionTransformer; float or quantized) built on any backend.
+        model: a keras_vit model of any family (VisionTransformer, also int8-quantized; BiTResNet,
+            AxialVisionTransformer, AxialResNet, EfficientNet) built on any backend.
         path: the artefact: a folder for "tf_saved_model", a file for "onnx" (`.onnx`) and
             "litert" (`.tflite`).
         format: "tf_saved_model" (alias "saved_model"), "onnx" or "litert" (alias "tflite").
         int8: int8 weights in the format's own int8 form (see the module docstring); the model
             itself is not changed.
         image_size: int or (height, width): export at this input size (position embeddings
-            resized by the model's rule). Default: the model's size.
-        with_preprocessing: the artefact takes uint8 images of any size and resizes and scales
-            them itself.
+            resized by the model's rule; convolutional networks take it as they are; refused
+            where the weights fit one size only, AxialResNet). Default: the model's size.
+        with_preprocessing: the artefact takes uint8 images of any size and resizes and
+            normalises them itself, as the model's family does.
         verbose: print where the artefact was written.
 
     Returns:
@@ -123,18 +136,34 @@ def export_models(model, jobs, *, verbose=False):
     Returns:
         The list of paths written.
     """
+    return export_many([(model, jobs)], verbose=verbose)[0]
+
+
+def export_many(models_and_jobs, *, verbose=False):
+    """Write the artefacts of several models; on JAX or PyTorch with one TensorFlow process for all.
+
+    Args:
+        models_and_jobs: a list of (model, jobs) pairs, each as for `export_models`.
+
+    Returns:
+        A list of each model's list of paths written.
+
+    Every model's options are checked before any artefact is written.
+    """
     import keras
 
-    jobs = [_checked_job(model, job) for job in jobs]
+    checked = [(model, [_checked_job(model, job) for job in jobs]) for model, jobs in models_and_jobs]
     if keras.backend.backend() == "tensorflow":
-        for job in jobs:
-            _export_on_tensorflow(model, **job)
+        for model, jobs in checked:
+            for job in jobs:
+                _export_on_tensorflow(model, **job)
     else:
-        _export_in_subprocess(model, jobs)
+        _export_in_subprocess(checked)
     if verbose:
-        for job in jobs:
-            print(f"Saved {job['format']} artefact at '{job['path']}'.")
-    return [job["path"] for job in jobs]
+        for _, jobs in checked:
+            for job in jobs:
+                print(f"Saved {job['format']} artefact at '{job['path']}'.")
+    return [[job["path"] for job in jobs] for _, jobs in checked]
 
 
 # === Checks (any backend, before any work) ===
@@ -171,6 +200,41 @@ def _model_size(model):
     if isinstance(size, int):
         size = (size, size)
     return tuple(None if s is None else int(s) for s in size)
+
+
+def _family(model):
+    from keras_vit.models.family import family_of
+
+    try:
+        return family_of(model)
+    except ValueError as error:
+        raise ExportError(f"Only keras_vit models export here: {error}") from None
+
+
+def input_normalization(model):
+    """(mean, std) per channel of [0, 1] pixels that the model's inputs are normalised with (its
+    family's `input_normalization`): `with_preprocessing` maps uint8 pixels to
+    `(pixels / 255 - mean) / std`.
+
+    Example:
+        >>> input_normalization(keras_vit.models.EfficientNet(image_size=32, width_multiplier=0.25,
+        ...     depth_multiplier=0.1))  # doctest: +SKIP
+        ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+    """
+    return _family(model).input_normalization
+
+
+def input_description(model, with_preprocessing=False):
+    """What an artefact of `model` takes, in words ("float32 images in [-1, 1] at 32x32", ...)."""
+    if with_preprocessing:
+        return "uint8 images of any size"
+    mean, std = input_normalization(model)
+    if all(m == 0.5 for m in mean) and all(s == 0.5 for s in std):
+        scaled = "in [-1, 1]"
+    else:
+        scaled = f"normalised with mean {tuple(mean)} and std {tuple(std)} of [0, 1] pixels"
+    size = "x".join("any" if s is None else str(s) for s in model.input_shape[1:3])
+    return f"float32 images {scaled} at {size}"
 
 
 def _quantization_mode(model):
@@ -222,7 +286,15 @@ def _checked_job(model, job):
                               image_size=job.get("image_size"))
     size = _size_pair(job.get("image_size"))
     with_preprocessing = bool(job.get("with_preprocessing", False))
+    family = _family(model)
     mode = _quantization_mode(model)
+    if (int8 or mode is not None) and not family.int8:
+        what = "int8=True is not available for" if int8 else f"A {mode}-quantized model cannot be exported for"
+        raise ExportError(
+            f"{what} this {family.title} ({type(model).__name__}): keras_vit's int8 (quantize('int8') remembered in "
+            "the model's config, so a saved int8 model reloads int8, and which every format's int8 mirrors) exists "
+            f"for the Vision Transformer only. Export the float {family.title} without int8."
+        )
     if mode is not None and mode != "int8":
         raise ExportError(
             f"The model is {mode}-quantized; only float and int8 models can be exported. Export the float "
@@ -237,7 +309,16 @@ def _checked_job(model, job):
         )
     if int8 and fmt == "tf_saved_model" and mode is None and not hasattr(model, "quantize"):
         raise ExportError(f"int8=True needs a model with a quantize() method; got {type(model).__name__}.")
+    if size is not None and size == _model_size(model):
+        size = None  # the model's own size: nothing to rebuild
     if size is not None:
+        if family.dynamic_size is None and family.source_grid is None:
+            built = "x".join(str(s) for s in _model_size(model))
+            raise ExportError(
+                f"image_size cannot change this {family.title} ({type(model).__name__}, built at {built}): the shapes of its "
+                "weights depend on the image size (AxialResNet: the attention spans' relative embeddings) and nothing "
+                "resizes them. Export at the model's own size (image_size=None)."
+            )
         if mode is not None:
             raise ExportError(
                 "image_size cannot change a quantized model (its float position embeddings are gone). Export "
@@ -246,11 +327,23 @@ def _checked_job(model, job):
         if "image_size" not in model.get_config():
             raise ExportError(f"image_size is only for models built at a fixed size; {type(model).__name__} is not.")
         stride = getattr(model, "stride", None)
-        if stride and (size[0] % stride or size[1] % stride):
+        # Only a patch grid needs a divisible size (convolutional networks pad to any size).
+        if family.source_grid is not None and stride and (size[0] % stride or size[1] % stride):
             raise ExportError(
                 f"image_size {size[0]}x{size[1]} is not divisible by the model's stride {stride} (patch size "
                 "times the ResNet's stride). Pick a multiple of it."
             )
+        try:
+            family.validate({**model.get_config(), "image_size": list(size)})
+        except (TypeError, ValueError) as error:
+            raise ExportError(f"image_size {size[0]}x{size[1]} does not suit this {family.title}: {error}") from None
+    mean, std = family.input_normalization
+    channels = model.input_shape[-1]
+    if with_preprocessing and channels != len(mean):
+        raise ExportError(
+            f"with_preprocessing=True normalises {len(mean)}-channel (RGB) images, and this model takes {channels} "
+            "channels. Export without preprocessing and normalise the inputs yourself."
+        )
     if with_preprocessing and size is None and None in _model_size(model):
         raise ExportError(
             f"with_preprocessing=True resizes images to the model's size, and this model has none (input shape "
@@ -273,14 +366,17 @@ def _check_requirements(fmt):
 # === Rebuilding on TensorFlow ===
 
 
-def _export_in_subprocess(model, jobs):
-    """Save `model` as a .keras file and let a TensorFlow-backend Python write the artefacts."""
+def _export_in_subprocess(models_and_jobs):
+    """Save each model as a .keras file and let one TensorFlow-backend Python write the artefacts."""
     with tempfile.TemporaryDirectory(prefix="keras_vit_export_") as tmp:
-        model_file = os.path.join(tmp, "model.keras")
-        model.save(model_file)
+        entries = []
+        for number, (model, jobs) in enumerate(models_and_jobs):
+            model_file = os.path.join(tmp, f"model_{number}.keras")
+            model.save(model_file)
+            entries.append({"model": model_file, "jobs": jobs})
         spec = os.path.join(tmp, "jobs.json")
         with open(spec, "w") as f:
-            json.dump({"model": model_file, "jobs": jobs}, f)
+            json.dump({"models": entries}, f)
         env = dict(os.environ, KERAS_BACKEND="tensorflow")
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         # The child must import this same keras_vit (a source checkout first on sys.path).
@@ -307,9 +403,10 @@ def _subprocess_main(spec_file):
 
     with open(spec_file) as f:
         spec = json.load(f)
-    model = keras.saving.load_model(spec["model"], compile=False)
-    for job in spec["jobs"]:
-        _export_on_tensorflow(model, **job)
+    for entry in spec["models"]:
+        model = keras.saving.load_model(entry["model"], compile=False)
+        for job in entry["jobs"]:
+            _export_on_tensorflow(model, **job)
 
 
 # === Exporting on TensorFlow ===
@@ -344,16 +441,22 @@ def _input_spec(model, with_preprocessing):
 
 def _forward(model, with_preprocessing):
     """The artefact's forward pass: images -> what Keras' predict returns."""
+    import numpy as np
     import tensorflow as tf
 
     height, width = _model_size(model)
+    mean, std = input_normalization(model)
+    # (pixels / 255 - mean) / std as one multiply and subtract (for [-1, 1]: pixels / 127.5 - 1).
+    # NumPy constants: tf2onnx would take an eager tensor captured by the function for an input.
+    scale = np.asarray([1.0 / (255.0 * s) for s in std], np.float32)
+    offset = np.asarray([m / s for m, s in zip(mean, std)], np.float32)
 
     def forward(images):
         x = images
         if with_preprocessing:
-            # keras_vit.data's evaluation preprocessing: bilinear resize, then preprocess_input.
+            # keras_vit.data's evaluation preprocessing: bilinear resize, then the family's normalisation.
             x = tf.image.resize(tf.cast(x, tf.float32), (height, width), method="bilinear")
-            x = x / 127.5 - 1.0
+            x = x * scale - offset
         return model(x, training=False)
 
     return forward

@@ -5,7 +5,8 @@
     keras-vit export runs/cifar10/model.keras vit.tflite --format litert --int8 --image-size 224 224
 
 SOURCE is any weights source `keras_vit.load_checkpoint` reads (a preset name, hf://owner/repo, a
-Keras preset folder or .keras file, an original .npz, a timm or transformers folder). The
+Keras preset folder or .keras file, an original .npz, a timm or transformers folder), of any model
+family (ViT, BiT, Axial-ViT, AxialResNet, EfficientNet). The
 artefacts and their signatures are described in keras_vit/export.py and docs/deploy.md.
 """
 
@@ -71,7 +72,6 @@ def export(args):
     exports.export_model(
         model, args.out, args.format, int8=args.int8, with_preprocessing=args.with_preprocessing
     )
-    c = model.get_config()
-    kind = "uint8 images of any size" if args.with_preprocessing else f"float32 images in [-1, 1] at {c['image_size'][0]}x{c['image_size'][1]}"
-    print(f"wrote {args.format}{' int8' if args.int8 else ''} artefact {args.out} (input: {kind})")
+    print(f"wrote {args.format}{' int8' if args.int8 else ''} artefact {args.out} "
+          f"(input: {exports.input_description(model, args.with_preprocessing)})")
     return 0

@@ -28,9 +28,10 @@ from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.layers.resnet import MaxPoolZeroPad
 from keras_vit.models.axial_resnet_family import AxialResNetConfig, axial_spans
 from keras_vit.models.config_model import model_from_config
+from keras_vit.models.export_method import DeploymentExport
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class AxialResNet(TraceTrainStepOnce, keras.Model):
+class AxialResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
     """AxialResNet: a functional model whose layers carry the original's module names.
 
     Args:

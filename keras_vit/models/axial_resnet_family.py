@@ -319,7 +319,7 @@ Example:
 
 
 def _make_record():
-    from keras_vit.models.family import ModelFamily
+    from keras_vit.models.family import IMAGENET_NORMALIZATION, ModelFamily
 
     return ModelFamily(
         name="axial_resnet",
@@ -340,6 +340,7 @@ def _make_record():
         card=_card,
         weights_lower_bound=_weights_lower_bound,
         constructor_doc=DOC,
+        input_normalization=IMAGENET_NORMALIZATION,  # the original's (torchvision's) ImageNet mean and std
     )
 
 

@@ -19,10 +19,11 @@ from keras_vit.backend_workarounds import TraceTrainStepOnce
 from keras_vit.layers.resnet import GroupNorm, MaxPoolZeroPad, PreActResNetStage, StdConv2D
 from keras_vit.models.config import BIT_NUMERICS, BiTConfig
 from keras_vit.models.config_model import model_from_config
+from keras_vit.models.export_method import DeploymentExport
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class BiTResNet(TraceTrainStepOnce, keras.Model):
+class BiTResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
     """BiT ResNet-v2: a functional model whose layers carry big_transfer's module names.
 
     Args:

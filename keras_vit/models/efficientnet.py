@@ -37,6 +37,7 @@ from keras_vit import compilation
 from keras_vit.backend_workarounds import TraceTrainStepOnce
 from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.models.config_model import model_from_config
+from keras_vit.models.export_method import DeploymentExport
 from keras_vit.models.efficientnet_family import (
     BATCH_NORM_EPSILON,
     BATCH_NORM_MOMENTUM,
@@ -63,7 +64,7 @@ def _bn_variables(bn):
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class EfficientNet(TraceTrainStepOnce, keras.Model):
+class EfficientNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
     """EfficientNet: a functional model whose layers carry timm's module paths.
 
     Args:

@@ -493,6 +493,7 @@ def _make_record():
         weights_lower_bound=_weights_lower_bound,
         constructor_doc=DOC,
         doc_fields=_doc_fields,
+        input_normalization=(IMAGENET_MEAN, IMAGENET_STD),
     )
 
 

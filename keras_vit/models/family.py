@@ -52,6 +52,12 @@ from keras_vit.models.config import (
 )
 
 
+#: (mean, std) per channel of [0, 1] pixels that map them to [-1, 1], the original ViT's input.
+SIGNED_UNIT_NORMALIZATION = ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+#: (mean, std) of ImageNet, torchvision's normalisation (and timm's default).
+IMAGENET_NORMALIZATION = ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
+
+
 def _resolve(reference):
     """A callable or object named "module:attribute" (imported now), or `reference` itself."""
     if isinstance(reference, str) and ":" in reference:
@@ -105,6 +111,12 @@ class ModelFamily:
         row_overridable: fields of a row that a constructor's `**overrides` may still change.
         npz_format: the checkpoint format (a `checkpoints.registry` name) that writes the
             family's original .npz layout, or None when it has none.
+        input_normalization: (mean, std) per channel of [0, 1] pixels: the model takes
+            `(pixels / 255 - mean) / std` (default ViT's [-1, 1]: mean = std = 0.5). Export's
+            `with_preprocessing` applies it inside the artefact.
+        int8: whether the model has keras_vit's int8 (`quantize("int8")`, remembered in its
+            config so a saved int8 model reloads int8), which `export_model(..., int8=True)`
+            needs.
     """
 
     name: str
@@ -133,6 +145,8 @@ class ModelFamily:
     constructor_owned: tuple = ()
     row_overridable: tuple = ()
     npz_format: Optional[str] = None
+    input_normalization: tuple = SIGNED_UNIT_NORMALIZATION
+    int8: bool = False
 
     # --- the model --------------------------------------------------------------------------
 
@@ -500,6 +514,7 @@ VIT = ModelFamily(
     constructor_owned=("dynamic_image_size",),
     row_overridable=("classifier", "patch_size"),  # a gap variant; FlexiViT's other patch sizes
     npz_format="npz",
+    int8=True,
 )
 
 

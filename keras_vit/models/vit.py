@@ -13,6 +13,7 @@ from keras_vit.layers.resnet import GroupNorm, MaxPoolSame, ResNetStage, StdConv
 from keras_vit.layers.transformer import ClassToken, EncoderBlock, PatchEmbedding, TokenPooling
 from keras_vit.models.config import KERAS_MODEL_ARGS, ViTConfig, check_keywords
 from keras_vit.models.config_model import expose_config_fields, model_from_config
+from keras_vit.models.export_method import DeploymentExport
 
 _POSITION_LAYERS = {
     "learned": PositionEmbedding,
@@ -103,7 +104,7 @@ def _graph(config, dtype):
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class VisionTransformer(TraceTrainStepOnce, TorchOnBatchInputs, keras.Model):
+class VisionTransformer(DeploymentExport, TraceTrainStepOnce, TorchOnBatchInputs, keras.Model):
     """Vision Transformer (Dosovitskiy et al., 2021), optionally on a BiT ResNet (R+ViT hybrids).
 
     A functional model: its layers carry the original Flax module names, and `get_config()`
@@ -228,21 +229,6 @@ class VisionTransformer(TraceTrainStepOnce, TorchOnBatchInputs, keras.Model):
     def encoder_blocks(self):
         """The EncoderBlock layers in order."""
         return [self.get_layer(f"encoderblock_{i}") for i in range(self.num_layers)]
-
-    def export(self, filepath, format="tf_saved_model", verbose=None, input_signature=None, **kwargs):
-        """Keras' `Model.export`, through `keras_vit.export.export_model`: "tf_saved_model",
-        "onnx" and "litert" from any backend (TensorFlow writes them), with that function's
-        options (`int8`, `image_size`, `with_preprocessing`); other formats go to Keras."""
-        from keras_vit import export as exports
-
-        if str(format).lower() not in exports.FORMATS:
-            return super().export(filepath, format=format, verbose=verbose, input_signature=input_signature, **kwargs)
-        if input_signature is not None:
-            raise exports.ExportError(
-                "keras_vit models export with their own input signature (any batch size, the model's image size; "
-                "uint8 images of any size with with_preprocessing=True). Use image_size=... to change the size."
-            )
-        return exports.export_model(self, filepath, format, verbose=bool(verbose), **kwargs)
 
     def get_config(self):
         return {**self.config.to_dict(), "name": self.name, "trainable": self.trainable}
