@@ -35,7 +35,7 @@ def _import_public_api():
     # === Data, training, analysis, distribution, performance ===
     from keras_vit import analysis, data, performance, training  # noqa: F401
     from keras_vit.distribution import get_layout_map  # noqa: F401
-    from keras_vit.export import export_model, export_models  # noqa: F401  (TensorFlow loads on use)
+    from keras_vit.export import export_many, export_model, export_models  # noqa: F401  (TensorFlow loads on use)
     from keras_vit.models import ViTConfig, feature_extractor  # noqa: F401
 
     public = {k: v for k, v in locals().items() if k not in ("ALL_CONSTRUCTORS", "model_classes", "family")}
