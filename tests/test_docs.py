@@ -157,7 +157,7 @@ import json, os, sys, traceback
 # {path: [{"where", "code"}]}: each file's blocks in order, in its own namespace and working folder.
 files, results = json.loads(sys.stdin.read()), {}
 for number, (path, blocks) in enumerate(files.items()):
-    if len(files) > 1:  # the files of a shared process start from a clean Keras session
+    if "keras" in sys.modules:  # the later files of a shared process start from a clean Keras session
         import keras
         keras.config.set_dtype_policy("float32")
         keras.utils.clear_session()
@@ -239,14 +239,15 @@ def test_python_blocks_run(path, tmp_path, request):
 _COMMANDS = r"""
 import json, shlex, sys, traceback
 from importlib.metadata import entry_points
-import keras
 (script,) = entry_points(group="console_scripts", name="keras-vit")
 entry = script.load()
 for where, command in json.loads(sys.stdin.read()):
     print(f"--- {where}: {command}", flush=True)
     print(f"--- {where}: {command}", file=sys.stderr, flush=True)
-    keras.config.set_dtype_policy("float32")
-    keras.utils.clear_session()
+    if "keras" in sys.modules:  # after the first command (which starts as the console script does)
+        import keras
+        keras.config.set_dtype_policy("float32")
+        keras.utils.clear_session()
     try:
         status = entry(shlex.split(command, comments=True)[1:])
     except SystemExit as stop:
