@@ -287,11 +287,13 @@ def _checked_job(model, job):
     size = _size_pair(job.get("image_size"))
     with_preprocessing = bool(job.get("with_preprocessing", False))
     family = _family(model)
+    cls = type(model).__name__
+    what_model = family.title if family.title == cls else f"{family.title} ({cls})"
     mode = _quantization_mode(model)
     if (int8 or mode is not None) and not family.int8:
         what = "int8=True is not available for" if int8 else f"A {mode}-quantized model cannot be exported for"
         raise ExportError(
-            f"{what} this {family.title} ({type(model).__name__}): keras_vit's int8 (quantize('int8') remembered in "
+            f"{what} this {what_model}: keras_vit's int8 (quantize('int8') remembered in "
             "the model's config, so a saved int8 model reloads int8, and which every format's int8 mirrors) exists "
             f"for the Vision Transformer only. Export the float {family.title} without int8."
         )
@@ -315,7 +317,7 @@ def _checked_job(model, job):
         if family.dynamic_size is None and family.source_grid is None:
             built = "x".join(str(s) for s in _model_size(model))
             raise ExportError(
-                f"image_size cannot change this {family.title} ({type(model).__name__}, built at {built}): the shapes of its "
+                f"image_size cannot change this {what_model}, built at {built}: the shapes of its "
                 "weights depend on the image size (AxialResNet: the attention spans' relative embeddings) and nothing "
                 "resizes them. Export at the model's own size (image_size=None)."
             )
