@@ -94,14 +94,14 @@ def pytest_configure(config):
 LONG_MODULES = {
     "jax": ("test_docs", "test_cache_faults", "test_export", "test_distribution_jax", "test_multihost_finetune",
             "test_demo", "test_bit", "test_resume", "test_hub_pytorch_bin", "test_hub", "test_vtab",
-            "test_applications", "test_model_variants", "test_efficientnet", "test_training_fit",
-            "test_saving_precision", "test_training_pilot", "test_recipes_optax", "test_remat", "test_cli_errors",
-            "test_flexi", "test_big_vision", "test_loading", "test_cli_train", "test_models", "test_flops",
-            "test_checkpoints", "test_performance", "test_quantize"),
+            "test_applications", "test_model_variants", "test_efficientnet", "test_export_families",
+            "test_training_fit", "test_saving_precision", "test_training_pilot", "test_recipes_optax", "test_remat",
+            "test_cli_errors", "test_flexi", "test_big_vision", "test_loading", "test_cli_train", "test_models",
+            "test_flops", "test_checkpoints", "test_performance", "test_quantize"),
     "other": ("test_docs", "test_export", "test_saving_precision", "test_bit", "test_demo", "test_performance",
               "test_applications", "test_training_fit", "test_model_variants", "test_resume", "test_efficientnet",
-              "test_distribution_tf", "test_checkpoints", "test_models", "test_quantize", "test_dynamic_size",
-              "test_analysis"),
+              "test_export_families", "test_distribution_tf", "test_checkpoints", "test_models", "test_quantize",
+              "test_dynamic_size", "test_analysis"),
 }
 
 

@@ -2,8 +2,8 @@
 hybrid, run by their own runtimes (tf.saved_model, onnxruntime, ai-edge-litert) against Keras'
 predict on the same inputs; int8 artefacts against the float model; the CLI; clear errors.
 
-On JAX and PyTorch the artefacts come from a TensorFlow subprocess, so each model's artefacts
-are written in one `export_models` call (one rebuild)."""
+On JAX and PyTorch the artefacts come from a TensorFlow subprocess, so the three models'
+artefacts are written in one `export_many` call (one process, one rebuild each)."""
 
 import os
 
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import keras_vit
-from keras_vit.export import ExportError, export_model, export_models
+from keras_vit.export import ExportError, export_many, export_model
 from tests.conftest import BACKEND, TINY, TINY_HYBRID, randomize
 
 tf = pytest.importorskip("tensorflow")
@@ -67,10 +67,12 @@ def float_images(n, size, seed):
 
 
 @pytest.fixture(scope="module")
-def vit_exports(tmp_path_factory):
-    out = tmp_path_factory.mktemp("vit")
-    model = randomize(keras_vit.VisionTransformer(**VIT), seed=1)
-    jobs = {
+def exports(tmp_path_factory):
+    """The artefacts of the module's three models, written by one `export_many` call (on JAX and
+    PyTorch one TensorFlow process): {name: (model, {artefact: path})}."""
+    out = tmp_path_factory.mktemp("exports")
+    vit = randomize(keras_vit.VisionTransformer(**VIT), seed=1)
+    vit_jobs = {
         "saved_model": dict(path=str(out / "sm"), format="tf_saved_model"),
         "onnx": dict(path=str(out / "vit.onnx"), format="onnx"),
         "litert": dict(path=str(out / "vit.tflite"), format="litert"),
@@ -79,17 +81,28 @@ def vit_exports(tmp_path_factory):
         "litert_int8": dict(path=str(out / "vit_int8.tflite"), format="litert", int8=True),
         "litert_pre": dict(path=str(out / "vit_pre.tflite"), format="litert", with_preprocessing=True),
     }
-    export_models(model, list(jobs.values()))
-    return model, {k: v["path"] for k, v in jobs.items()}
+    hybrid = randomize(keras_vit.VisionTransformer(**HYBRID), seed=2, scale=0.3)
+    hybrid_jobs = {f: dict(path=str(out / p), format=f) for f, p in
+                   (("saved_model", "hybrid_sm"), ("onnx", "hybrid.onnx"), ("litert", "hybrid.tflite"))}
+    # A model that takes images of any size: with preprocessing, the artefact resizes uint8 images
+    # of any size to the size the model was built at (as keras_vit.data does); without, it takes
+    # float images of any size the patch divides.
+    dynamic = randomize(keras_vit.VisionTransformer(**dict(VIT, dynamic_image_size=True)), seed=9)
+    dynamic_jobs = {"pre": dict(path=str(out / "pre.onnx"), format="onnx", with_preprocessing=True),
+                    "plain": dict(path=str(out / "any.onnx"), format="onnx")}
+    models = {"vit": (vit, vit_jobs), "hybrid": (hybrid, hybrid_jobs), "dynamic": (dynamic, dynamic_jobs)}
+    export_many([(model, list(jobs.values())) for model, jobs in models.values()])
+    return {name: (model, {k: v["path"] for k, v in jobs.items()}) for name, (model, jobs) in models.items()}
 
 
 @pytest.fixture(scope="module")
-def hybrid_exports(tmp_path_factory):
-    out = tmp_path_factory.mktemp("hybrid")
-    model = randomize(keras_vit.VisionTransformer(**HYBRID), seed=2, scale=0.3)
-    paths = {"saved_model": str(out / "sm"), "onnx": str(out / "hybrid.onnx"), "litert": str(out / "hybrid.tflite")}
-    export_models(model, [dict(path=p, format=f) for f, p in paths.items()])
-    return model, paths
+def vit_exports(exports):
+    return exports["vit"]
+
+
+@pytest.fixture(scope="module")
+def hybrid_exports(exports):
+    return exports["hybrid"]
 
 
 # === Float parity ===
@@ -133,14 +146,10 @@ def test_with_preprocessing_takes_uint8_images_of_any_size(vit_exports):
     assert relative_error(run_litert(paths["litert_pre"], other), expected) <= BAR
 
 
-def test_dynamic_image_size_model_exports_with_and_without_preprocessing(tmp_path):
-    # A model that takes images of any size: with preprocessing, the artefact resizes uint8 images
-    # of any size to the size the model was built at (as keras_vit.data does); without, it takes
-    # float images of any size the patch divides.
-    model = randomize(keras_vit.VisionTransformer(**dict(VIT, dynamic_image_size=True)), seed=9)
+def test_dynamic_image_size_model_exports_with_and_without_preprocessing(exports):
+    model, paths = exports["dynamic"]
     assert model.input_shape == (None, None, None, 3) and model.image_size == (32, 32)
-    pre, plain = str(tmp_path / "pre.onnx"), str(tmp_path / "any.onnx")
-    export_models(model, [dict(path=pre, format="onnx", with_preprocessing=True), dict(path=plain, format="onnx")])
+    pre, plain = paths["pre"], paths["plain"]
     pixels = np.random.default_rng(4).integers(0, 256, (3, 45, 37, 3)).astype("uint8")
     resized = tf.image.resize(pixels.astype("float32"), (32, 32), method="bilinear").numpy()
     expected = model.predict(keras_vit.preprocess_input(resized), verbose=0)
