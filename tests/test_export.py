@@ -241,7 +241,7 @@ def test_cli_exports_onnx_with_preprocessing_at_a_new_size(tiny_preset, tmp_path
         (["--format", "litert"], "A LiteRT artefact is a file ending in '.tflite'"),
         (["--format", "saved_model"], "looks like a file"),
         (["--format", "onnx", "--image-size", "30"], "not divisible by the patch size 8"),
-        (["--format", "onnx", "--image-size", "32", "32", "32"], "--image-size takes H or H W"),
+        (["--format", "onnx", "--image-size", "32", "32", "32"], "--image-size takes one number of pixels for a square input (384) or HEIGHTxWIDTH (384x512, or 384,512), or H W; got 32 32 32."),
     ],
 )
 def test_cli_errors_are_one_line(argv, message, tiny_preset, tmp_path, capsys):
