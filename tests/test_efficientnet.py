@@ -53,6 +53,27 @@ def _trainable_count(model):
 # === Parameter counts and FLOPs ===
 
 
+@pytest.mark.backend_independent  # graph construction only
+def test_l2_builds_from_a_deep_caller():
+    """L2's functional graph is about 1,050 layers deep, and Keras maps it by recursing once per
+    layer: from a caller already 600 frames deep (a notebook, a test runner's thread) that passed
+    Python's default limit of 1,000 frames. The model raises the limit while it builds, and
+    restores it."""
+    import sys
+
+    limit = sys.getrecursionlimit()
+
+    def build_at_depth(depth):
+        if depth:
+            return build_at_depth(depth - 1)
+        with shapes_only():
+            return keras_vit.EfficientNetL2(weights=None, input_shape=(64, 64, 3))
+
+    model = build_at_depth(600)
+    assert _trainable_count(model) == EFFICIENTNET_ARCHITECTURES["EfficientNetL2"].params
+    assert sys.getrecursionlimit() == limit
+
+
 @pytest.mark.backend_independent  # shapes only
 @pytest.mark.parametrize("name", sorted(EFFICIENTNET_ARCHITECTURES))
 def test_parameter_counts_equal_timm(name):

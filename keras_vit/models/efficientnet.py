@@ -31,6 +31,9 @@ Its weight tree keeps timm's module paths with Keras layouts and leaf names (`co
 files into it.
 """
 
+import contextlib
+import sys
+
 import keras
 
 from keras_vit import compilation
@@ -47,6 +50,17 @@ from keras_vit.models.efficientnet_family import (
     head_channels,
     stem_channels,
 )
+
+
+@contextlib.contextmanager
+def _recursion_limit(frames):
+    """Python's recursion limit raised to at least `frames` for the block (restored after)."""
+    before = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(before, frames))
+    try:
+        yield
+    finally:
+        sys.setrecursionlimit(before)
 
 
 def _conv_init():
@@ -179,7 +193,11 @@ class EfficientNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
             x = keras.layers.GlobalAveragePooling2D(dtype=dtype, name="global_pool")(x)
         elif pooling == "max":
             x = keras.layers.GlobalMaxPooling2D(dtype=dtype, name="global_max_pool")(x)
-        super().__init__(inputs=images, outputs=x, name=name or "efficientnet", **kwargs)
+        # Keras maps a functional graph by recursing once per layer along its longest path: about
+        # 1,050 layers for L2, over Python's default limit of 1,000 frames (reached sooner from a
+        # deeper caller such as a notebook or a test runner's thread).
+        with _recursion_limit(20 * len(plan) + 2_000):
+            super().__init__(inputs=images, outputs=x, name=name or "efficientnet", **kwargs)
         compilation.configure_model(self)
 
         # === Config ===
