@@ -22,6 +22,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit.layers.init_scope import initializer as _init
+from keras_vit.layers.resnet import batch_norm_variables
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
 
@@ -41,10 +42,6 @@ def _batch_norm(name, axis, epsilon, dtype):
     return keras.layers.BatchNormalization(
         axis=axis, epsilon=epsilon, momentum=BATCH_NORM_MOMENTUM, dtype=dtype, name=name
     )
-
-
-def _bn_variables(bn):
-    return {"gamma": bn.gamma, "beta": bn.beta, "moving_mean": bn.moving_mean, "moving_variance": bn.moving_variance}
 
 
 @register
@@ -145,7 +142,7 @@ class AxialAttention(keras.layers.Layer):
         """{name: variable} under the original's module names (`qkv_transform/kernel`, ...)."""
         tree = {"qkv_transform/kernel": self.qkv_kernel, "relative": self.relative}
         for bn in (self.bn_qkv, self.bn_similarity, self.bn_output):
-            tree.update({f"{bn.name}/{k}": v for k, v in _bn_variables(bn).items()})
+            tree.update({f"{bn.name}/{k}": v for k, v in batch_norm_variables(bn).items()})
         return tree
 
     def get_config(self):
@@ -242,13 +239,13 @@ class AxialBlock(keras.layers.Layer):
         """{name: variable} under the original's module names (`conv_down/kernel`,
         `hight_block/relative`, `downsample/0/kernel`, `downsample/1/gamma`, ...)."""
         tree = {"conv_down/kernel": self.conv_down.kernel, "conv_up/kernel": self.conv_up.kernel}
-        tree.update({f"bn1/{k}": v for k, v in _bn_variables(self.bn1).items()})
-        tree.update({f"bn2/{k}": v for k, v in _bn_variables(self.bn2).items()})
+        tree.update({f"bn1/{k}": v for k, v in batch_norm_variables(self.bn1).items()})
+        tree.update({f"bn2/{k}": v for k, v in batch_norm_variables(self.bn2).items()})
         for block in (self.hight_block, self.width_block):
             tree.update({f"{block.name}/{k}": v for k, v in block.weight_tree_variables().items()})
         if self.downsample:
             tree["downsample/0/kernel"] = self.down_conv.kernel
-            tree.update({f"downsample/1/{k}": v for k, v in _bn_variables(self.down_bn).items()})
+            tree.update({f"downsample/1/{k}": v for k, v in batch_norm_variables(self.down_bn).items()})
         return tree
 
     def get_config(self):

@@ -14,6 +14,13 @@ from keras import ops
 
 from keras_vit.layers.init_scope import initializer as _init
 
+
+def batch_norm_variables(bn):
+    """{leaf: keras.Variable} of a BatchNormalization layer in the canonical weight tree (the
+    names PyTorch's running statistics are read into)."""
+    return {"gamma": bn.gamma, "beta": bn.beta, "moving_mean": bn.moving_mean, "moving_variance": bn.moving_variance}
+
+
 register = keras.saving.register_keras_serializable(package="keras_vit")
 
 

@@ -23,7 +23,8 @@ import keras
 
 from keras_vit import compilation
 from keras_vit.backend_workarounds import TraceTrainStepOnce
-from keras_vit.layers.axial import BATCH_NORM_EPSILON, BATCH_NORM_MOMENTUM, AxialBlock, _bn_variables
+from keras_vit.layers.axial import BATCH_NORM_EPSILON, BATCH_NORM_MOMENTUM, AxialBlock
+from keras_vit.layers.resnet import batch_norm_variables
 from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.layers.resnet import MaxPoolZeroPad
 from keras_vit.models.axial_resnet_family import AxialResNetConfig, axial_spans
@@ -141,7 +142,7 @@ class AxialResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
     def weight_tree_variables(self):
         """{canonical key: keras.Variable}: the original's module paths, Keras layouts."""
         tree = {"conv1/kernel": self.get_layer("conv1").kernel}
-        tree.update({f"bn1/{k}": v for k, v in _bn_variables(self.get_layer("bn1")).items()})
+        tree.update({f"bn1/{k}": v for k, v in batch_norm_variables(self.get_layer("bn1")).items()})
         for stage, units in enumerate(self.block_units):
             for unit in range(units):
                 block = self.get_layer(f"layer{stage + 1}_{unit}")

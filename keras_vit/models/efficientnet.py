@@ -39,6 +39,7 @@ import keras
 from keras_vit import compilation
 from keras_vit.backend_workarounds import TraceTrainStepOnce
 from keras_vit.layers.init_scope import initializer as _init
+from keras_vit.layers.resnet import batch_norm_variables
 from keras_vit.models.config_model import model_from_config
 from keras_vit.models.export_method import DeploymentExport
 from keras_vit.models.efficientnet_family import (
@@ -71,10 +72,6 @@ def _conv_init():
 def _layer_name(path):
     """A Keras layer name for a weight-tree path ("blocks/1/0/conv_dw" -> "blocks_1_0_conv_dw")."""
     return path.replace("/", "_")
-
-
-def _bn_variables(bn):
-    return {"gamma": bn.gamma, "beta": bn.beta, "moving_mean": bn.moving_mean, "moving_variance": bn.moving_variance}
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
@@ -225,9 +222,7 @@ class EfficientNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
         def add(path, leaves):
             layer = self.get_layer(_layer_name(path))
             if isinstance(layer, keras.layers.BatchNormalization):
-                tree.update({f"{path}/{k}": v for k, v in _bn_variables(layer).items()})
-            elif isinstance(layer, keras.layers.DepthwiseConv2D):
-                tree[f"{path}/kernel"] = layer.kernel
+                tree.update({f"{path}/{k}": v for k, v in batch_norm_variables(layer).items()})
             else:
                 tree[f"{path}/kernel"] = layer.kernel
                 if "bias" in leaves:

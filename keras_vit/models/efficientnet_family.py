@@ -26,6 +26,7 @@ import dataclasses
 import math
 
 from keras_vit.models.config import FieldGroupConfig
+from keras_vit.models.family import IMAGENET_NORMALIZATION
 
 #: TensorFlow's BatchNorm epsilon, which the TF ports keep (timm's BN_EPS_TF_DEFAULT).
 BATCH_NORM_EPSILON = 1e-3
@@ -54,8 +55,7 @@ SE_RATIO = 0.25
 #: The preprocessing the Noisy Student weights were evaluated with (timm's pretrained_cfg of the
 #: `ns_jft_in1k` tags): ImageNet mean and standard deviation on [0, 1] pixels, a bicubic resize of
 #: the shorter side to resolution / crop_pct, then a central crop of the resolution.
-IMAGENET_MEAN = (0.485, 0.456, 0.406)
-IMAGENET_STD = (0.229, 0.224, 0.225)
+IMAGENET_MEAN, IMAGENET_STD = IMAGENET_NORMALIZATION
 INTERPOLATION = "bicubic"
 
 
@@ -493,7 +493,7 @@ def _make_record():
         weights_lower_bound=_weights_lower_bound,
         constructor_doc=DOC,
         doc_fields=_doc_fields,
-        input_normalization=(IMAGENET_MEAN, IMAGENET_STD),
+        input_normalization=IMAGENET_NORMALIZATION,
     )
 
 
