@@ -15,8 +15,7 @@ from keras_vit.layers.position import PositionEmbedding
 from keras_vit.layers.quantized import Dense
 from keras_vit.layers.transformer import PatchEmbedding
 from keras_vit.models.axial_vit_family import AxialViTConfig
-from keras_vit.models.config import KERAS_MODEL_ARGS, check_keywords
-from keras_vit.models.config_model import expose_config_fields, model_from_config
+from keras_vit.models.config_model import config_from_arguments, expose_config_fields, model_from_config
 from keras_vit.models.export_method import DeploymentExport
 
 
@@ -85,15 +84,7 @@ class AxialVisionTransformer(DeploymentExport, TraceTrainStepOnce, keras.Model):
     """
 
     def __init__(self, config=None, /, *, name=None, dtype=None, trainable=True, **kwargs):
-        check_keywords(kwargs, AxialViTConfig.fields() + KERAS_MODEL_ARGS, "AxialVisionTransformer")
-        if config is None:
-            config = AxialViTConfig(**kwargs)
-        elif isinstance(config, dict):
-            config = AxialViTConfig.from_dict({**config, **kwargs})
-        elif isinstance(config, AxialViTConfig):
-            config = config.replace(**kwargs) if kwargs else config
-        else:
-            raise TypeError(f"AxialVisionTransformer takes an AxialViTConfig or keyword arguments; got {type(config).__name__}.")
+        config = config_from_arguments(AxialViTConfig, config, kwargs, "AxialVisionTransformer")
         activation = config.classifier_activation
         if activation is None:
             config = config.replace(classifier_activation="linear")

@@ -5,7 +5,40 @@ import inspect
 
 import keras
 
-from keras_vit.models.config import KERAS_MODEL_ARGS
+from keras_vit.models.config import KERAS_MODEL_ARGS, check_keywords
+
+
+def config_from_arguments(config_class, config, kwargs, what, required=()):
+    """The `config_class` instance a model constructor was given: `config` itself (a
+    `config_class`, with `kwargs` applied), a dict such as `get_config()` (Keras' own arguments
+    dropped), or None for `kwargs` alone, which must then hold the `required` fields. Unknown
+    keywords raise a TypeError with a suggestion.
+
+    Example:
+        >>> from keras_vit.models.config import BiTConfig
+        >>> config_from_arguments(BiTConfig, {"block_units": [1], "name": "m"}, {"width_factor": 0.5}, "f").block_units
+        (1,)
+    """
+    check_keywords(kwargs, config_class.fields() + KERAS_MODEL_ARGS, what)
+    if config is None:
+        missing = [f for f in required if f not in kwargs]
+        if missing:
+            raise TypeError(f"{what} needs {', '.join(missing)} (missing: {', '.join(missing)}).")
+        return config_class(**kwargs)
+    if isinstance(config, dict):
+        return config_class.from_dict({**config, **kwargs})
+    if isinstance(config, config_class):
+        return config.replace(**kwargs) if kwargs else config
+    article = "an" if config_class.__name__[0] in "AEIOU" else "a"
+    raise TypeError(
+        f"{what} takes {article} {config_class.__name__} or keyword arguments; got {type(config).__name__}."
+    )
+
+
+def serialized_activation(activation):
+    """`activation` (a name, a callable or None) as a model config keeps it: Keras' serialised
+    form ("softmax"; "linear" for None)."""
+    return keras.activations.serialize(keras.activations.get(activation))
 
 
 def model_from_config(cls, config):

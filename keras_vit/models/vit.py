@@ -11,8 +11,8 @@ from keras_vit.layers.position import PositionEmbedding, PositionEmbedding2D, Si
 from keras_vit.layers.quantized import Dense
 from keras_vit.layers.resnet import GroupNorm, MaxPoolSame, ResNetStage, StdConv2D
 from keras_vit.layers.transformer import ClassToken, EncoderBlock, PatchEmbedding, TokenPooling
-from keras_vit.models.config import KERAS_MODEL_ARGS, ViTConfig, check_keywords
-from keras_vit.models.config_model import expose_config_fields, model_from_config
+from keras_vit.models.config import ViTConfig
+from keras_vit.models.config_model import config_from_arguments, expose_config_fields, model_from_config
 from keras_vit.models.export_method import DeploymentExport
 
 _POSITION_LAYERS = {
@@ -174,18 +174,9 @@ class VisionTransformer(DeploymentExport, TraceTrainStepOnce, TorchOnBatchInputs
     """
 
     def __init__(self, config=None, /, *, name=None, dtype=None, trainable=True, **kwargs):
-        check_keywords(kwargs, ViTConfig.fields() + KERAS_MODEL_ARGS, "VisionTransformer")
-        if config is None:
-            missing = [f for f in ViTConfig.fields("architecture")[:6] if f not in kwargs]
-            if missing:
-                raise TypeError(f"VisionTransformer needs {', '.join(missing)} (missing: {', '.join(missing)}).")
-            config = ViTConfig(**kwargs)
-        elif isinstance(config, dict):
-            config = ViTConfig.from_dict({**config, **kwargs})
-        elif isinstance(config, ViTConfig):
-            config = config.replace(**kwargs) if kwargs else config
-        else:
-            raise TypeError(f"VisionTransformer takes a ViTConfig or keyword arguments; got {type(config).__name__}.")
+        config = config_from_arguments(
+            ViTConfig, config, kwargs, "VisionTransformer", required=ViTConfig.fields("architecture")[:6]
+        )
         activation = config.classifier_activation
         if activation is None:
             config = config.replace(classifier_activation="linear")  # Keras' name for no activation
