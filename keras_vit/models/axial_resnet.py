@@ -23,17 +23,27 @@ import keras
 
 from keras_vit import compilation
 from keras_vit.backend_workarounds import TraceTrainStepOnce
-from keras_vit.layers.axial import BATCH_NORM_EPSILON, BATCH_NORM_MOMENTUM, AxialBlock
-from keras_vit.layers.resnet import batch_norm_variables
+from keras_vit.layers.axial import BATCH_NORM_MOMENTUM, AxialBlock
 from keras_vit.layers.init_scope import initializer as _init
-from keras_vit.layers.resnet import MaxPoolZeroPad
-from keras_vit.models.axial_resnet_family import AxialResNetConfig, axial_spans
-from keras_vit.models.config_model import model_from_config
+from keras_vit.layers.resnet import MaxPoolZeroPad, batch_norm_variables
+from keras_vit.models.axial_resnet_family import AxialResNetConfig
+from keras_vit.models.config_model import (
+    config_from_arguments,
+    expose_config_fields,
+    model_from_config,
+    serialized_activation,
+)
 from keras_vit.models.export_method import DeploymentExport
+
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class AxialResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
     """AxialResNet: a functional model whose layers carry the original's module names.
+
+    The arguments are the fields of `keras_vit.models.axial_resnet_family.AxialResNetConfig`
+    (normalised and validated there; `model.config` is that object, and each field reads as a
+    model attribute: `model.width_multiplier`, ...); an AxialResNetConfig may also be passed as
+    the only positional argument. Unknown keyword arguments raise a TypeError with a suggestion.
 
     Args:
         image_size: int or (height, width), square; sets every block's attention span (224 for
@@ -49,7 +59,7 @@ class AxialResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
         classifier_activation: activation of the head ("softmax", None for logits, ...).
         batch_norm_epsilon: every BatchNorm's epsilon (PyTorch's 1e-5).
         num_channels: input channels.
-        name, dtype: as for any Keras model.
+        name, dtype, trainable: as for any Keras model.
 
     Example:
         >>> model = AxialResNet(image_size=32, block_units=(1, 1), width_multiplier=0.25, classes=10)
@@ -57,28 +67,8 @@ class AxialResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
         (None, 10)
     """
 
-    def __init__(
-        self,
-        *,
-        image_size=224,
-        block_units=(3, 4, 6, 3),
-        width_multiplier=0.5,
-        groups=8,
-        classes=1000,
-        include_top=True,
-        pooling=None,
-        classifier_activation="softmax",
-        batch_norm_epsilon=BATCH_NORM_EPSILON,
-        num_channels=3,
-        name=None,
-        dtype=None,
-        **kwargs,
-    ):
-        config = AxialResNetConfig(
-            image_size=image_size, block_units=block_units, width_multiplier=width_multiplier, groups=groups,
-            classes=classes, num_channels=num_channels, batch_norm_epsilon=batch_norm_epsilon,
-            include_top=include_top, pooling=pooling, classifier_activation=classifier_activation,
-        )
+    def __init__(self, config=None, /, *, name=None, dtype=None, trainable=True, **kwargs):
+        config = config_from_arguments(AxialResNetConfig, config, kwargs, "AxialResNet")
         height, width = config.image_size
         spans = config.spans
         s, eps = config.width_multiplier, config.batch_norm_epsilon
@@ -106,28 +96,25 @@ class AxialResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
                     epsilon=eps, dtype=dtype, name=f"layer{stage + 1}_{unit}",
                 )(x)
                 inplanes = AxialBlock.expansion * planes
-        if include_top:
+        if config.include_top:
             x = keras.layers.GlobalAveragePooling2D(dtype=dtype, name="avgpool")(x)
             x = keras.layers.Dense(config.classes, dtype=dtype, name="fc")(x)
-            x = keras.layers.Activation(classifier_activation, dtype="float32", name="predictions")(x)
-        elif pooling in ("avg", "gap"):
+            x = keras.layers.Activation(config.classifier_activation, dtype="float32", name="predictions")(x)
+        elif config.pooling in ("avg", "gap"):
             x = keras.layers.GlobalAveragePooling2D(dtype=dtype, name="avgpool")(x)
-        elif pooling == "max":
+        elif config.pooling == "max":
             x = keras.layers.GlobalMaxPooling2D(dtype=dtype, name="maxpool_features")(x)
-        super().__init__(inputs=images, outputs=x, name=name or "axial_resnet", **kwargs)
+        super().__init__(inputs=images, outputs=x, name=name or "axial_resnet", trainable=trainable)
         compilation.configure_model(self)
 
         # === Config ===
-        self.image_size = (height, width)
-        self.block_units = config.block_units
-        self.width_multiplier = config.width_multiplier
-        self.groups = config.groups
-        self.classes = config.classes
-        self.include_top = config.include_top
-        self.pooling = pooling
-        self.classifier_activation = keras.activations.serialize(keras.activations.get(classifier_activation))
-        self.batch_norm_epsilon = eps
-        self.num_channels = config.num_channels
+        activation = serialized_activation(config.classifier_activation)
+        self._axial_resnet_config = config.replace(classifier_activation=activation)
+
+    @property
+    def config(self):
+        """The model's `AxialResNetConfig` (every constructor argument, normalised)."""
+        return self._axial_resnet_config
 
     @property
     def stride(self):
@@ -137,7 +124,7 @@ class AxialResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
     @property
     def spans(self):
         """[(span, stride)] of every block, in order."""
-        return axial_spans(self.image_size, self.block_units)
+        return self.config.spans
 
     def weight_tree_variables(self):
         """{canonical key: keras.Variable}: the original's module paths, Keras layouts."""
@@ -154,21 +141,12 @@ class AxialResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
         return tree
 
     def get_config(self):
-        return {
-            "image_size": list(self.image_size),
-            "block_units": list(self.block_units),
-            "width_multiplier": self.width_multiplier,
-            "groups": self.groups,
-            "classes": self.classes,
-            "include_top": self.include_top,
-            "pooling": self.pooling,
-            "classifier_activation": self.classifier_activation,
-            "batch_norm_epsilon": self.batch_norm_epsilon,
-            "num_channels": self.num_channels,
-            "name": self.name,
-            "trainable": self.trainable,
-        }
+        return {**self.config.to_dict(), "name": self.name, "trainable": self.trainable}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
         return model_from_config(cls, config)
+
+
+# Every config field reads as a model attribute; help() and IDEs show them as keyword arguments.
+expose_config_fields(AxialResNet, AxialResNetConfig)

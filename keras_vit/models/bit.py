@@ -17,14 +17,24 @@ from keras_vit import compilation
 from keras_vit.backend_workarounds import TraceTrainStepOnce
 
 from keras_vit.layers.resnet import GroupNorm, MaxPoolZeroPad, PreActResNetStage, StdConv2D
-from keras_vit.models.config import BIT_NUMERICS, BiTConfig
-from keras_vit.models.config_model import model_from_config
+from keras_vit.models.config import BiTConfig
+from keras_vit.models.config_model import (
+    config_from_arguments,
+    expose_config_fields,
+    model_from_config,
+    serialized_activation,
+)
 from keras_vit.models.export_method import DeploymentExport
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class BiTResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
     """BiT ResNet-v2: a functional model whose layers carry big_transfer's module names.
+
+    The arguments are the fields of `keras_vit.models.config.BiTConfig` (normalised and
+    validated there; `model.config` is that object, and each field reads as a model attribute:
+    `model.block_units`, ...); a BiTConfig may also be passed as the only positional argument.
+    Unknown keyword arguments raise a TypeError with a suggestion.
 
     Args:
         image_size: int, (height, width), or None (any size: the network is fully convolutional;
@@ -40,7 +50,7 @@ class BiTResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
         group_norm_epsilon, std_conv_epsilon, std_conv_epsilon_inside_sqrt: the numerics of the
             weights' source (default timm's, `keras_vit.models.config.BIT_NUMERICS`).
         num_channels: input channels.
-        name, dtype: as for any Keras model.
+        name, dtype, trainable: as for any Keras model.
 
     Example:
         >>> model = BiTResNet(image_size=64, block_units=(1, 1), width_factor=0.5, classes=10)
@@ -48,30 +58,8 @@ class BiTResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
         (None, 10)
     """
 
-    def __init__(
-        self,
-        *,
-        image_size=224,
-        block_units=(3, 4, 6, 3),
-        width_factor=1,
-        classes=1000,
-        include_top=True,
-        pooling=None,
-        classifier_activation="softmax",
-        group_norm_epsilon=BIT_NUMERICS["group_norm_epsilon"],
-        std_conv_epsilon=BIT_NUMERICS["std_conv_epsilon"],
-        std_conv_epsilon_inside_sqrt=BIT_NUMERICS["std_conv_epsilon_inside_sqrt"],
-        num_channels=3,
-        name=None,
-        dtype=None,
-        **kwargs,
-    ):
-        config = BiTConfig(
-            image_size=image_size, block_units=block_units, width_factor=width_factor, classes=classes,
-            include_top=include_top, pooling=pooling, classifier_activation=classifier_activation,
-            group_norm_epsilon=group_norm_epsilon, std_conv_epsilon=std_conv_epsilon,
-            std_conv_epsilon_inside_sqrt=std_conv_epsilon_inside_sqrt, num_channels=num_channels,
-        )
+    def __init__(self, config=None, /, *, name=None, dtype=None, trainable=True, **kwargs):
+        config = config_from_arguments(BiTConfig, config, kwargs, "BiTResNet")
         (height, width), block_units, width_factor = config.image_size, config.block_units, config.width_factor
         root = int(64 * width_factor)
         numerics = dict(
@@ -96,19 +84,17 @@ class BiTResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
                 config.classes, 1, kernel_initializer="zeros", bias_initializer="zeros", dtype=dtype, name="head"
             )(x)
             x = keras.layers.Flatten(dtype=dtype, name="flatten")(x)
-            x = keras.layers.Activation(classifier_activation, dtype="float32", name="predictions")(x)
+            x = keras.layers.Activation(config.classifier_activation, dtype="float32", name="predictions")(x)
         elif config.pooling in ("avg", "gap"):
             x = keras.layers.GlobalAveragePooling2D(dtype=dtype, name="pool")(x)
         elif config.pooling == "max":
             x = keras.layers.GlobalMaxPooling2D(dtype=dtype, name="pool")(x)
-        super().__init__(inputs=images, outputs=x, name=name or "bit_resnet", **kwargs)
+        super().__init__(inputs=images, outputs=x, name=name or "bit_resnet", trainable=trainable)
         compilation.configure_model(self)
 
         # === Config ===
-        activation = keras.activations.serialize(keras.activations.get(classifier_activation))
+        activation = serialized_activation(config.classifier_activation)
         self._bit_config = config.replace(classifier_activation=activation)
-        for field in BiTConfig.fields():  # model.block_units, model.image_size, ...
-            setattr(self, field, getattr(self._bit_config, field))
 
     @property
     def config(self):
@@ -118,7 +104,7 @@ class BiTResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
     @property
     def stride(self):
         """Input pixels per position of the final feature map."""
-        return 4 * 2 ** (len(self.block_units) - 1)
+        return self.config.stride
 
     @property
     def stages(self):
@@ -146,3 +132,6 @@ class BiTResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
     def from_config(cls, config, custom_objects=None):
         return model_from_config(cls, config)
 
+
+# Every config field reads as a model attribute; help() and IDEs show them as keyword arguments.
+expose_config_fields(BiTResNet, BiTConfig)

@@ -40,12 +40,15 @@ from keras_vit import compilation
 from keras_vit.backend_workarounds import TraceTrainStepOnce
 from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.layers.resnet import batch_norm_variables
-from keras_vit.models.config_model import model_from_config
+from keras_vit.models.config_model import (
+    config_from_arguments,
+    expose_config_fields,
+    model_from_config,
+    serialized_activation,
+)
 from keras_vit.models.export_method import DeploymentExport
 from keras_vit.models.efficientnet_family import (
-    BATCH_NORM_EPSILON,
     BATCH_NORM_MOMENTUM,
-    DROP_PATH_RATE,
     EfficientNetConfig,
     block_plan,
     head_channels,
@@ -78,6 +81,11 @@ def _layer_name(path):
 class EfficientNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
     """EfficientNet: a functional model whose layers carry timm's module paths.
 
+    The arguments are the fields of `keras_vit.models.efficientnet_family.EfficientNetConfig`
+    (normalised and validated there; `model.config` is that object, and each field reads as a
+    model attribute: `model.width_multiplier`, ...); an EfficientNetConfig may also be passed as
+    the only positional argument. Unknown keyword arguments raise a TypeError with a suggestion.
+
     Args:
         image_size: int or (height, width); None dimensions build a model for any size at run
             time (the network is fully convolutional).
@@ -94,7 +102,7 @@ class EfficientNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
             with probability drop_path_rate * i / n (timm's rule).
         batch_norm_epsilon: every BatchNorm's epsilon (TensorFlow's 1e-3).
         num_channels: input channels.
-        name, dtype: as for any Keras model.
+        name, dtype, trainable: as for any Keras model.
 
     Example:
         >>> model = EfficientNet(image_size=64, width_multiplier=0.25, depth_multiplier=0.3, classes=10)
@@ -102,30 +110,8 @@ class EfficientNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
         (None, 10)
     """
 
-    def __init__(
-        self,
-        *,
-        image_size=224,
-        width_multiplier=1.0,
-        depth_multiplier=1.0,
-        classes=1000,
-        include_top=True,
-        pooling=None,
-        classifier_activation="softmax",
-        dropout_rate=0.2,
-        drop_path_rate=DROP_PATH_RATE,
-        batch_norm_epsilon=BATCH_NORM_EPSILON,
-        num_channels=3,
-        name=None,
-        dtype=None,
-        **kwargs,
-    ):
-        config = EfficientNetConfig(
-            image_size=image_size, width_multiplier=width_multiplier, depth_multiplier=depth_multiplier,
-            classes=classes, num_channels=num_channels, batch_norm_epsilon=batch_norm_epsilon,
-            dropout_rate=dropout_rate, drop_path_rate=drop_path_rate, include_top=include_top, pooling=pooling,
-            classifier_activation=classifier_activation,
-        )
+    def __init__(self, config=None, /, *, name=None, dtype=None, trainable=True, **kwargs):
+        config = config_from_arguments(EfficientNetConfig, config, kwargs, "EfficientNet")
         eps = config.batch_norm_epsilon
 
         def conv(path, filters, kernel, stride=1, bias=False):
@@ -177,7 +163,7 @@ class EfficientNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
                 x = keras.layers.Add(dtype=dtype, name=_layer_name(p + "add"))([x, shortcut])
         x = conv("conv_head", head_channels(config.width_multiplier), 1)(x)
         x = silu("act2")(norm("bn2")(x))
-        if include_top:
+        if config.include_top:
             x = keras.layers.GlobalAveragePooling2D(dtype=dtype, name="global_pool")(x)
             if config.dropout_rate > 0:
                 x = keras.layers.Dropout(config.dropout_rate, dtype=dtype, name="dropout")(x)
@@ -185,30 +171,26 @@ class EfficientNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
                 config.classes, dtype=dtype, name="classifier",
                 kernel_initializer=_init(keras.initializers.VarianceScaling(1.0 / 3.0, "fan_out", "uniform")),
             )(x)
-            x = keras.layers.Activation(classifier_activation, dtype="float32", name="predictions")(x)
-        elif pooling in ("avg", "gap"):
+            x = keras.layers.Activation(config.classifier_activation, dtype="float32", name="predictions")(x)
+        elif config.pooling in ("avg", "gap"):
             x = keras.layers.GlobalAveragePooling2D(dtype=dtype, name="global_pool")(x)
-        elif pooling == "max":
+        elif config.pooling == "max":
             x = keras.layers.GlobalMaxPooling2D(dtype=dtype, name="global_max_pool")(x)
         # Keras maps a functional graph by recursing once per layer along its longest path: about
         # 1,050 layers for L2, over Python's default limit of 1,000 frames (reached sooner from a
         # deeper caller such as a notebook or a test runner's thread).
         with _recursion_limit(20 * len(plan) + 2_000):
-            super().__init__(inputs=images, outputs=x, name=name or "efficientnet", **kwargs)
+            super().__init__(inputs=images, outputs=x, name=name or "efficientnet", trainable=trainable)
         compilation.configure_model(self)
 
         # === Config ===
-        self.image_size = config.image_size
-        self.width_multiplier = config.width_multiplier
-        self.depth_multiplier = config.depth_multiplier
-        self.classes = config.classes
-        self.include_top = config.include_top
-        self.pooling = pooling
-        self.classifier_activation = keras.activations.serialize(keras.activations.get(classifier_activation))
-        self.dropout_rate = config.dropout_rate
-        self.drop_path_rate = config.drop_path_rate
-        self.batch_norm_epsilon = eps
-        self.num_channels = config.num_channels
+        activation = serialized_activation(config.classifier_activation)
+        self._efficientnet_config = config.replace(classifier_activation=activation)
+
+    @property
+    def config(self):
+        """The model's `EfficientNetConfig` (every constructor argument, normalised)."""
+        return self._efficientnet_config
 
     @property
     def stride(self):
@@ -245,22 +227,12 @@ class EfficientNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
         return tree
 
     def get_config(self):
-        return {
-            "image_size": list(self.image_size),
-            "width_multiplier": self.width_multiplier,
-            "depth_multiplier": self.depth_multiplier,
-            "classes": self.classes,
-            "include_top": self.include_top,
-            "pooling": self.pooling,
-            "classifier_activation": self.classifier_activation,
-            "dropout_rate": self.dropout_rate,
-            "drop_path_rate": self.drop_path_rate,
-            "batch_norm_epsilon": self.batch_norm_epsilon,
-            "num_channels": self.num_channels,
-            "name": self.name,
-            "trainable": self.trainable,
-        }
+        return {**self.config.to_dict(), "name": self.name, "trainable": self.trainable}
 
     @classmethod
     def from_config(cls, config, custom_objects=None):
         return model_from_config(cls, config)
+
+
+# Every config field reads as a model attribute; help() and IDEs show them as keyword arguments.
+expose_config_fields(EfficientNet, EfficientNetConfig)

@@ -14,9 +14,13 @@ line each:
 
 1. The model file, `keras_vit/models/<family>.py`: a `keras.Model` subclass registered with
    `keras.saving.register_keras_serializable(package="keras_vit")`, whose keyword arguments are
-   the fields of the family's config class, whose `get_config()` returns them (plus `name` and
-   `trainable`), and which either names its layers so that `weight_tree.weight_variables` walks
-   them or states its own tree with `weight_tree_variables()` ({canonical key: variable}).
+   the fields of the family's config class, and which either names its layers so that
+   `weight_tree.weight_variables` walks them or states its own tree with
+   `weight_tree_variables()` ({canonical key: variable}). `keras_vit.models.config_model` is the
+   plumbing every family's model uses: the constructor reads its config with
+   `config_from_arguments` and keeps it as `model.config`, `get_config()` is
+   `{**model.config.to_dict(), "name": ..., "trainable": ...}`, and `expose_config_fields`
+   makes every field a read-only model attribute.
 2. The record, a `ModelFamily(...)` instance in a module that does not import Keras (the CLI
    and the preset table read it without a backend), e.g. `keras_vit/models/<family>_family.py`
    beside a frozen config dataclass. Required fields: `name`, `title`, `model`
