@@ -168,6 +168,35 @@ def randomize(model, seed=0, scale=0.5):
     return model
 
 
+def _is_weight(name):
+    return name.endswith("weight")
+
+
+def randomize_torch_batch_norm(module, seed=0, is_batch_norm_scale=_is_weight):
+    """Random weights, BatchNorm scales, shifts and running statistics everywhere in a PyTorch
+    `module` (returned in eval mode). A 1-D parameter whose name `is_batch_norm_scale(name)`
+    accepts is a BatchNorm scale, drawn around 1; other 1-D parameters (shifts, biases) around 0;
+    the rest normal / sqrt(fan in); running means around 0 and running variances in [0.5, 1.5)."""
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.named_parameters():
+            if p.ndim == 1 and is_batch_norm_scale(name):
+                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
+            elif p.ndim == 1:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g))
+            else:
+                fan_in = p[0].numel() if p.ndim > 1 else 1
+                p.copy_(torch.randn(p.shape, generator=g) / fan_in**0.5)
+        for name, b in module.named_buffers():
+            if name.endswith("running_mean"):
+                b.copy_(0.1 * torch.randn(b.shape, generator=g))
+            elif name.endswith("running_var"):
+                b.copy_(0.5 + torch.rand(b.shape, generator=g))
+    return module.eval()
+
+
 def run_python(code, env=None, timeout=600):
     """Run `code` in a fresh Python process on the current backend; returns stdout."""
     full_env = dict(os.environ, KERAS_BACKEND=BACKEND, **(env or {}))

@@ -11,7 +11,7 @@ import sys
 import keras
 import numpy as np
 import pytest
-from conftest import rel_err
+from conftest import randomize_torch_batch_norm, rel_err
 
 import keras_vit
 from keras_vit import CheckpointError
@@ -118,26 +118,6 @@ class RefAxialNet(nn.Module):
         return self.fc(torch.flatten(self.avgpool(x), 1))
 
 
-def randomize(module, seed=0):
-    """Random weights, BatchNorm scales, shifts and running statistics everywhere."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if p.ndim == 1 and name.endswith("weight"):  # BatchNorm scale
-                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
-            elif p.ndim == 1:
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-            else:
-                fan_in = p[0].numel() if p.ndim > 1 else 1
-                p.copy_(torch.randn(p.shape, generator=g) / fan_in**0.5)
-        for name, b in module.named_buffers():
-            if name.endswith("running_mean"):
-                b.copy_(0.1 * torch.randn(b.shape, generator=g))
-            elif name.endswith("running_var"):
-                b.copy_(0.5 + torch.rand(b.shape, generator=g))
-    return module.eval()
-
-
 # === Parameter counts ===
 
 #: The original's constructors: (layers, s).
@@ -185,7 +165,7 @@ def torch_logits(module, x):
 @pytest.fixture(scope="module")
 def small_reference():
     torch.manual_seed(0)
-    return randomize(RefAxialNet(**SMALL), seed=3)
+    return randomize_torch_batch_norm(RefAxialNet(**SMALL), seed=3)
 
 
 def test_logits_equal_the_original_through_its_training_checkpoint(tmp_path, small_reference):

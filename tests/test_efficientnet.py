@@ -16,7 +16,7 @@ import sys
 import keras
 import numpy as np
 import pytest
-from conftest import rel_err
+from conftest import randomize_torch_batch_norm, rel_err
 
 import keras_vit
 from keras_vit import CheckpointError
@@ -128,24 +128,8 @@ def test_flops_equal_torch_flop_counter(name, size):
 # === Logits through timm's saved folders ===
 
 
-def randomize(module, seed=0):
-    """Random weights, BatchNorm scales, shifts and running statistics everywhere."""
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in module.named_parameters():
-            if p.ndim == 1 and ".bn" in f".{name}" and name.endswith("weight"):  # BatchNorm scale
-                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
-            elif p.ndim == 1:
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-            else:
-                fan_in = p[0].numel()
-                p.copy_(torch.randn(p.shape, generator=g) / fan_in**0.5)
-        for name, b in module.named_buffers():
-            if name.endswith("running_mean"):
-                b.copy_(0.1 * torch.randn(b.shape, generator=g))
-            elif name.endswith("running_var"):
-                b.copy_(0.5 + torch.rand(b.shape, generator=g))
-    return module.eval()
+def _is_batch_norm_scale(name):
+    return ".bn" in f".{name}" and name.endswith("weight")  # timm's bn1, bn2, bn3
 
 
 def images(shape, seed=1):
@@ -164,7 +148,9 @@ def b0(tmp_path_factory):
     from timm.models import save_for_hf
 
     torch.manual_seed(0)
-    reference = randomize(timm.create_model("tf_efficientnet_b0", pretrained=False), seed=3)
+    reference = randomize_torch_batch_norm(
+        timm.create_model("tf_efficientnet_b0", pretrained=False), seed=3, is_batch_norm_scale=_is_batch_norm_scale
+    )
     folder = tmp_path_factory.mktemp("effnet") / "tf_efficientnet_b0"
     save_for_hf(reference, folder, safe_serialization="both")
     inputs = {size: images((2, *size, 3)) for size in ((224, 224), (193, 257))}
