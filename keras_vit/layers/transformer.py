@@ -14,7 +14,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit.layers.init_scope import initializer as _init
-from keras_vit.layers.matmul import gelu, matmul_add
+from keras_vit.layers.matmul import dot_product_attention, gelu, matmul_add
 from keras_vit.layers.position import PositionEmbedding  # noqa: F401  (re-exported)
 from keras_vit.layers.quantized import Dense, Int8AttentionMixin
 from keras_vit.layers.resize import resize_patch_embedding
@@ -171,7 +171,8 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
 
     query/key/value kernels are (hidden, heads, head_dim) with biases (heads, head_dim); the out
     kernel is (heads, head_dim, hidden). The fast path goes through
-    `keras.ops.dot_product_attention` (fused or flash kernels where the backend has them); the
+    `layers.matmul.dot_product_attention` (Keras' fused or flash kernels where the backend has
+    them, the original's form on JAX's CPU backend); the
     explicit path is used when attention weights are asked for or attention dropout is active.
 
     `relative_positions=N` (a sequence of N tokens) adds the paper's 1-D relative attention
@@ -286,7 +287,7 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
             y = ops.einsum("bhqt,bthk->bqhk", dropped, v)
         else:
             weights = None
-            y = ops.dot_product_attention(q, k, v, scale=scale)
+            y = dot_product_attention(q, k, v, scale)
         return ops.reshape(y, (-1, self.num_heads * self.head_dim)), weights
 
     def _relative_logits(self, q):
