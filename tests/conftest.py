@@ -197,6 +197,24 @@ def randomize_torch_batch_norm(module, seed=0, is_batch_norm_scale=_is_weight):
     return module.eval()
 
 
+def run_script(code, *argv):
+    """Run the script `code` in this process as `python -c code argv...` runs it (sys.argv, a
+    namespace of its own named __main__); returns what it printed. For the reference sides that
+    need no fresh process (timm and torch, imported here before TensorFlow), without the 5 s a
+    Python start-up with torch and timm costs."""
+    import contextlib
+    import io
+
+    printed, saved = io.StringIO(), sys.argv
+    sys.argv = ["-c", *(str(a) for a in argv)]
+    try:
+        with contextlib.redirect_stdout(printed):
+            exec(compile(code, "<script>", "exec"), {"__name__": "__main__"})
+    finally:
+        sys.argv = saved
+    return printed.getvalue()
+
+
 def run_python(code, env=None, timeout=600):
     """Run `code` in a fresh Python process on the current backend; returns stdout."""
     full_env = dict(os.environ, KERAS_BACKEND=BACKEND, **(env or {}))

@@ -1,15 +1,13 @@
 """BiT ResNet-v2 (the paper's CNN baselines) against timm's resnetv2 port of big_transfer.
 
-timm runs in its own processes (importing it after TensorFlow crashes the interpreter): it builds
-random-weight BiT models, saves them in its Hub layout, and computes the reference logits; its own
-`resnetv2._load_weights` reads the .npz files keras_vit writes.
+timm builds random-weight BiT models, saves them in its Hub layout, and computes the reference
+logits; its own `resnetv2._load_weights` reads the .npz files keras_vit writes. Its script runs in
+the test process (conftest imports timm before TensorFlow); the Hub loads run in fresh processes.
 """
 
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -18,6 +16,7 @@ import pytest
 import keras_vit
 from keras_vit.checkpoints import bit as bit_format
 from keras_vit.models.config import BIT_ARCHITECTURES
+from conftest import run_script
 from test_hub_server import HubServer, hub_env, run_hub_python
 
 TINY = dict(layers=(1, 2, 1, 1), width_factor=0.5, num_classes=7)
@@ -96,7 +95,7 @@ elif job == "npz":
 
 
 def _timm(root, job, *args):
-    subprocess.run([sys.executable, "-c", _TIMM, str(root), job, *args], check=True, capture_output=True, timeout=600)
+    run_script(_TIMM, root, job, *args)
 
 
 @pytest.fixture(scope="module")
@@ -361,7 +360,11 @@ def test_full_size_parameter_counts_equal_timms(timm_side, name):
 # === Through the Hub (a loopback endpoint, fresh processes) ===
 
 
+# The Hub protocol and the alias's repository do not depend on the backend: once, in the JAX pass.
+# BiT's numerics against timm on every backend: test_logits_match_timm_at_the_native_size_and_another
+# (every stage, strided and not, of the same blocks as the full-size model).
 @pytest.mark.slow
+@pytest.mark.backend_independent
 def test_hf_handle_and_the_imagenet_alias_load_through_the_hub(timm_side, tmp_path):
     root = timm_side["root"]
     _timm(root, "full", FULL_REPO)  # a full-size random ResNet-50x1 where weights="imagenet" looks

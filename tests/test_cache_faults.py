@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 import pytest
-from conftest import BACKEND
+from conftest import BACKEND, run_script
 from test_hub_server import HubServer, hub_env, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.backend_independent]
@@ -88,7 +88,7 @@ print("RESULT" + json.dumps(dict(logits=logits.tolist(), verified=len(calls))), 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
     root = tmp_path_factory.mktemp("fault_hub")
-    subprocess.run([sys.executable, "-c", _MAKE_REPO, str(root), REPO], check=True, capture_output=True, timeout=600)
+    run_script(_MAKE_REPO, root, REPO)  # timm's side, in the test process
     with HubServer(root / "repos") as server:
         yield dict(server=server, root=root, ref=np.load(root / "ref.npy"),
                    code=_LOAD.format(repo=REPO, x=str(root / "x.npy")))

@@ -10,14 +10,12 @@ import importlib.util
 import json
 import os
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 import keras_vit
-from conftest import TINY, randomize
+from conftest import TINY, randomize, run_script
 from test_hub_server import HubServer, hub_env, run_hub_python
 
 # Several full ViT-Ti/16 builds in fresh processes; the Hub protocol and the cache do not depend on
@@ -39,7 +37,7 @@ x32 = np.load({x32!r}); x64 = np.load({x64!r})
 result = {{}}
 """
 
-# Run in its own process: importing timm (torch, triton) after TensorFlow crashes the interpreter.
+# Run in the test process (conftest imports timm before TensorFlow; conftest.run_script).
 _MAKE_REPOS = """
 import os, sys, numpy as np, torch, timm
 from timm.models import save_for_hf
@@ -74,8 +72,7 @@ def hub(tmp_path_factory):
         pytest.skip("timm is not installed")
     root = tmp_path_factory.mktemp("hub")
     repos = root / "repos"
-    subprocess.run([sys.executable, "-c", _MAKE_REPOS, str(root), TI16_REPO, TI16_REPO_64, TINY_REPO],
-                   check=True, capture_output=True, timeout=600)
+    run_script(_MAKE_REPOS, root, TI16_REPO, TI16_REPO_64, TINY_REPO)
     ref = {k: np.load(root / f"ref_{k}.npy") for k in ("ti32", "ti64", "tiny")}
     # Copies of the tiny repository for the fault cases, and one with an unreadable weights file.
     for name in ("truncated", "corrupt", "bad_sha", "garbage"):

@@ -11,11 +11,10 @@ import hashlib
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
+from conftest import run_script
 from test_hub_server import HubServer, hub_env, run_hub_python
 from torch_zip_files import _code_pickles, torch_zip_bytes
 
@@ -25,7 +24,7 @@ BIN_ONLY = "pt-test/bin_only"
 BOTH = "pt-test/both"
 HOSTILE = "pt-test/hostile"
 
-# Run in its own process: importing timm (torch, triton) after TensorFlow crashes the interpreter.
+# Run in the test process (conftest imports timm before TensorFlow; conftest.run_script).
 _MAKE_REPOS = """
 import os, shutil, sys, numpy as np, torch, timm
 from timm.models import save_for_hf
@@ -70,8 +69,7 @@ def hub(tmp_path_factory):
     if importlib.util.find_spec("timm") is None or importlib.util.find_spec("torch") is None:
         pytest.skip("timm and torch are not installed")
     root = tmp_path_factory.mktemp("hub_bin")
-    subprocess.run([sys.executable, "-c", _MAKE_REPOS, str(root), BIN_ONLY, BOTH], check=True, capture_output=True,
-                   timeout=600)
+    run_script(_MAKE_REPOS, root, BIN_ONLY, BOTH)
     hostile = root / "repos" / HOSTILE
     hostile.mkdir(parents=True)
     (hostile / "config.json").write_bytes((root / "repos" / BIN_ONLY / "config.json").read_bytes())

@@ -3,10 +3,9 @@
 import importlib.util
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+from conftest import run_script
 
 pytestmark = pytest.mark.backend_independent
 
@@ -21,7 +20,7 @@ TIMM_TAGS = [
     "augreg_in1k", "sam_in1k",
 ]
 
-# timm's registry, read in its own process (importing timm after TensorFlow crashes the interpreter).
+# timm's registry, read in the test process (conftest imports timm before TensorFlow; conftest.run_script).
 _TIMM_REGISTRY = """
 import json, sys, timm
 from timm.models import get_pretrained_cfg
@@ -37,10 +36,10 @@ def _timm_pretrained():
     """{(keras_vit constructor, tag, resolution): (hub repo, classes)} from timm's own default_cfgs."""
     if importlib.util.find_spec("timm") is None:
         pytest.skip("timm is not installed")
-    out = subprocess.run([sys.executable, "-c", _TIMM_REGISTRY], capture_output=True, text=True, check=True, timeout=300)
+    out = run_script(_TIMM_REGISTRY)
     by_base = {a.timm_name[: -len("_224")]: a.name for a in ARCHITECTURES.values() if a.timm_name}
     result = {}
-    for name, hf_hub_id, classes in json.loads(out.stdout.strip().splitlines()[-1]):
+    for name, hf_hub_id, classes in json.loads(out.strip().splitlines()[-1]):
         arch, tag = name.split(".", 1)
         base, _, res = arch.rpartition("_")
         if base in by_base and tag in TIMM_TAGS and res in ("224", "384"):

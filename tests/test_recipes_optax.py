@@ -208,6 +208,9 @@ def test_finetune_updates_equal_the_original(momentum_dtype, accum_steps, tolera
         assert dtypes == {"bfloat16"}, dtypes
 
 
+# Only the reference runs here (JAX and optax, whatever the backend; the start weights are NumPy
+# draws, the same on every backend): once, in the JAX pass.
+@pytest.mark.backend_independent
 def test_finetune_reference_tells_apart_the_old_schedule_and_momentum():
     """The comparison above fails for a schedule one update ahead or for Keras' momentum form
     (rate inside the velocity): both references differ from optax's by far more than 1e-5."""
