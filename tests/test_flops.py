@@ -5,10 +5,9 @@ import importlib.util
 import json
 import os
 import re
-import subprocess
-import sys
 
 import pytest
+from conftest import run_script
 
 import keras_vit
 from keras_vit.models.config import ARCHITECTURES, BIT_ARCHITECTURES
@@ -72,22 +71,28 @@ def test_the_convention_by_hand():
 
 # timm's definitions of the same computations, at 64 px so that the forward passes are cheap.
 _TIMM = """
-import json, os
-os.environ["TIMM_FUSED_ATTN"] = "0"  # explicit q @ k^T and attn @ v matmuls, which the counter sees
+import json
 import torch, timm
+from timm.layers import config
 from torch.utils.flop_counter import FlopCounterMode
-out = {}
-for ours, name, kwargs in [("ViTTi16", "vit_tiny_patch16_224", {"img_size": 64}),
-                           ("ViTS32", "vit_small_patch32_224", {"img_size": 64}),
-                           ("RViTTi16", "vit_tiny_r_s16_p8_224", {"img_size": 64}),
-                           ("R26ViTS32", "vit_small_r26_s32_224", {"img_size": 64}),
-                           ("BiTResNet50x1", "resnetv2_50x1_bit", {})]:
-    with torch.device("meta"):  # shapes only: the counter needs no values
-        model = timm.create_model(name, pretrained=False, **kwargs).eval()
-        counter = FlopCounterMode(display=False)
-        with counter, torch.no_grad():
-            model(torch.zeros(1, 3, 64, 64))
-    out[ours] = counter.get_total_flops()
+out, fused = {}, config._USE_FUSED_ATTN
+config.set_fused_attn(False)  # explicit q @ k^T and attn @ v matmuls, which the counter sees
+try:
+    for ours, name, kwargs in [("ViTTi16", "vit_tiny_patch16_224", {"img_size": 64}),
+                               ("ViTS32", "vit_small_patch32_224", {"img_size": 64}),
+                               ("RViTTi16", "vit_tiny_r_s16_p8_224", {"img_size": 64}),
+                               ("R26ViTS32", "vit_small_r26_s32_224", {"img_size": 64}),
+                               ("BiTResNet50x1", "resnetv2_50x1_bit", {})]:
+        with torch.device("meta"):  # shapes only: the counter needs no values
+            model = timm.create_model(name, pretrained=False, **kwargs).eval()
+            if hasattr(model, "blocks"):  # the setting reached the attention layers
+                assert not model.blocks[0].attn.fused_attn
+            counter = FlopCounterMode(display=False)
+            with counter, torch.no_grad():
+                model(torch.zeros(1, 3, 64, 64))
+        out[ours] = counter.get_total_flops()
+finally:
+    config._USE_FUSED_ATTN = fused  # timm's setting of this process, as it was
 print(json.dumps(out))
 """
 
@@ -95,8 +100,7 @@ print(json.dumps(out))
 def test_agrees_with_torch_flop_counter_on_timm_models():
     if importlib.util.find_spec("timm") is None:
         pytest.skip("timm is not installed")
-    run = subprocess.run([sys.executable, "-c", _TIMM], capture_output=True, text=True, check=True, timeout=600)
-    counted = json.loads(run.stdout.strip().splitlines()[-1])
+    counted = json.loads(run_script(_TIMM).strip().splitlines()[-1])  # in the test process
     for name, reference in counted.items():
         # Both count 2 FLOPs per multiply-add of every matmul and convolution: they agree exactly.
         assert keras_vit.flops(name, 64) == reference, name
