@@ -88,22 +88,27 @@ def pytest_configure(config):
     )
 
 
-#: The longest test modules of each pass, longest first. A module is the unit the two xdist
-#: workers take turns on (--dist loadfile); the longest start first so that the workers finish
-#: together, with the many short modules filling in at the end. The JAX pass also runs the
-#: modules that run on one backend only (backend_independent, the JAX SPMD and multi-process
-#: ones), so it has its own order (measured on JAX); the other passes share one.
+#: The longest test modules of each pass, longest first (measured in that pass). A module is the
+#: unit the two xdist workers take turns on (--dist loadfile); the longest start first so that the
+#: workers finish together, with the many short modules filling in at the end. The JAX pass also
+#: runs the modules that run on one backend only (backend_independent, the JAX SPMD and
+#: multi-process ones); on PyTorch the exports (a TensorFlow process each) and torch.compile weigh
+#: most.
 LONG_MODULES = {
-    "jax": ("test_docs", "test_cache_faults", "test_export", "test_distribution_jax", "test_multihost_finetune",
-            "test_demo", "test_bit", "test_resume", "test_hub_pytorch_bin", "test_hub", "test_vtab",
-            "test_applications", "test_model_variants", "test_efficientnet", "test_export_families",
-            "test_training_fit", "test_saving_precision", "test_training_pilot", "test_recipes_optax", "test_remat",
-            "test_cli_errors", "test_flexi", "test_big_vision", "test_loading", "test_cli_train", "test_models",
-            "test_flops", "test_checkpoints", "test_performance", "test_quantize"),
-    "other": ("test_docs", "test_export", "test_saving_precision", "test_bit", "test_demo", "test_performance",
-              "test_applications", "test_training_fit", "test_model_variants", "test_resume", "test_efficientnet",
-              "test_export_families", "test_distribution_tf", "test_checkpoints", "test_models", "test_quantize",
-              "test_dynamic_size", "test_analysis"),
+    "jax": ("test_docs", "test_cache_faults", "test_demo", "test_export", "test_export_families",
+            "test_multihost_finetune", "test_distribution_jax", "test_bit", "test_applications", "test_vtab",
+            "test_resume", "test_cli_errors", "test_efficientnet", "test_hub", "test_loading", "test_saving_precision",
+            "test_models", "test_quantize", "test_checkpoints", "test_axial_resnet", "test_hub_pytorch_bin",
+            "test_cli_checkpoints", "test_hostile_files", "test_cli_train", "test_dynamic_size", "test_training_fit",
+            "test_model_variants", "test_evaluation", "test_big_vision", "test_analysis"),
+    "tensorflow": ("test_export", "test_saving_precision", "test_docs", "test_applications", "test_model_variants",
+                   "test_export_families", "test_resume", "test_distribution_tf", "test_training_fit", "test_models",
+                   "test_demo", "test_checkpoints", "test_bit", "test_recipes_optax", "test_quantize",
+                   "test_dynamic_size", "test_analysis", "test_efficientnet", "test_family_configs",
+                   "test_cli_checkpoints", "test_axial_vit", "test_loading"),
+    "torch": ("test_export_families", "test_export", "test_performance", "test_docs", "test_saving_precision",
+              "test_recipes_optax", "test_cli_train", "test_quantize", "test_demo", "test_cli_checkpoints",
+              "test_checkpoints", "test_training_fit", "test_bit", "test_analysis", "test_big_vision", "test_models"),
 }
 
 
@@ -116,7 +121,7 @@ def pytest_collection_modifyitems(config, items):
         if deselected:
             config.hook.pytest_deselected(items=deselected)
             items[:] = kept
-    order = LONG_MODULES["jax" if BACKEND == "jax" else "other"]
+    order = LONG_MODULES.get(BACKEND, LONG_MODULES["tensorflow"])
     rank = {name: i for i, name in enumerate(order)}
     # A stable sort: each module's tests stay together and in order.
     items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py"),
