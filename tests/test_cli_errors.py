@@ -207,6 +207,7 @@ def test_bad_values_fail_before_anything_loads(tmp_path):
         (explain + [str(png)], "explain", ["truncated.png' is a damaged image"]),
         (explain + ["sample:grace_hopper", "--components", "0"], "explain", ["argument --components: 0 is not"]),
     ]
+    cases += _run_folder_and_data_cases(tmp_path)
     done = subprocess.run([sys.executable, "-c", _PARSE_CASES, json.dumps([argv for argv, _, _ in cases])],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -216,6 +217,78 @@ def test_bad_values_fail_before_anything_loads(tmp_path):
         line = assert_user_error((status, "", stderr), command, *fragments)
         assert "--warmup" not in line or "--warmup" in argv, (argv, line)  # --steps errors name --steps only
     assert not os.path.exists(out)
+    assert (tmp_path / "afile").read_text() == "a file\n"  # an --out that is a file is left as it was
+    assert sorted(os.listdir(tmp_path / "vtab_done" / "tasks")) == ["dtd.json"]  # nothing added to a run folder
+
+
+def _run_folder_and_data_cases(tmp_path):
+    """The newer commands' bad --out, --data, split, ObjectNet, VTAB and report inputs: all refused
+    before anything loads."""
+    out = str(tmp_path / "run")
+    afile = tmp_path / "afile"
+    afile.write_text("a file\n")
+    (tmp_path / "objectnet" / "images" / "not_a_class").mkdir(parents=True)
+    (tmp_path / "objectnet_empty" / "images" / "banana").mkdir(parents=True)
+    setting = dict(steps=2, learning_rate=0.01, batch_size=4, image_size=16, momentum=0.9, global_clipnorm=1.0,
+                   warmup_steps=0, train_split="train800val200", test_split="test", weight_decay=0.0)
+    (tmp_path / "vtab_done" / "tasks").mkdir(parents=True)
+    (tmp_path / "vtab_done" / "tasks" / "dtd.json").write_text(json.dumps(
+        {"task": "vtab/dtd", "group": "natural", "top1": 0.5, "examples": 4, "setting": setting}))
+    (tmp_path / "vtab_cut" / "tasks").mkdir(parents=True)
+    (tmp_path / "vtab_cut" / "tasks" / "dtd.json").write_text('{"task": "vtab/dtd", "top1": 0.')
+    for name, files in {"cut": {"metrics.json": '{"data": "tfds:cifar10", "top1": 0.'},
+                        "array": {"metrics.json": "[0.5]"},
+                        "text_top1": {"metrics.json": json.dumps({"data": "tfds:cifar10", "top1": "high"})},
+                        "vtab_nogroups": {"vtab.json": json.dumps({"tasks": []})},
+                        "bad_config": {"metrics.json": json.dumps({"data": "tfds:cifar10", "top1": 0.5}),
+                                       "config.json": "{"}}.items():
+        (tmp_path / name).mkdir()
+        for file, text in files.items():
+            (tmp_path / name / file).write_text(text)
+    weights = ["--weights", str(tmp_path / "model.keras")]
+    evaluate = ["evaluate", *weights, "--out", out]
+    tiny = ["--arch", TINY_ARCH, "--weights", "none"]
+    vtab = ["vtab", *tiny, "--tasks", "dtd", "--steps", "2", "--batch-size", "4", "--image-size", "16"]
+    file_out = ["is a file, not a folder", "pass a folder path"]
+    return [
+        (["evaluate", *weights, "--data", "digits", "--out", str(afile)], "evaluate", ["argument --out: ", *file_out]),
+        (["evaluate", *weights, "--data", "digits", "--out", str(afile / "sub")], "evaluate",
+         ["argument --out: ", "cannot be made", "afile' is a file"]),
+        (["fewshot", *weights, "--data", "digits", "--out", str(afile)], "fewshot", ["argument --out: ", *file_out]),
+        (["finetune", *tiny, "--data", "digits", "--out", str(afile)], "finetune", ["argument --out: ", *file_out]),
+        (["explain", *tiny, "--out", str(afile)], "explain", ["argument --out: ", *file_out]),
+        (["report", str(tmp_path / "cut"), "--out", str(afile)], "report", ["argument --out: ", *file_out]),
+        (vtab + ["--out", str(afile)], "vtab", ["argument --out: ", *file_out]),
+        (evaluate + ["--data", str(tmp_path / "no_such_data")], "evaluate",
+         ["--data '", "no_such_data' does not exist", "image folder", "tfds:NAME"]),
+        (evaluate + ["--data", str(afile)], "evaluate", ["afile' is a file: pass an image folder"]),
+        (evaluate + ["--data", "tfds:"], "evaluate", ["--data tfds: needs a dataset name", "tfds:cifar100"]),
+        (evaluate + ["--data", "digits", "--split", "validation"], "evaluate",
+         ["--split 'validation' of --data digits", "'train' and 'test'"]),
+        (evaluate + ["--data", "tfds:imagenet2012_real", "--split", "train"], "evaluate",
+         ["--split 'train' of --data tfds:imagenet2012_real", "test, validation"]),
+        (evaluate + ["--data", "tfds:vtab/dtdd"], "evaluate", ["Unknown VTAB-1k task 'vtab/dtdd'", "vtab/dtd"]),
+        (evaluate + ["--data", "objectnet:" + str(tmp_path / "no_objectnet")], "evaluate",
+         ["no_objectnet' does not exist", "objectnet.dev"]),
+        (evaluate + ["--data", "objectnet:"], "evaluate", ["needs the ObjectNet folder after the colon"]),
+        (evaluate + ["--data", "objectnet:" + str(tmp_path / "objectnet")], "evaluate",
+         ["none of ObjectNet's 113 classes", "not_a_class"]),
+        (evaluate + ["--data", "objectnet:" + str(tmp_path / "objectnet_empty")], "evaluate", ["hold no images"]),
+        (["fewshot", *weights, "--data", "digits", "--test-split", "val", "--out", out], "fewshot",
+         ["--test-split 'val' of --data digits"]),
+        (vtab + ["--micro-batch-size", "3", "--out", out], "vtab",
+         ["--micro-batch-size 3 does not divide --batch-size 4", "e.g. 2 or 1"]),
+        (["vtab", *tiny, "--tasks", "dtd", "--steps", "3", "--batch-size", "4", "--image-size", "16", "--out",
+          str(tmp_path / "vtab_done")],
+         "vtab", ["holds vtab/dtd results of another setting: --steps 2 (now 3)", "another --out folder"]),
+        (vtab + ["--out", str(tmp_path / "vtab_cut")], "vtab", ["dtd.json is not valid JSON", "delete it"]),
+        (["report", str(tmp_path / "cut")], "report", ["cut/metrics.json is not valid JSON", "keras-vit evaluate"]),
+        (["report", str(tmp_path / "array")], "report", ["array/metrics.json holds an array, not a JSON object"]),
+        (["report", str(tmp_path / "text_top1")], "report", ["holds top1='high', not a number"]),
+        (["report", str(tmp_path / "vtab_nogroups")], "report", ["vtab.json has no groups.all entry", "keras-vit vtab"]),
+        (["report", str(tmp_path / "bad_config")], "report", ["bad_config/config.json is not valid JSON"]),
+        (["report", str(afile)], "report", ["afile' is a file, not a run folder"]),
+    ]
 
 
 def test_help_shows_the_defaults():

@@ -143,5 +143,6 @@ def test_a_run_that_fails_after_writing_its_config_leaves_no_folder(scratch_run,
     out = tmp_path / "fewshot"
     assert main(["fewshot", "--weights", str(scratch_run), "--data", "digits", "--shots", "100",
                  "--max-train-images", "40", "--max-test-images", "10", "--out", str(out)]) == 2
-    assert "fewer than shots=100" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--shots 100: class" in err and "--max-train-images 40" in err
     assert not out.exists()

@@ -207,6 +207,46 @@ def test_objectnet_errors(tmp_path):
         evaluation.index_objectnet_folder(tmp_path / "missing")
 
 
+def test_objectnet_files_that_are_not_images(tmp_path):
+    """A file named .png that is no image is left out with a counted warning (or refused with
+    on_bad_file="error"); an image cut short is an error that names it, not TensorFlow's."""
+    root = _objectnet_folder(tmp_path / "objectnet-1.0")
+    (root / "images" / "banana" / "notes.png").write_text("not an image\n")
+    with pytest.warns(UserWarning, match=r"1 of 7 image files .* not PNG, JPEG, GIF or BMP images \(banana/notes.png\)"):
+        paths, _, _ = evaluation.index_objectnet_folder(root)
+    assert len(paths) == 6 and not any(p.endswith("notes.png") for p in paths)
+    with pytest.raises(ValueError, match=r"banana/notes.png.*--on-bad-file skip"):
+        evaluation.index_objectnet_folder(root, on_bad_file="error")
+    model = colour_classifier(OBJECTNET_CENTRES)
+    with pytest.warns(UserWarning, match="Left them out"):
+        result = evaluation.evaluate_classifier(model, f"objectnet:{root}", verbose=0)
+    assert result.metrics["examples"] == 6 and result.metrics["top1"] == pytest.approx(3 / 6)  # as without the file
+    os.remove(root / "images" / "banana" / "notes.png")
+    cut = root / "images" / "bicycle" / "0.png"
+    cut.write_bytes(cut.read_bytes()[:40])  # a PNG's start, then nothing
+    with pytest.raises(ValueError, match=r"Cannot decode the image .*bicycle/0.png"):
+        evaluation.evaluate_classifier(model, f"objectnet:{root}", batch_size=2, verbose=0)
+
+
+def test_real_labels_that_do_not_fit():
+    scores = np.eye(5)[[2, 0, 1]]
+    with pytest.raises(ValueError, match="ReaL labels for 2 images but scores for 3"):
+        evaluation.real_top1_correct(scores, [[2], [0]])
+    with pytest.raises(ValueError, match=r"ReaL label 7 of image 1 is outside \[0, 5\)"):
+        evaluation.real_top1_correct(scores, [[2], [0, 7], []])
+    with pytest.raises(ValueError, match="not whole class indices"):
+        evaluation.real_top1_correct(scores, [[2], ["n01440764"], []])
+    with pytest.raises(ValueError, match="not whole class indices"):
+        evaluation.real_top1_correct(scores, [[2.5], [0], []])
+    with pytest.raises(ValueError, match=r"bool matrix of shape \(3, 4\)"):
+        evaluation.real_top1_correct(scores, np.zeros((3, 4), bool))
+    with pytest.raises(ValueError, match="one list of class indices per image"):
+        evaluation.real_top1_correct(scores, "2 0 1")
+    # Lists padded with -1 in an integer array are still read as label lists.
+    counted, correct = evaluation.real_top1_correct(scores, np.array([[2, -1], [1, 3], [-1, -1]]))
+    assert counted.tolist() == [True, True, False] and correct.tolist() == [True, False, False]
+
+
 # === tfds: ReaL and ImageNet-V2 through tfds' mock data ===
 
 REAL_EXAMPLES = [  # (interior red value -> predicted class, original label, ReaL labels)
@@ -330,6 +370,28 @@ def test_objectnet_folder_without_the_classes(vit_409, tmp_path, capsys):
     assert main(["evaluate", "--weights", vit_409, "--data", f"objectnet:{tmp_path / 'on'}", "--out",
                  str(tmp_path / "o")]) == 2
     assert "none of ObjectNet's 113 classes" in capsys.readouterr().err
+
+
+def test_evaluate_into_an_earlier_runs_folder_keeps_no_stale_metrics(tmp_path, capsys):
+    path = tmp_path / "m.keras"
+    _tiny_vit(10).save(path)
+    out = tmp_path / "eval"
+    out.mkdir()
+    (out / "metrics.json").write_text(json.dumps({"data": "tfds:imagenet2012_real", "real_top1": 0.9, "top1": 0.8}))
+    assert main(["evaluate", "--weights", str(path), "--data", "digits", "--split", "test[:20]", "--verbose", "0",
+                 "--out", str(out)]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["data"] == "digits" and metrics["examples"] == 20 and "real_top1" not in metrics
+    assert "real_top1" not in (out / "metrics.csv").read_text()
+
+
+def test_tfds_name_that_does_not_exist(tmp_path, capsys):
+    path = tmp_path / "m.keras"
+    _tiny_vit(10).save(path)
+    assert main(["evaluate", "--weights", str(path), "--data", "tfds:cifar1000", "--out", str(tmp_path / "o")]) == 2
+    line = capsys.readouterr().err.strip()
+    assert len(line.splitlines()) == 1 and "no dataset 'cifar1000'. Did you mean cifar100" in line
+    assert not (tmp_path / "o").exists()
 
 
 # === Report: Table 2's layout ===

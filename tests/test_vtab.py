@@ -180,7 +180,7 @@ def test_resume_gradient_accumulation_and_cli(tmp_path, capsys):
         assert "another setting" in capsys.readouterr().err
         # A micro-batch that does not divide the batch.
         assert main([*argv[:-2], "--micro-batch-size", "3", "--out", str(tmp_path / "b")]) == 2
-        assert "micro-batches of 3" in capsys.readouterr().err
+        assert "--micro-batch-size 3 does not divide --batch-size 4" in capsys.readouterr().err
 
 
 def test_unknown_task_lists_the_tasks(tmp_path, capsys):

@@ -113,6 +113,102 @@ def host_port(text):
     return f"{host}:{int(port)}"
 
 
+def out_folder(text):
+    """--out of a command that writes a folder: a path that is not a file and under which a folder
+    can be made (no file in the way, permission to write). Checked while the arguments are parsed,
+    before anything loads or runs, as one line naming the flag."""
+    path = str(text)
+    if not path.strip():
+        raise argparse.ArgumentTypeError("an empty path; pass the folder to write into, e.g. --out runs/eval")
+    full = os.path.abspath(os.path.expanduser(path))
+    if os.path.exists(full) and not os.path.isdir(full):
+        raise argparse.ArgumentTypeError(
+            f"{path!r} is a file, not a folder; pass a folder path (it is created), or move the file away"
+        )
+    parent = os.path.dirname(full)
+    while not os.path.exists(parent) and os.path.dirname(parent) != parent:
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(
+            f"{path!r} cannot be made: {parent!r} is a file, not a folder; pass a folder path elsewhere"
+        )
+    if not os.path.isdir(full) and not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(
+            f"{path!r} cannot be made: no permission to write in {parent!r}; pass a folder you can write to"
+        )
+    return path
+
+
+def check_data_args(data, splits):
+    """Refuse, before anything loads, --data and split values that cannot be read: an unknown
+    embedded, tfds (of keras_vit's table) or VTAB name, a split such data lacks, a folder that does
+    not exist or lacks the split's folder, an ObjectNet path without ObjectNet's class folders.
+    `splits`: {flag: split}, e.g. {"--split": "test"}. Needs neither Keras nor TensorFlow; what
+    can only be known by reading the data (a tfds dataset that is not prepared, unreadable images)
+    is found when it is read."""
+    data = os.fspath(data)
+    if data.startswith("objectnet:"):
+        from keras_vit.evaluation.objectnet import index_objectnet_folder
+
+        path = data[len("objectnet:"):]
+        if not path:
+            raise ValueError("--data objectnet: needs the ObjectNet folder after the colon, e.g. "
+                             "--data objectnet:/data/objectnet-1.0")
+        index_objectnet_folder(path, check_files=False)
+        return
+    from keras_vit.data.embedded import EMBEDDED_DATASETS
+    from keras_vit.data.tfds_sources import get_tfds_source
+
+    if data.startswith("tfds:") and not data[len("tfds:"):]:
+        raise ValueError("--data tfds: needs a dataset name after the colon, e.g. --data tfds:cifar100")
+    if data.startswith("tfds:"):
+        get_tfds_source(data[len("tfds:"):])  # an unknown VTAB task is an error that lists the tasks
+    elif not (data in EMBEDDED_DATASETS or data.startswith("embedded:") or os.path.isdir(data)):
+        what = "is a file" if os.path.exists(data) else "does not exist"
+        raise ValueError(
+            f"--data {data!r} {what}: pass an image folder (one sub-folder per class), 'tfds:NAME' (a prepared "
+            f"tensorflow-datasets dataset) or embedded data ({', '.join(EMBEDDED_DATASETS)})."
+        )
+    for flag, split in splits.items():
+        try:
+            _check_split(data, split)
+        except ValueError as error:
+            raise ValueError(f"{flag} {split!r} of --data {data}: {error}") from None
+
+
+def _check_split(data, split):
+    from keras_vit.data.embedded import parse_split
+    from keras_vit.data.folder import resolve_split_folder
+    from keras_vit.data.tfds_sources import TFDS_DATASETS
+
+    if data.startswith("tfds:"):
+        name = data[len("tfds:"):]
+        source = TFDS_DATASETS.get(name)
+        if source is not None and split not in source.splits:
+            raise ValueError(f"{name!r} has the splits {', '.join(sorted(source.splits))}; pass one of them.")
+    elif os.path.isdir(data):
+        resolve_split_folder(data, split)
+    else:
+        part, _ = parse_split(split)
+        if part not in ("train", "test"):
+            raise ValueError("the embedded data has the splits 'train' and 'test' (and slices of them, e.g. "
+                             "'test[:100]'); pass one of them.")
+
+
+def new_run_folder(path, config):
+    """The RunFolder at `path` with `config` saved and the result files of an earlier run there
+    removed (metrics.json merges what it is given: stale keys of another run would stay)."""
+    from keras_vit.runs import RunFolder
+
+    run = RunFolder(path)
+    if run.writes:
+        for name in ("metrics.json", "metrics.csv"):
+            if os.path.isfile(run.file(name)):
+                os.remove(run.file(name))
+    run.save_config(config)
+    return run
+
+
 def shot_counts(text):
     """--shots: comma-separated positive whole numbers, as a sorted tuple without repeats."""
     fix = "pass shots per class as positive whole numbers separated by commas, e.g. --shots 1,5,10,25"
@@ -174,7 +270,7 @@ def add_data_args(parser, split="train"):
     group.add_argument("--classes", type=number(int, low=2), default=None,
                        help="expected number of classes (checked against the data)")
     group.add_argument("--on-bad-file", choices=("skip", "error"), default="skip",
-                       help="image folders: skip corrupt / non-image files with a counted warning, or fail")
+                       help="image folders and ObjectNet: skip corrupt / non-image files with a counted warning, or fail")
     return group
 
 

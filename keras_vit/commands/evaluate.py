@@ -25,7 +25,7 @@ def add_parser(subparsers):
         "objectnet:PATH (the unpacked ObjectNet download)"
     )
     parser.add_argument("--split", default="test", help="the split to evaluate (ReaL: the validation images)")
-    parser.add_argument("--out", required=True, help="run folder for metrics and plots")
+    parser.add_argument("--out", type=_common.out_folder, required=True, help="run folder for metrics and plots")
     parser.add_argument("--verbose", type=int, choices=(0, 1), default=1, help="1: a progress bar, 0: quiet")
     parser.set_defaults(func=evaluate)
     return parser
@@ -53,9 +53,9 @@ def plot_confusion(matrix, class_names, path, title):
 
 def evaluate(args):
     _common.check_model_args(args, needs_weights=True)  # before anything loads
+    _common.check_data_args(args.data, {"--split": args.split})
     _common.resolve_weights(args)  # load_trained_model loads it at its own resolution
     from keras_vit.evaluation import evaluate_classifier, load_for_evaluation
-    from keras_vit.runs import RunFolder
 
     resolved = getattr(args, "_resolved_weights", None)
     local = getattr(resolved, "path", None) or _common.weights_argument(args)
@@ -74,8 +74,8 @@ def evaluate(args):
         raise ValueError(f"--classes {args.classes} contradicts the model: its head has {head} classes.")
     result = evaluate_classifier(model, args.data, args.split, batch_size=args.batch_size, data_dir=args.data_dir,
                                  on_bad_file=args.on_bad_file, verbose=args.verbose)
-    run = RunFolder(args.out)  # created once the evaluation has run: a failed start leaves none
-    run.save_config(_common.run_config(args, image_size=list(model.image_size)))
+    # Created once the evaluation has run: a failed start leaves none.
+    run = _common.new_run_folder(args.out, _common.run_config(args, image_size=list(model.image_size)))
     run.write_table("per_class", result.per_class)
     metrics = dict(result.metrics)
     # `accuracy` / `top5_accuracy`: the names of earlier versions, kept for scripts that read them.

@@ -93,7 +93,7 @@ def add_parser(subparsers):
         help="image files, or sample:grace_hopper / sample:china / sample:flower (default: all shipped samples)",
     )
     _common.add_model_args(p)
-    p.add_argument("--out", default="explain", help="output directory (created)")
+    p.add_argument("--out", type=_common.out_folder, default="explain", help="output directory (created)")
     p.add_argument("--head-fusion", default="mean", choices=("mean", "max", "min"), help="rollout head fusion")
     p.add_argument("--discard-ratio", type=_common.number(float, low=0, high=1, high_open=True), default=0.0,
                    help="rollout: drop this fraction of weakest attention")

@@ -29,7 +29,7 @@ def add_parser(subparsers):
     parser.add_argument("--max-test-images", type=_common.positive_int, default=10_000,
                         help="test on the first N test images")
     parser.add_argument("--seed", type=_common.seed_int, default=0, help="seed of the drawing of the shots")
-    parser.add_argument("--out", required=True, help="run folder for metrics and plots")
+    parser.add_argument("--out", type=_common.out_folder, required=True, help="run folder for metrics and plots")
     parser.set_defaults(func=fewshot)
     return parser
 
@@ -54,6 +54,22 @@ def _features(api, model, ds, limit, label, num_examples=None):
     return api.extract_features(model, batches(), return_labels=True)
 
 
+def _draw_shots(api, labels, shots, args):
+    """The indices of `shots` training images per class; too few images of a class is an error
+    that names --shots and --max-train-images."""
+    import numpy as np
+
+    values, counts = np.unique(labels, return_counts=True)
+    if len(counts) and counts.min() < shots:
+        fewest = int(values[counts.argmin()])
+        raise ValueError(
+            f"--shots {shots}: class {fewest} has only {int(counts.min())} of the {len(labels)} training images read "
+            f"(--train-split {args.train_split}, --max-train-images {args.max_train_images}); pass --shots of at most "
+            f"{int(counts.min())}, or read more images with a larger --max-train-images."
+        )
+    return api.sample_shots(labels, shots, seed=args.seed)
+
+
 def plot_fewshot(results, path, title):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -76,9 +92,9 @@ def plot_fewshot(results, path, title):
 
 def fewshot(args):
     _common.check_model_args(args)  # before anything loads
+    _common.check_data_args(args.data, {"--train-split": args.train_split, "--test-split": args.test_split})
     _common.resolve_weights(args, image_size=args.image_size)
     import keras_vit.data as kd
-    from keras_vit.runs import RunFolder
 
     api = _common.training_api()
     shots = args.shots  # sorted positive counts (checked while parsing)
@@ -88,17 +104,16 @@ def fewshot(args):
                   on_bad_file=args.on_bad_file)
     train_ds, info = kd.load_dataset(args.data, args.train_split, **common)
     test_ds, test_info = kd.load_dataset(args.data, args.test_split, **common)
-    run = RunFolder(args.out)
-    run.save_config(_common.run_config(args, image_size=list(image_size)))
+    run = _common.new_run_folder(args.out, _common.run_config(args, image_size=list(image_size)))
     train_x, train_y = _features(api, model, train_ds, args.max_train_images, args.train_split, info.num_examples)
+    chosen = {n: _draw_shots(api, train_y, n, args) for n in shots}  # too few images fails before the test split
     test_x, test_y = _features(api, model, test_ds, args.max_test_images, args.test_split, test_info.num_examples)
     num_classes = info.num_classes or int(max(train_y.max(), test_y.max()) + 1)
     results = []
     for n in shots:
-        chosen = api.sample_shots(train_y, n, seed=args.seed)
-        accuracy = api.fewshot_linear_eval(train_x[chosen], train_y[chosen], test_x, test_y, l2_reg=args.l2_reg,
-                                           num_classes=num_classes)
-        results.append({"shots": n, "train_images": int(len(chosen)), "accuracy": float(accuracy)})
+        accuracy = api.fewshot_linear_eval(train_x[chosen[n]], train_y[chosen[n]], test_x, test_y,
+                                           l2_reg=args.l2_reg, num_classes=num_classes)
+        results.append({"shots": n, "train_images": int(len(chosen[n])), "accuracy": float(accuracy)})
         print(f"{n:>4}-shot linear accuracy: {accuracy:.4f}")
     run.write_table("fewshot", results)
     run.write_metrics({f"{r['shots']}shot_accuracy": r["accuracy"] for r in results} | {

@@ -9,12 +9,15 @@ markdown table; with --out writes table2.md and table2.csv.
 """
 
 
+from keras_vit.commands import _common
+
+
 def add_parser(subparsers):
     parser = subparsers.add_parser("report", help="gather evaluate / vtab runs into the paper's Table 2",
                                    description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders of keras-vit evaluate or vtab")
     parser.add_argument("--no-paper", action="store_true", help="leave out the paper's columns")
-    parser.add_argument("--out", default=None, help="folder for table2.md and table2.csv")
+    parser.add_argument("--out", type=_common.out_folder, default=None, help="folder for table2.md and table2.csv")
     parser.set_defaults(func=report)
     return parser
 

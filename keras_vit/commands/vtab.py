@@ -30,26 +30,37 @@ def add_parser(subparsers):
     parser.add_argument("--data-dir", default=None, help="tensorflow-datasets data directory holding the tasks' data")
     parser.add_argument("--tasks", default=None,
                         help="comma-separated tasks (default: all 19), e.g. dtd,clevr_count or vtab/dtd")
-    parser.add_argument("--steps", type=positive, default=None, help=f"optimizer updates per task ({setting.steps})")
+    parser.add_argument("--steps", type=positive, default=None, help=f"optimizer updates per task (default: the paper's {setting.steps})")
     parser.add_argument("--batch-size", type=positive, default=None,
-                        help=f"examples per update ({setting.batch_size})")
+                        help=f"examples per update (default: the paper's {setting.batch_size})")
     parser.add_argument("--micro-batch-size", type=positive, default=None,
                         help="examples per forward pass; the batch is reached by gradient accumulation (default: the "
                         "whole batch)")
-    parser.add_argument("--eval-batch-size", type=positive, default=None, help="test images per batch")
-    parser.add_argument("--seed", type=getattr(_common, "seed_int", int), default=0)
+    parser.add_argument("--eval-batch-size", type=positive, default=None,
+                        help="test images per batch (default: the micro-batch size, at most 256)")
+    parser.add_argument("--seed", type=getattr(_common, "seed_int", int), default=0,
+                        help="seed of the training data's order and augmentation")
     parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
                         help="Keras verbosity: 1 progress bars, 2 lines, 0 quiet")
-    parser.add_argument("--out", required=True, help="run folder (tables, plot, one file per finished task)")
+    parser.add_argument("--out", type=_common.out_folder, required=True, help="run folder (tables, plot, one file per finished task)")
     parser.set_defaults(func=vtab)
     return parser
 
 
 def vtab(args):
-    from keras_vit.evaluation.vtab import resolve_tasks
+    from keras_vit.evaluation.vtab import check_run_folder, effective_setting, resolve_tasks
 
     tasks = resolve_tasks(args.tasks)  # an unknown task fails before anything loads
+    check_run_folder(args.out, tasks, effective_setting(_setting(), steps=args.steps, batch_size=args.batch_size,
+                                                        image_size=args.image_size))
     _common.check_model_args(args)
+    batch = args.batch_size or _setting().batch_size
+    if args.micro_batch_size is not None and (args.micro_batch_size > batch or batch % args.micro_batch_size):
+        divisors = [d for d in range(min(args.micro_batch_size, batch), 0, -1) if batch % d == 0][:2]
+        raise ValueError(
+            f"--micro-batch-size {args.micro_batch_size} does not divide --batch-size {batch} (the examples of one "
+            f"update, made of equal micro-batches): pass a divisor of {batch}, e.g. {' or '.join(map(str, divisors))}."
+        )
     image_size = args.image_size or _setting().image_size
     _common.resolve_weights(args, image_size=image_size)
     from keras_vit.evaluation import run_vtab

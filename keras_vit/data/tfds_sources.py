@@ -180,8 +180,20 @@ def tfds_builder(source, data_dir=None):
 
     try:
         return tfds.builder(source.builder, data_dir=data_dir)
-    except Exception as error:  # unknown name, unavailable config, ...
-        raise ValueError(f"tensorflow-datasets has no dataset {source.builder!r}: {error}") from error
+    except tfds.core.registered.DatasetNotFoundError:
+        import difflib
+
+        name = source.builder.split("/")[0].split(":")[0]
+        known = list(dict.fromkeys([*TFDS_DATASETS, *tfds.list_builders(with_community_datasets=False)]))
+        close = difflib.get_close_matches(name, known, n=3)
+        raise ValueError(
+            f"tensorflow-datasets has no dataset {name!r}." + (f" Did you mean {', '.join(close)}?" if close else "")
+            + f" Pass tfds:NAME with a tfds dataset name (e.g. {', '.join(list(TFDS_DATASETS)[:4])}); "
+            "`tfds.list_builders()` lists them."
+        ) from None
+    except Exception as error:  # unavailable config, ...
+        first = " ".join(str(error).strip().splitlines()[:1])
+        raise ValueError(f"tensorflow-datasets has no dataset {source.builder!r}: {first}") from error
 
 
 def read_tfds_split(source, builder, split):

@@ -19,6 +19,7 @@ evaluated (`keras_vit.evaluation.load_for_evaluation`).
 
 import dataclasses
 import os
+import re
 import zipfile
 
 import numpy as np
@@ -61,6 +62,29 @@ def _check_head(model, classes, data):
             "ViTB16.augreg2_in21k_ft_in1k, not an ImageNet-21k one), or fine-tune it for these classes first "
             "(keras-vit finetune)."
         )
+
+
+def _batches_of_files(ds, paths, batch_size):
+    """The batches of `ds` (read from `paths` in order, `batch_size` a batch); an image that
+    cannot be decoded is a ValueError naming its file, not TensorFlow's error."""
+    import tensorflow as tf
+
+    from keras_vit.evaluation.objectnet import undecodable
+
+    iterator, seen = ds.as_numpy_iterator(), 0
+    while True:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        except tf.errors.OpError as error:
+            window = paths[seen: seen + 2 * batch_size]  # prefetching may fail on the batch after this one
+            bad = undecodable(window) or f"one of {', '.join(window[:3])}{', ...' if len(window) > 3 else ''}"
+            reason = re.sub(r"\{\{[^}]*\}\}", "", (error.message or str(error))).strip().splitlines()[0].strip()
+            raise ValueError(f"Cannot decode the image {bad} ({reason}): replace it with the download's file, or "
+                             "remove it.") from None
+        seen += len(batch[0])
+        yield batch
 
 
 def _is_real(data):
@@ -108,10 +132,11 @@ def evaluate_classifier(model, data, split="test", *, batch_size=64, data_dir=No
     if data.startswith("objectnet:"):
         names, _ = load_mapping()
         _check_head(model, 1000, data)
-        ds, total, found = objectnet_dataset(data[len("objectnet:"):], image_size, batch_size)
+        ds, total, found, paths = objectnet_dataset(data[len("objectnet:"):], image_size, batch_size,
+                                                    on_bad_file=on_bad_file, return_paths=True)
         metrics = ClassificationMetrics(len(names))
         bar = _progress(total, verbose)
-        for images, labels in ds.as_numpy_iterator():
+        for images, labels in _batches_of_files(ds, paths, batch_size):
             metrics.update(objectnet_scores(_predict(model, images)), labels)
             if bar:
                 bar.update(metrics.examples)

@@ -42,15 +42,36 @@ def top_k_correct(scores, labels, k):
     return np.any(top_k_indices(scores, k) == labels[:, None], axis=1)
 
 
+def _check_real_type(real):
+    if isinstance(real, (str, bytes, dict)) or not hasattr(real, "__len__"):
+        raise ValueError(f"ReaL labels must be one list of class indices per image; got {type(real).__name__}.")
+
+
 def real_multi_hot(real, num_classes):
-    """ReaL labels as a (B, num_classes) bool matrix, from a 0/1 matrix or a list of label lists."""
+    """ReaL labels as a (B, num_classes) bool matrix, from a 0/1 (or bool) matrix of that width or
+    a list of label lists (or a (B, n) integer array of them, padded with -1). A bool matrix of
+    another width, a label outside [0, num_classes) or a label that is not a whole number is an
+    error."""
     if isinstance(real, np.ndarray) and real.ndim == 2 and real.shape[1] == num_classes:
         return real.astype(bool)
+    if isinstance(real, np.ndarray) and real.dtype == bool:
+        raise ValueError(f"ReaL labels as a bool matrix of shape {real.shape}: expected (batch, {num_classes}), one "
+                         "column per class.")
+    _check_real_type(real)
     matrix = np.zeros((len(real), num_classes), bool)
     for row, labels in enumerate(real):
-        labels = np.asarray(labels, np.int64).reshape(-1)
-        labels = labels[labels >= 0]  # padding
-        matrix[row, labels] = True
+        try:
+            values = np.asarray(labels).reshape(-1)
+            whole = values.astype(np.int64)
+        except (TypeError, ValueError):
+            whole = values = None
+        if values is None or (values.size and not np.array_equal(whole, values)):
+            raise ValueError(f"ReaL labels of image {row} are not whole class indices: {labels!r}.")
+        whole = whole[whole >= 0]  # padding
+        if whole.size and whole.max() >= num_classes:
+            raise ValueError(f"ReaL label {int(whole.max())} of image {row} is outside [0, {num_classes}): the labels "
+                             f"are not of these {num_classes} classes.")
+        matrix[row, whole] = True
     return matrix
 
 
@@ -58,6 +79,12 @@ def real_top1_correct(scores, real, num_classes=None):
     """(counted (B,) bool, correct (B,) bool): which images have ReaL labels, and which of them
     have their top-1 class among those labels."""
     scores = np.asarray(scores)
+    if scores.ndim != 2:
+        raise ValueError(f"scores of shape {scores.shape}: expected (batch, classes).")
+    _check_real_type(real)
+    if len(real) != len(scores):
+        raise ValueError(f"ReaL labels for {len(real)} images but scores for {len(scores)}: give one entry (a list of "
+                         "labels, empty for none) per image.")
     matrix = real_multi_hot(real, num_classes or scores.shape[1])
     counted = matrix.any(1)
     top1 = top_k_indices(scores, 1)[:, 0]

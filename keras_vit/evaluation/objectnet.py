@@ -28,6 +28,7 @@ import functools
 import json
 import os
 import re
+import warnings
 
 import numpy as np
 
@@ -82,7 +83,22 @@ def objectnet_scores(imagenet_scores, mapping=None):
     return np.stack([imagenet_scores[:, list(m)].max(1) for m in members], axis=1)
 
 
-def index_objectnet_folder(path, mapping=None):
+#: The first bytes of the image formats TensorFlow decodes (ObjectNet ships PNGs).
+_IMAGE_SIGNATURES = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM")
+
+
+def _looks_like_an_image(path):
+    """Whether the file starts as a PNG, JPEG, GIF or BMP does (one short read: an ObjectNet
+    download holds 50 000 large images, too many to decode twice)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(8)
+    except OSError:
+        return False
+    return any(head.startswith(signature) for signature in _IMAGE_SIGNATURES)
+
+
+def index_objectnet_folder(path, mapping=None, *, check_files=True, on_bad_file="skip"):
     """(image paths, ObjectNet class indices, class names found) of an ObjectNet download.
 
     `path` is the download's root (holding `images/`) or its `images/` folder. Folders are
@@ -90,10 +106,22 @@ def index_objectnet_folder(path, mapping=None):
     "Bath towel"), or by the class name, ignoring case and punctuation in both; folders of the
     200 non-overlapping classes are skipped. A folder where no class of the mapping is found
     is an error that says which names were expected.
+
+    With `check_files`, each image's first bytes are read: a file that is no PNG, JPEG, GIF or
+    BMP (whatever its name ends with) is left out with one warning that counts them
+    (`on_bad_file="skip"`) or is an error that lists them (`"error"`). A damaged image with a
+    valid start is found when it is decoded.
     """
+    if on_bad_file not in ("skip", "error"):
+        raise ValueError(f"on_bad_file must be 'skip' or 'error'; got {on_bad_file!r}.")
     names, _ = mapping or load_mapping()
     folders = load_folders() if mapping is None else ()
     path = os.fspath(path)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise NotADirectoryError(
+            f"ObjectNet folder {path!r} is a file: unpack the ObjectNet download and pass the folder that holds "
+            "images/ (e.g. objectnet-1.0)."
+        )
     if not os.path.isdir(path):
         raise FileNotFoundError(
             f"ObjectNet folder {path!r} does not exist. Download ObjectNet (objectnet.dev, a manual download), "
@@ -115,15 +143,30 @@ def index_objectnet_folder(path, mapping=None):
             f"Pass the unpacked ObjectNet download (its images/ folder has one folder per class, e.g. "
             f"{', '.join(sorted(folders or names)[:3])}, ...)."
         )
-    paths, labels = [], []
+    paths, labels, bad = [], [], []
     for index in sorted(found):
         for dirpath, _, files in sorted(os.walk(found[index])):
             for name in sorted(files):
-                if name.lower().endswith(IMAGE_EXTENSIONS):
-                    paths.append(os.path.join(dirpath, name))
+                if name.lower().endswith(IMAGE_EXTENSIONS) and not name.startswith("."):
+                    file = os.path.join(dirpath, name)
+                    if check_files and not _looks_like_an_image(file):
+                        bad.append(file)
+                        continue
+                    paths.append(file)
                     labels.append(index)
+    if bad:
+        shown = ", ".join(os.path.relpath(f, root) for f in bad[:3]) + (", ..." if len(bad) > 3 else "")
+        message = (f"{len(bad)} of {len(bad) + len(paths)} image files under {root!r} are not PNG, JPEG, GIF or BMP "
+                   f"images ({shown}).")
+        if not paths:
+            raise ValueError(message + " No image is left to evaluate: pass the unpacked ObjectNet download.")
+        if on_bad_file == "error":
+            raise ValueError(message + " Remove them (or replace them with the download's files), or pass "
+                             "--on-bad-file skip (on_bad_file='skip') to leave them out.")
+        warnings.warn(message + " Left them out.", stacklevel=2)
     if not paths:
-        raise ValueError(f"The ObjectNet class folders in {root!r} hold no images ({', '.join(IMAGE_EXTENSIONS)}).")
+        raise ValueError(f"The ObjectNet class folders in {root!r} hold no images ({', '.join(IMAGE_EXTENSIONS)}): "
+                         "pass the unpacked ObjectNet download.")
     return paths, np.asarray(labels, np.int64), [names[i] for i in sorted(found)]
 
 
@@ -132,14 +175,16 @@ def crop_border(image, border=BORDER):
     return image[border:-border, border:-border, :]
 
 
-def objectnet_dataset(path, image_size, batch_size=64, mapping=None):
+def objectnet_dataset(path, image_size, batch_size=64, mapping=None, on_bad_file="skip", return_paths=False):
     """(tf.data of (images in [-1, 1], ObjectNet labels), number of images, class names found):
-    each image decoded, its border cropped, then the evaluation preprocessing (resize)."""
+    each image decoded, its border cropped, then the evaluation preprocessing (resize).
+    `on_bad_file`: as index_objectnet_folder. With `return_paths`, a fourth item: the image
+    paths in the dataset's order."""
     import tensorflow as tf
 
     from keras_vit.data import preprocessing
 
-    paths, labels, found = index_objectnet_folder(path, mapping)
+    paths, labels, found = index_objectnet_folder(path, mapping, on_bad_file=on_bad_file)
 
     def load(file, label):
         image = tf.io.decode_image(tf.io.read_file(file), channels=3, expand_animations=False)
@@ -148,4 +193,18 @@ def objectnet_dataset(path, image_size, batch_size=64, mapping=None):
 
     ds = tf.data.Dataset.from_tensor_slices((paths, labels))
     ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).batch(batch_size)
-    return ds.prefetch(tf.data.AUTOTUNE), len(paths), found
+    ds = ds.prefetch(tf.data.AUTOTUNE)
+    return (ds, len(paths), found, paths) if return_paths else (ds, len(paths), found)
+
+
+def undecodable(paths):
+    """The first of `paths` that Pillow cannot decode, or None."""
+    from PIL import Image
+
+    for path in paths:
+        try:
+            with Image.open(path) as image:
+                image.load()
+        except Exception:  # Pillow raises OSError, SyntaxError, ValueError... for bad data
+            return path
+    return None

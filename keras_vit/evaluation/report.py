@@ -46,12 +46,39 @@ _DATA_ROWS = {
 }
 
 
+#: The command that writes each file that a report reads.
+_WRITERS = {"metrics.json": "keras-vit evaluate", "vtab.json": "keras-vit vtab",
+            "config.json": "keras-vit evaluate or vtab"}
+
+
+def _unreadable(path, what):
+    writer = _WRITERS.get(os.path.basename(path), "keras-vit")
+    return ValueError(f"{path} {what}: it is not a file that {writer} wrote, or it was cut short; run {writer} "
+                      "again into that folder, or leave the folder out.")
+
+
 def _read_json(path):
+    """The JSON object in `path` (None when there is no such file); a file that is not JSON, or
+    not a JSON object, is an error that names it."""
     try:
         with open(path) as f:
-            return json.load(f)
+            value = json.load(f)
     except FileNotFoundError:
         return None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise _unreadable(path, f"is not valid JSON ({error})") from None
+    if not isinstance(value, dict):
+        kind = {list: "an array", str: "a string", type(None): "null"}.get(type(value), "a number")
+        raise _unreadable(path, f"holds {kind}, not a JSON object")
+    return value
+
+
+def _check_run_folder(run_dir):
+    if not os.path.isdir(run_dir):
+        what = "is a file, not a run folder" if os.path.exists(run_dir) else "does not exist"
+        raise (NotADirectoryError if os.path.exists(run_dir) else FileNotFoundError)(
+            f"Run folder {run_dir!r} {what}: pass folders written by keras-vit evaluate or keras-vit vtab (--out)."
+        )
 
 
 def _column_name(run_dir):
@@ -64,13 +91,16 @@ def _column_name(run_dir):
 def run_results(run_dir):
     """{Table 2 row: accuracy in %} of one run folder (an evaluate or a vtab run)."""
     run_dir = os.fspath(run_dir)
-    if not os.path.isdir(run_dir):
-        raise FileNotFoundError(f"Run folder {run_dir!r} does not exist: pass folders written by keras-vit evaluate "
-                                "or keras-vit vtab (--out).")
+    _check_run_folder(run_dir)
     found = {}
-    vtab = _read_json(os.path.join(run_dir, "vtab.json"))
+    path = os.path.join(run_dir, "vtab.json")
+    vtab = _read_json(path)
     if vtab:
-        groups = vtab["groups"]["all"]
+        groups = vtab.get("groups")
+        groups = groups.get("all") if isinstance(groups, dict) else None
+        if not (isinstance(groups, dict) and {"mean", "tasks", "of"} <= set(groups)) or not isinstance(
+                groups["mean"], (int, float, type(None))):
+            raise _unreadable(path, "has no groups.all entry with a mean, tasks and of")
         if groups["mean"] is not None:
             suffix = "" if groups["tasks"] == groups["of"] else f" ({groups['tasks']} of {groups['of']} tasks)"
             found["VTAB (19 tasks)"] = f"{100 * groups['mean']:.2f}{suffix}"
@@ -79,6 +109,9 @@ def run_results(run_dir):
         name = metrics["data"][len("tfds:"):]
         for row, key in _DATA_ROWS.get(name, ()):
             if metrics.get(key) is not None:
+                if not isinstance(metrics[key], (int, float)) or isinstance(metrics[key], bool):
+                    raise _unreadable(os.path.join(run_dir, "metrics.json"),
+                                      f"holds {key}={metrics[key]!r}, not a number")
                 found[row] = f"{100 * metrics[key]:.2f}"
     if not found:
         raise ValueError(
@@ -93,6 +126,7 @@ def table2(run_dirs, paper=True):
     (runs whose weights are the same share it), then the paper's columns when `paper`."""
     columns, values = [], {}
     for run_dir in run_dirs:
+        _check_run_folder(os.fspath(run_dir))
         name = _column_name(run_dir)
         if name not in columns:
             columns.append(name)

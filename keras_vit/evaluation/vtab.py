@@ -83,16 +83,60 @@ def summarise(rows):
     return summary
 
 
+def _read_task(path):
+    """A finished task's row (None when the task has not run); a file that is not one is an error
+    that names it."""
+    try:
+        with open(path) as f:
+            row = json.load(f)
+    except FileNotFoundError:
+        return None
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        row, reason = None, f"is not valid JSON ({error})"
+    else:
+        reason = None if isinstance(row, dict) and isinstance(row.get("setting"), dict) and "top1" in row else \
+            "is not a task result (no top1 and setting)"
+    if reason:
+        raise ValueError(f"{path} {reason}: it was not written by keras-vit vtab, or it was cut short; delete it to "
+                         "run that task again.")
+    return row
+
+
 def read_results(out):
     """The finished tasks' rows of a VTAB run folder, in the suite's order."""
-    rows = []
-    for task in VTAB_TASKS:
-        try:
-            with open(_task_file(out, task)) as f:
-                rows.append(json.load(f))
-        except FileNotFoundError:
+    rows = [_read_task(_task_file(out, task)) for task in VTAB_TASKS]
+    return [row for row in rows if row is not None]
+
+
+#: The VtabSetting fields that `keras-vit vtab` sets, and their flags.
+_FLAGS = {"steps": "--steps", "batch_size": "--batch-size", "image_size": "--image-size"}
+
+
+def effective_setting(setting=VTAB_1K, *, steps=None, batch_size=None, image_size=None):
+    """`setting` with the given fields replaced, and its warm-up shortened to at most a fifth of
+    the steps."""
+    overrides = {k: v for k, v in (("steps", steps), ("batch_size", batch_size), ("image_size", image_size))
+                 if v is not None}
+    setting = dataclasses.replace(setting, **overrides)
+    return dataclasses.replace(setting, warmup_steps=min(setting.warmup_steps, setting.steps // 5))
+
+
+def check_run_folder(out, tasks, setting):
+    """Refuse to add results of `setting` to a run folder whose finished tasks used another one
+    (a rerun resumes with the next task only when the setting is the same)."""
+    compared = {k: v for k, v in dataclasses.asdict(setting).items()}
+    for task in tasks:
+        done = _read_task(_task_file(out, task))
+        if done is None:
             continue
-    return rows
+        before = {k: done["setting"].get(k) for k in compared}
+        if before != compared:
+            changes = ", ".join(f"{_FLAGS.get(k, k)} {before[k]} (now {compared[k]})" for k in compared
+                                if before[k] != compared[k])
+            raise ValueError(
+                f"{out} holds {task} results of another setting: {changes}. Resume with the setting it was started "
+                "with, or write this run to another --out folder."
+            )
 
 
 def write_tables(out, rows, setting_record, plot=True):
@@ -179,11 +223,7 @@ def run_vtab(model, out, *, tasks=None, setting=VTAB_1K, steps=None, batch_size=
     from keras_vit import training
     from keras_vit.evaluation.evaluators import evaluate_classifier
 
-    overrides = {k: v for k, v in (("steps", steps), ("batch_size", batch_size), ("image_size", image_size))
-                 if v is not None}
-    setting = dataclasses.replace(setting, **overrides)
-    warmup = min(setting.warmup_steps, setting.steps // 5)
-    setting = dataclasses.replace(setting, warmup_steps=warmup)
+    setting = effective_setting(setting, steps=steps, batch_size=batch_size, image_size=image_size)
     micro = micro_batch_size or setting.batch_size
     if micro > setting.batch_size or setting.batch_size % micro:
         raise ValueError(
@@ -192,19 +232,9 @@ def run_vtab(model, out, *, tasks=None, setting=VTAB_1K, steps=None, batch_size=
         )
     accumulation = setting.batch_size // micro
     names = resolve_tasks(tasks)
+    check_run_folder(out, names, setting)
     os.makedirs(os.path.join(out, "tasks"), exist_ok=True)
     record = _setting_record(setting, micro)
-    compared = {k: v for k, v in record.items() if k != "micro_batch_size"}
-    for task in names:
-        path = _task_file(out, task)
-        if os.path.exists(path):
-            with open(path) as f:
-                done = json.load(f)
-            if {k: done["setting"].get(k) for k in compared} != compared:
-                raise ValueError(
-                    f"{out!r} holds {task} results of another setting ({done['setting']}); resume with that setting "
-                    "or write this run to another --out folder."
-                )
     for number, task in enumerate(names, 1):
         path = _task_file(out, task)
         if os.path.exists(path):
