@@ -229,6 +229,7 @@ def _run_folder_and_data_cases(tmp_path):
     afile.write_text("a file\n")
     (tmp_path / "objectnet" / "images" / "not_a_class").mkdir(parents=True)
     (tmp_path / "objectnet_empty" / "images" / "banana").mkdir(parents=True)
+    (tmp_path / "no_classes" / "test").mkdir(parents=True)
     setting = dict(steps=2, learning_rate=0.01, batch_size=4, image_size=16, momentum=0.9, global_clipnorm=1.0,
                    warmup_steps=0, train_split="train800val200", test_split="test", weight_decay=0.0)
     (tmp_path / "vtab_done" / "tasks").mkdir(parents=True)
@@ -262,6 +263,8 @@ def _run_folder_and_data_cases(tmp_path):
         (evaluate + ["--data", str(tmp_path / "no_such_data")], "evaluate",
          ["--data '", "no_such_data' does not exist", "image folder", "tfds:NAME"]),
         (evaluate + ["--data", str(afile)], "evaluate", ["afile' is a file: pass an image folder"]),
+        (evaluate + ["--data", str(tmp_path / "no_classes")], "evaluate",
+         ["--split 'test' of --data", "has no class sub-folders", "<class name>"]),
         (evaluate + ["--data", "tfds:"], "evaluate", ["--data tfds: needs a dataset name", "tfds:cifar100"]),
         (evaluate + ["--data", "digits", "--split", "validation"], "evaluate",
          ["--split 'validation' of --data digits", "'train' and 'test'"]),
@@ -285,7 +288,8 @@ def _run_folder_and_data_cases(tmp_path):
         (["report", str(tmp_path / "cut")], "report", ["cut/metrics.json is not valid JSON", "keras-vit evaluate"]),
         (["report", str(tmp_path / "array")], "report", ["array/metrics.json holds an array, not a JSON object"]),
         (["report", str(tmp_path / "text_top1")], "report", ["holds top1='high', not a number"]),
-        (["report", str(tmp_path / "vtab_nogroups")], "report", ["vtab.json has no groups.all entry", "keras-vit vtab"]),
+        (["report", str(tmp_path / "vtab_nogroups")], "report",
+         ["vtab.json has no groups.all entry", "keras-vit vtab"]),
         (["report", str(tmp_path / "bad_config")], "report", ["bad_config/config.json is not valid JSON"]),
         (["report", str(afile)], "report", ["afile' is a file, not a run folder"]),
     ]

@@ -178,7 +178,7 @@ def check_data_args(data, splits):
 
 def _check_split(data, split):
     from keras_vit.data.embedded import parse_split
-    from keras_vit.data.folder import resolve_split_folder
+    from keras_vit.data.folder import _class_folders, resolve_split_folder
     from keras_vit.data.tfds_sources import TFDS_DATASETS
 
     if data.startswith("tfds:"):
@@ -187,7 +187,10 @@ def _check_split(data, split):
         if source is not None and split not in source.splits:
             raise ValueError(f"{name!r} has the splits {', '.join(sorted(source.splits))}; pass one of them.")
     elif os.path.isdir(data):
-        resolve_split_folder(data, split)
+        _, classes_from = resolve_split_folder(data, split)
+        if not _class_folders(classes_from):
+            raise ValueError(f"the image folder {classes_from!r} has no class sub-folders: put the images under "
+                             f"{os.path.join(classes_from, '<class name>', '')}.")
     else:
         part, _ = parse_split(split)
         if part not in ("train", "test"):
@@ -270,7 +273,8 @@ def add_data_args(parser, split="train"):
     group.add_argument("--classes", type=number(int, low=2), default=None,
                        help="expected number of classes (checked against the data)")
     group.add_argument("--on-bad-file", choices=("skip", "error"), default="skip",
-                       help="image folders and ObjectNet: skip corrupt / non-image files with a counted warning, or fail")
+                       help="image folders and ObjectNet: skip corrupt / non-image files with a counted warning, or "
+                       "fail")
     return group
 
 

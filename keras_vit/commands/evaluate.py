@@ -55,7 +55,7 @@ def evaluate(args):
     _common.check_model_args(args, needs_weights=True)  # before anything loads
     _common.check_data_args(args.data, {"--split": args.split})
     _common.resolve_weights(args)  # load_trained_model loads it at its own resolution
-    from keras_vit.evaluation import evaluate_classifier, load_for_evaluation
+    from keras_vit.evaluation import evaluate_classifier, load_for_evaluation, load_mapping
 
     resolved = getattr(args, "_resolved_weights", None)
     local = getattr(resolved, "path", None) or _common.weights_argument(args)
@@ -86,6 +86,10 @@ def evaluate(args):
     plot_confusion(result.confusion, result.class_names, run.file("confusion.png"),
                    f"{args.data} {args.split}: top-1 {top1:.4f}")
     print(f"run folder: {run.path}")
+    if metrics.get("protocol") == "objectnet":
+        overlapping = len(load_mapping()[0])
+        print(f"ObjectNet: {metrics['classes_found']} of the {overlapping} classes that overlap ImageNet found in "
+              f"{args.data[len('objectnet:'):]}")
     if metrics.get("real_examples") is not None:
         real = metrics["real_top1"]
         print(f"ReaL top-1: {'n/a' if real is None else f'{real:.4f}'} ({metrics['real_examples']} images with ReaL "

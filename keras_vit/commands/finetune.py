@@ -56,7 +56,8 @@ def add_parser(subparsers):
                        help="back up weights + optimizer state in OUT/backup each evaluation and resume an "
                        "interrupted run from it (with the arguments it was started with)")
     group.add_argument("--seed", type=_common.seed_int, default=0, help="seed of the initialisation and the data")
-    group.add_argument("--out", type=_common.out_folder, required=True, help="run folder (metrics, curves, model.keras)")
+    group.add_argument("--out", type=_common.out_folder, required=True,
+                       help="run folder (metrics, curves, model.keras)")
     group.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
                        help="Keras verbosity: 1 progress bars, 2 lines, 0 quiet")
     _common.add_distribution_args(parser)

@@ -30,7 +30,8 @@ def add_parser(subparsers):
     parser.add_argument("--data-dir", default=None, help="tensorflow-datasets data directory holding the tasks' data")
     parser.add_argument("--tasks", default=None,
                         help="comma-separated tasks (default: all 19), e.g. dtd,clevr_count or vtab/dtd")
-    parser.add_argument("--steps", type=positive, default=None, help=f"optimizer updates per task (default: the paper's {setting.steps})")
+    parser.add_argument("--steps", type=positive, default=None,
+                        help=f"optimizer updates per task (default: the paper's {setting.steps})")
     parser.add_argument("--batch-size", type=positive, default=None,
                         help=f"examples per update (default: the paper's {setting.batch_size})")
     parser.add_argument("--micro-batch-size", type=positive, default=None,
@@ -42,7 +43,8 @@ def add_parser(subparsers):
                         help="seed of the training data's order and augmentation")
     parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
                         help="Keras verbosity: 1 progress bars, 2 lines, 0 quiet")
-    parser.add_argument("--out", type=_common.out_folder, required=True, help="run folder (tables, plot, one file per finished task)")
+    parser.add_argument("--out", type=_common.out_folder, required=True,
+                        help="run folder (tables, plot, one file per finished task)")
     parser.set_defaults(func=vtab)
     return parser
 
