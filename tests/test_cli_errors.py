@@ -219,6 +219,7 @@ def test_bad_values_fail_before_anything_loads(tmp_path):
     assert not os.path.exists(out)
     assert (tmp_path / "afile").read_text() == "a file\n"  # an --out that is a file is left as it was
     assert sorted(os.listdir(tmp_path / "vtab_done" / "tasks")) == ["dtd.json"]  # nothing added to a run folder
+    assert os.listdir(tmp_path / "finetuned") == ["config.json"]
 
 
 def _run_folder_and_data_cases(tmp_path):
@@ -230,6 +231,8 @@ def _run_folder_and_data_cases(tmp_path):
     (tmp_path / "objectnet" / "images" / "not_a_class").mkdir(parents=True)
     (tmp_path / "objectnet_empty" / "images" / "banana").mkdir(parents=True)
     (tmp_path / "no_classes" / "test").mkdir(parents=True)
+    (tmp_path / "finetuned").mkdir()
+    (tmp_path / "finetuned" / "config.json").write_text(json.dumps({"command": "finetune", "steps": 500}))
     setting = dict(steps=2, learning_rate=0.01, batch_size=4, image_size=16, momentum=0.9, global_clipnorm=1.0,
                    warmup_steps=0, train_split="train800val200", test_split="test", weight_decay=0.0)
     (tmp_path / "vtab_done" / "tasks").mkdir(parents=True)
@@ -277,6 +280,8 @@ def _run_folder_and_data_cases(tmp_path):
         (evaluate + ["--data", "objectnet:" + str(tmp_path / "objectnet")], "evaluate",
          ["none of ObjectNet's 113 classes", "not_a_class"]),
         (evaluate + ["--data", "objectnet:" + str(tmp_path / "objectnet_empty")], "evaluate", ["hold no images"]),
+        (["evaluate", *weights, "--data", "digits", "--out", str(tmp_path / "finetuned")], "evaluate",
+         ["holds a `keras-vit finetune` run", "another folder", "finetuned/evaluate"]),
         (["fewshot", *weights, "--data", "digits", "--test-split", "val", "--out", out], "fewshot",
          ["--test-split 'val' of --data digits"]),
         (vtab + ["--micro-batch-size", "3", "--out", out], "vtab",

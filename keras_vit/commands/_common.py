@@ -198,6 +198,22 @@ def _check_split(data, split):
                              "'test[:100]'); pass one of them.")
 
 
+def check_out_is_own(args):
+    """Refuse, before anything loads, an --out that holds the run of another command (a finetune
+    run's config.json and metrics would be replaced); a folder of the same command is rewritten."""
+    try:
+        with open(os.path.join(args.out, "config.json")) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return
+    other = saved.get("command") if isinstance(saved, dict) else None
+    if isinstance(other, str) and other != args.command:
+        raise ValueError(
+            f"--out {args.out} holds a `keras-vit {other}` run; its config.json and metrics would be replaced. Write "
+            f"the {args.command} results to another folder, e.g. --out {os.path.join(args.out, args.command)}."
+        )
+
+
 def new_run_folder(path, config):
     """The RunFolder at `path` with `config` saved and the result files of an earlier run there
     removed (metrics.json merges what it is given: stale keys of another run would stay)."""
