@@ -139,14 +139,26 @@ def out_folder(text):
     return path
 
 
-def check_data_args(data, splits):
+def check_data_dir(data_dir):
+    """--data-dir, when given, must be an existing folder (tensorflow-datasets' data directory)."""
+    if data_dir is not None and not os.path.isdir(os.path.expanduser(data_dir)):
+        what = "is a file" if os.path.exists(data_dir) else "does not exist"
+        raise ValueError(
+            f"--data-dir {data_dir} {what}: pass the tensorflow-datasets data directory that holds the prepared data "
+            "(`tfds build NAME --data_dir DIR` writes it), or leave the flag out for ~/tensorflow_datasets."
+        )
+
+
+def check_data_args(data, splits, data_dir=None):
     """Refuse, before anything loads, --data and split values that cannot be read: an unknown
     embedded, tfds (of keras_vit's table) or VTAB name, a split such data lacks, a folder that does
     not exist or lacks the split's folder, an ObjectNet path without ObjectNet's class folders.
-    `splits`: {flag: split}, e.g. {"--split": "test"}. Needs neither Keras nor TensorFlow; what
+    `splits`: {flag: split}, e.g. {"--split": "test"}; `data_dir`: --data-dir. Needs neither Keras nor TensorFlow; what
     can only be known by reading the data (a tfds dataset that is not prepared, unreadable images)
     is found when it is read."""
     data = os.fspath(data)
+    if data.startswith("tfds:"):
+        check_data_dir(data_dir)
     if data.startswith("objectnet:"):
         from keras_vit.evaluation.objectnet import index_objectnet_folder
 

@@ -53,7 +53,7 @@ def plot_confusion(matrix, class_names, path, title):
 
 def evaluate(args):
     _common.check_model_args(args, needs_weights=True)  # before anything loads
-    _common.check_data_args(args.data, {"--split": args.split})
+    _common.check_data_args(args.data, {"--split": args.split}, args.data_dir)
     _common.check_out_is_own(args)
     _common.resolve_weights(args)  # load_trained_model loads it at its own resolution
     from keras_vit.evaluation import evaluate_classifier, load_for_evaluation, load_mapping

@@ -92,7 +92,8 @@ def plot_fewshot(results, path, title):
 
 def fewshot(args):
     _common.check_model_args(args)  # before anything loads
-    _common.check_data_args(args.data, {"--train-split": args.train_split, "--test-split": args.test_split})
+    _common.check_data_args(args.data, {"--train-split": args.train_split, "--test-split": args.test_split},
+                            args.data_dir)
     _common.check_out_is_own(args)
     _common.resolve_weights(args, image_size=args.image_size)
     import keras_vit.data as kd

@@ -53,6 +53,7 @@ def vtab(args):
     from keras_vit.evaluation.vtab import check_run_folder, effective_setting, resolve_tasks
 
     tasks = resolve_tasks(args.tasks)  # an unknown task fails before anything loads
+    _common.check_data_dir(args.data_dir)
     check_run_folder(args.out, tasks, effective_setting(_setting(), steps=args.steps, batch_size=args.batch_size,
                                                         image_size=args.image_size))
     _common.check_model_args(args)
