@@ -21,6 +21,7 @@ import warnings
 from typing import Optional
 
 from keras_vit import hub, names, presets
+from keras_vit.checkpoints.common import CheckpointError
 from keras_vit.checkpoints.registry import CheckpointFormat, detect_format, hub_fallback_patterns, hub_file_patterns
 
 #: File endings that make a string a path rather than a name.
@@ -260,6 +261,21 @@ def check_architecture(architecture, config, source):
         )
 
 
+def _architecture_mismatch(architecture, resolved):
+    """The ValueError of `check_architecture` for the checkpoint as read at its own size, or None
+    (also when it cannot be read at its own size either: its own error then stands)."""
+    if resolved.format.read_sized is None:
+        return None
+    try:
+        _, config = resolved.format.read(resolved.path)
+        check_architecture(architecture, config, resolved.source)
+    except CheckpointError:
+        return None
+    except ValueError as err:
+        return err
+    return None
+
+
 #: The pixel resize a load at another patch size inverts: timm's `resample_patch_embed` default.
 PATCH_RESIZE_RULE = "bicubic_antialias"
 
@@ -357,7 +373,7 @@ def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, cl
 
     from keras_vit.layers.init_scope import skip_random_init
     from keras_vit.models.family import family_of
-    from keras_vit.models.weight_tree import set_weight_tree, weight_variables
+    from keras_vit.models.weight_tree import WeightTreeError, set_weight_tree, weight_variables
 
     family = family_of(config)
     patch_resize = _patch_resize(config, overrides.get("patch_size"), image_size, source, patch_resize_rule)
@@ -382,15 +398,20 @@ def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, cl
         present = {k.split("/", 1)[0] for k in weight_variables(model)}
         # Weights the model does not have (a headless model's head and pre_logits) are not loaded.
         skip = plan.skip + tuple(p for p in family.optional_weights if p.split("/", 1)[0] not in present)
-        set_weight_tree(
-            model,
-            tree,
-            source_grid=family.grid(config),
-            resize_rule=config.get("position_embedding_resize"),
-            patch_resize_rule=patch_resize,
-            skip=skip,
-            allow_missing=plan.allow_missing,
-        )
+        try:
+            set_weight_tree(
+                model,
+                tree,
+                source_grid=family.grid(config),
+                resize_rule=config.get("position_embedding_resize"),
+                patch_resize_rule=patch_resize,
+                skip=skip,
+                allow_missing=plan.allow_missing,
+            )
+        except WeightTreeError as err:
+            if source is None:
+                raise
+            raise WeightTreeError(f"{source}: {err}") from None  # which checkpoint did not fit
     return model
 
 
@@ -415,7 +436,15 @@ def load(source, *, architecture=None, image_size=None, include_top=True, classe
         architecture = get_architecture(architecture)
     arch_name = architecture.name if architecture is not None else None
     resolved = resolve(source, architecture=arch_name, image_size=image_size)
-    tree, config = resolved.format.read_at(resolved.path, image_size)
+    try:
+        tree, config = resolved.format.read_at(resolved.path, image_size)
+    except CheckpointError:
+        # A format whose grid the size decides (an AxialResNet's spans) refuses another size; when
+        # the file holds another architecture altogether, that is the error to give.
+        mismatch = _architecture_mismatch(architecture, resolved) if architecture is not None else None
+        if mismatch is not None:
+            raise mismatch from None
+        raise
     source = resolved.source
     # The PI-resize of the source's framework (big_vision's FlexiViT: bilinear), unless named.
     overrides.setdefault("patch_resize_rule", resolved.format.patch_resize_rule)

@@ -264,5 +264,92 @@ def test_checkpoint_refuses_another_image_size(tmp_path, small_reference):
     # A constructor takes the original's files too, and checks that they hold its architecture.
     with pytest.raises(ValueError, match=r"different architecture \(AxialResNet, blocks \(1, 2, 1, 1\), width x0.25"):
         keras_vit.AxialResNet26S(weights=str(tmp_path / "axial.pth"), input_shape=(32, 32, 3))
-    with pytest.raises(CheckpointError, match=r"trained at 32x32 px .*cannot run at image_size=\(224, 224\)"):
-        keras_vit.AxialResNet26S(weights=str(tmp_path / "axial.pth"))  # the constructor's default size
+    # At the constructor's default size (224) the spans do not fit either; the architecture is what to fix.
+    with pytest.raises(ValueError, match=r"different architecture \(AxialResNet, blocks \(1, 2, 1, 1\).* than "
+                                         r"AxialResNet26S"):
+        keras_vit.AxialResNet26S(weights=str(tmp_path / "axial.pth"))
+
+
+# === Damaged and foreign checkpoints ===
+
+
+def _axial_file(tmp_path, name, edit=None):
+    """A small axial-deeplab .pth.tar written without torch (tests/torch_zip_files.py), its state
+    dict changed by `edit(state)`; returns its path."""
+    from torch_zip_files import axial_deeplab_sample, axial_deeplab_state, state_dict_bytes
+
+    _, tree = axial_deeplab_sample()
+    state = axial_deeplab_state(tree)
+    if edit is not None:
+        edit(state)
+    path = tmp_path / name
+    path.write_bytes(state_dict_bytes(state, wrap="state_dict", prefix="module."))
+    return path
+
+
+@pytest.mark.backend_independent
+def test_damaged_checkpoints_name_the_file_and_the_weight(tmp_path):
+    """Missing, unexpected, mis-shaped, integer and non-finite weights: one CheckpointError that
+    names the file and the weight by its key in the state dict."""
+    cases = [
+        ("missing.pth.tar", lambda s: s.pop("layer1.0.bn1.weight"),
+         r"missing.pth.tar: The checkpoint does not fit the model: missing weights: layer1/0/bn1/gamma\."),
+        ("extra.pth.tar", lambda s: s.update({"layer1.0.extra.bias": np.zeros(4, np.float32)}),
+         r"extra.pth.tar: The checkpoint does not fit the model: unexpected weights: layer1/0/extra/bias\."),
+        ("shape.pth.tar", lambda s: s.update({"layer1.0.bn1.weight": np.ones(5, np.float32)}),
+         r"shape.pth.tar: .*shape mismatch for layer1/0/bn1/gamma: checkpoint \(5,\) vs model \(32,\)"),
+        ("int.pth.tar", lambda s: s.update({"layer1.0.bn1.weight": np.arange(32)}),
+         r"int.pth.tar: weight 'layer1.0.bn1.weight' has dtype Long; AxialResNet's weights are floating point"),
+        ("nan.pth.tar", lambda s: s["fc.weight"].__setitem__((0, 0), np.nan),
+         r"nan.pth.tar: weight 'module.fc.weight' holds 1 non-finite value\(s\).*Delete it and download"),
+    ]
+    for name, edit, message in cases:
+        path = _axial_file(tmp_path, name, edit)
+        with pytest.raises(CheckpointError, match=message):
+            keras_vit.load_checkpoint(path)
+    # Recognised by its content under any name; under another format's name, refused as such.
+    from keras_vit.checkpoints import detect_format
+
+    assert detect_format(_axial_file(tmp_path, "model_best")).name == "axial_deeplab"
+    with pytest.raises(CheckpointError, match=r"model.npz' is named like a NumPy .npz archive but holds a PyTorch zip "
+                                              r"file \(torch.save\).*ending in '.pth.tar'"):
+        keras_vit.load_checkpoint(_axial_file(tmp_path, "model.npz"))
+
+
+@pytest.mark.backend_independent
+def test_a_failed_load_into_a_built_model_changes_no_weight(tmp_path):
+    """A lazily read tree whose last tensor (the classifier's) holds a NaN, assigned to a built
+    AxialResNet: refused naming that tensor, and every weight, including those read before it,
+    is as it was."""
+    from keras_vit.checkpoints.axial_deeplab import read_axial_deeplab
+
+    path = _axial_file(tmp_path, "nan.pth.tar", lambda s: s["fc.weight"].__setitem__((2, 5), np.inf))
+    tree, config = read_axial_deeplab(path, lazy=True)
+    model = keras_vit.models.AxialResNet(**config)
+    rng = np.random.default_rng(0)
+    for variable in model.weights:
+        variable.assign(rng.normal(size=variable.shape).astype(variable.dtype))
+    before = keras_vit.get_weight_tree(model)
+    with pytest.raises(CheckpointError, match=r"weight 'module.fc.weight' holds 1 non-finite"):
+        keras_vit.set_weight_tree(model, tree)
+    after = keras_vit.get_weight_tree(model)
+    assert [k for k in before if not np.array_equal(before[k], after[k])] == []
+
+
+def test_checkpoints_of_other_families_name_the_architecture(tmp_path):
+    """An EfficientNet file given to an AxialResNet constructor and an AxialResNet file given to
+    constructors of other families (at their default sizes, where its spans do not fit either)
+    name both architectures."""
+    from test_hostile_files import timm_efficientnet_sample
+
+    efficientnet = tmp_path / "efficientnet.safetensors"
+    efficientnet.write_bytes(timm_efficientnet_sample()[0])
+    with pytest.raises(ValueError, match=r"different architecture \(EfficientNet, width x0.25, depth x0.3\) than "
+                                         r"AxialResNet50S"):
+        keras_vit.AxialResNet50S(weights=str(efficientnet))
+    axial = _axial_file(tmp_path, "model.pth.tar")
+    for constructor, name in [(keras_vit.EfficientNetB3, "EfficientNetB3"), (keras_vit.ViTB16, "ViTB16"),
+                              (keras_vit.BiTResNet50x1, "BiTResNet50x1")]:
+        with pytest.raises(ValueError, match=rf"different architecture \(AxialResNet, blocks \(1, 1, 1, 1\), width "
+                                             rf"x0.25, 8 heads\) than {name}"):
+            constructor(weights=str(axial))

@@ -242,6 +242,30 @@ def test_numerics_survive_keras_files_presets_and_export(timm_side, tmp_path):
     np.testing.assert_allclose(probabilities, reference, rtol=0, atol=1e-5)
 
 
+def test_a_pytorch_model_bin_reads_like_the_safetensors(timm_side, tmp_path):
+    """timm's save_pretrained without safetensors writes pytorch_model.bin (a PyTorch zip file,
+    read without running its pickle, as for timm's ViTs and EfficientNets): the folder and the
+    bare file read the same tree as model.safetensors; a BiT file of another depth given to a
+    constructor names both architectures."""
+    torch = pytest.importorskip("torch")
+    from safetensors.torch import load_file
+
+    folder = _tiny_folder(timm_side)
+    only_bin = tmp_path / "bin"
+    only_bin.mkdir()
+    torch.save(load_file(folder / "model.safetensors"), only_bin / "pytorch_model.bin")
+    (only_bin / "config.json").write_text((folder / "config.json").read_text())
+    tree, config = keras_vit.read_checkpoint(folder)
+    for other in (only_bin, only_bin / "pytorch_model.bin"):
+        other_tree, other_config = keras_vit.read_checkpoint(other)
+        assert sorted(other_tree) == sorted(tree)
+        assert all(np.array_equal(other_tree[k], tree[k]) for k in tree)
+        assert other_config == config  # the bare file: config.json beside it still states the size
+    with pytest.raises(ValueError, match=r"different architecture \(BiT ResNet units \(1, 2, 1, 1\), width x0.5\) "
+                                         r"than BiTResNet101x1 \(BiT ResNet units \(3, 4, 23, 3\), width x1\)"):
+        keras_vit.BiTResNet101x1(weights=str(only_bin))
+
+
 def test_bit_readers_refuse_damaged_files(timm_side, tmp_path):
     """What the ViT readers refuse, the BiT ones do too, with a CheckpointError naming the problem:
     non-finite weights, .npy headers that claim more data than the file holds (before allocating),

@@ -317,3 +317,28 @@ def test_checkpoints_of_other_architectures_are_refused(b0, tmp_path):
         keras_vit.EfficientNetB0(weights=str(tmp_path / "vit"))
     with pytest.raises(ValueError, match=r"different architecture \(EfficientNet-B0 .*than ViTTi16"):
         keras_vit.ViTTi16(weights=str(b0["folder"]))
+
+
+@pytest.mark.backend_independent  # the reader only
+def test_a_bare_file_with_wrong_tensors_names_them(b0, tmp_path):
+    """A bare timm state dict (no config.json: the architecture is found from the shapes) with a
+    tensor removed, added or of another shape: the error names the nearest architecture and the
+    tensors that do not fit it, not only that no multipliers match."""
+    from safetensors.numpy import save_file
+
+    state = {k: v.numpy() for k, v in b0["reference"].state_dict().items()}
+    cases = [
+        ("missing", lambda s: s.pop("blocks.2.1.bn1.weight"), r"missing weights blocks/2/1/bn1/gamma\."),
+        ("extra", lambda s: s.update({"blocks.1.0.extra.bias": np.zeros(3, np.float32)}),
+         r"unexpected weights blocks/1/0/extra/bias\."),
+        ("shape", lambda s: s.update({"bn2.weight": np.ones(640, np.float32)}),
+         r"shape mismatches bn2/gamma \(640,\) \(expected \(1280,\)\)\."),
+    ]
+    for name, edit, message in cases:
+        edited = dict(state)
+        edit(edited)
+        save_file(edited, str(tmp_path / f"{name}.safetensors"))
+        with pytest.raises(CheckpointError, match=rf"{name}.safetensors: the weights are not those of the EfficientNet "
+                                                  rf"whose stem and blocks per stage it has \(nearest: width x1, depth "
+                                                  rf"x1\): {message} The file is incomplete or altered"):
+            keras_vit.read_checkpoint(tmp_path / f"{name}.safetensors")

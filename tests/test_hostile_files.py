@@ -115,6 +115,7 @@ EXPECTED = {
     "timm_efficientnet truncation": {"CheckpointError": 20},
     "timm_efficientnet flipped bytes": {"CheckpointError": 1, "read": 19},
     "torch zip pickles / storages": {"CheckpointError": 17},
+    "files under another format's name": {"CheckpointError": 50},
 }
 
 
@@ -826,6 +827,86 @@ def test_torch_files_that_would_run_code_or_claim_too_much(sandbox):
         assert peak < 64 * 2**20, (name, peak)
     assert not os.path.exists(os.path.join(folder, "ran")), "a pickle's payload ran"
     check_outcomes("torch zip pickles / storages")
+
+
+# === Files under another format's name ===
+
+#: The name each kind of file carries, for `test_files_under_another_formats_name`.
+KIND_NAMES = {"npz": "x.npz", "safetensors": "x.safetensors", "pytorch": "x.pth", "keras": "x.keras",
+              "hdf5": "x.weights.h5"}
+#: What each sample's damaged file is (its own name says it): kind, as error messages word it.
+SAMPLE_KINDS = {".npz": ("npz", "a NumPy .npz archive"), ".safetensors": ("safetensors", "a safetensors file"),
+                ".pth.tar": ("pytorch", r"a PyTorch zip file \(torch.save\)"), ".keras": ("keras", "a .keras archive"),
+                ".h5": ("hdf5", r"an HDF5 file \(Keras .weights.h5\)")}
+
+
+def test_files_under_another_formats_name(sandbox, valid):
+    """Every sample of the matrix saved under each other format's name (a renamed download, a
+    .npz saved as .pth, a PyTorch file as .safetensors) is refused with one CheckpointError that
+    says what the file holds and the name to give it, instead of a parse error of the wrong
+    reader; so are mislabelled weights inside a Hub-layout folder."""
+    for samples in GENERATORS.values():
+        for label, sample in samples.items():
+            data = valid["files"][sample.files][sample.target]
+            own, words = next(v for ending, v in SAMPLE_KINDS.items() if sample.target.endswith(ending))
+            for kind, name in KIND_NAMES.items():
+                if kind == own:
+                    continue
+                folder = _write(sandbox, {name: data})
+                with pytest.raises(CheckpointError, match=rf"{name}' is named like .* but holds {words}: the file was "
+                                                          r"renamed or mislabelled\. Give it a name ending in"):
+                    read_checkpoint(os.path.join(folder, name))
+                assert os.listdir(folder) == [name]
+                OUTCOMES["files under another format's name"]["CheckpointError"] += 1
+    # Inside Hub-layout folders: a PyTorch file as model.safetensors, a safetensors file as pytorch_model.bin.
+    axial = valid["files"]["axial_deeplab"]["model.pth.tar"]
+    folder = _write(sandbox, {**valid["files"]["timm"], "model.safetensors": axial})
+    with pytest.raises(CheckpointError, match=r"model.safetensors' is named like a safetensors file but holds a "
+                                              r"PyTorch zip file"):
+        read_checkpoint(folder)
+    OUTCOMES["files under another format's name"]["CheckpointError"] += 1
+    files = dict(valid["files"]["transformers"])
+    files["pytorch_model.bin"] = files.pop("model.safetensors")
+    with pytest.raises(CheckpointError, match=r"pytorch_model.bin' is named like a PyTorch zip file \(torch.save\) "
+                                              r"but holds a safetensors file.*ending in '.safetensors'"):
+        read_checkpoint(_write(sandbox, files))
+    OUTCOMES["files under another format's name"]["CheckpointError"] += 1
+    check_outcomes("files under another format's name")
+
+
+# === A file that fails while it is assigned ===
+
+#: The samples whose readers leave tensors to be read when assigned (the original .npz reader
+#: reads every tensor as it reads the file; the Keras files are read by Keras).
+LAZY_SAMPLES = [(label, sample) for samples in GENERATORS.values() for label, sample in samples.items()
+                if sample.build and label != "npz"]
+
+
+@pytest.mark.parametrize("label,sample", LAZY_SAMPLES, ids=[label for label, _ in LAZY_SAMPLES])
+def test_a_read_failing_midway_leaves_a_built_models_weights_untouched(label, sample, sandbox, valid):
+    """Loading into a built model (`set_weight_tree`) from a lazy tree whose file is cut short
+    after the tree was read (its tensors are then read one at a time): the read fails with a
+    CheckpointError naming the file, and not one weight of the model has changed, although the
+    tensors before the cut still read."""
+    from keras_vit.checkpoints.registry import detect_format
+    from keras_vit.models.weight_tree import set_weight_tree
+
+    folder = _write(sandbox, valid["files"][sample.files])
+    path = os.path.join(folder, sample.entry)
+    model = randomize(build_model(*read_checkpoint(path)), seed=5)
+    before = {k: np.asarray(v) for k, v in get_weight_tree(model).items()}
+    tree, _ = detect_format(path).read_at(path)
+    if hasattr(tree, "bind"):
+        tree = tree.bind(model)
+    assert not all(isinstance(v, np.ndarray) for v in tree.values()), f"{label}: nothing is left to read"
+    target = os.path.join(folder, sample.target)
+    with open(target, "r+b") as f:
+        f.truncate(os.path.getsize(target) * 3 // 5)
+    with pytest.raises(CheckpointError, match=sample.target):
+        set_weight_tree(model, tree)
+    after = get_weight_tree(model)
+    changed = [k for k in before if not np.array_equal(before[k], after[k])]
+    assert not changed, f"{label}: a failed load changed {changed}"
 
 
 # === docs/reliability.md's table ===

@@ -208,8 +208,9 @@ def test_the_registry_declares_every_format():
     from keras_vit.checkpoints import registry
 
     table = registry.formats()
+    # axial_deeplab before npz: npz takes any zip, and a PyTorch zip file may carry any name.
     assert list(table) == ["keras_preset", "keras", "keras_weights", "timm_bit", "bit_npz", "timm_efficientnet", "timm",
-                           "transformers", "big_vision", "npz", "axial_deeplab"]
+                           "transformers", "axial_deeplab", "big_vision", "npz"]
     assert table["timm"].resize_rule == "bicubic_antialias" and table["npz"].resize_rule == "original"
     assert table["big_vision"].resize_rule == "original"  # big_vision's resample_posemb: ndimage.zoom order=1
     assert table["npz"].write is keras_vit.write_npz

@@ -73,6 +73,12 @@ def axial_state_to_tree(state, *, source="checkpoint"):
             _check_flatten_index(state, key, value, source)
         if name is None:
             continue
+        dtype = np.dtype(getattr(value, "dtype", np.float32))
+        if dtype.kind != "f":
+            raise CheckpointError(
+                f"{source}: weight {key!r} has dtype {getattr(value, 'torch_dtype', dtype.name)}; AxialResNet's weights "
+                "are floating point. The file is corrupt or not a trained axialnet.py model."
+            )
         shape = tuple(value.shape)
         if key.endswith("qkv_transform.weight"):
             if len(shape) != 3 or shape[2] != 1:

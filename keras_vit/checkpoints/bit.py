@@ -19,8 +19,8 @@ a file with the other's. Both readers go through the common hardening: .npy head
 before anything is allocated, the zip's CRC-32 and finiteness checked as each weight is read,
 config.json fields validated.
 
-Two formats of the registry: "timm_bit" (timm folders and .safetensors) and "bit_npz"
-(big_transfer .npz, with a writer); keras_vit.loading builds the BiTResNet.
+Two formats of the registry: "timm_bit" (timm folders, .safetensors and PyTorch state dicts)
+and "bit_npz" (big_transfer .npz, with a writer); keras_vit.loading builds the BiTResNet.
 """
 
 import os
@@ -35,14 +35,13 @@ from keras_vit.checkpoints.common import (
     count_units,
     describe_keys,
     materialize,
-    open_safetensors,
     read_json,
     reading,
-    safetensors_in_folder,
     width_factor,
 )
 from keras_vit.checkpoints.npz import _single_npz, lazy_member, open_members
 from keras_vit.checkpoints.registry import CheckpointFormat
+from keras_vit.checkpoints.torch_zip import is_torch_zip, open_weights, weights_in_folder
 from keras_vit.models.config import BIT_NUMERICS
 
 #: The numerics of google-research/big_transfer's own code, which trained and wrote the .npz
@@ -98,6 +97,8 @@ _TIMM_UNIT = {
     "conv3.weight": "c/standardized_conv2d/kernel",
     "downsample.conv.weight": "a/proj/standardized_conv2d/kernel",
 }
+#: The names of PyTorch zip files `open_weights` reads as a state dict.
+_TORCH_NAMES = (".bin", ".pt", ".pth")
 _TIMM_STAGE = re.compile(r"^stages\.(\d+)\.blocks\.(\d+)\.(.+)$")
 
 
@@ -107,10 +108,12 @@ def _conv(w):
 
 
 def _timm_files(path):
+    """{key: file} of a timm folder's weights (model.safetensors, its shards, or a PyTorch zip
+    pytorch_model.bin, read without running its pickle) or of such a file itself."""
     path = os.fspath(path)
     if os.path.isdir(path):
-        return open_safetensors(safetensors_in_folder(path, "save the model with safe_serialization=True"))
-    return open_safetensors(path)
+        return open_weights(weights_in_folder(path, "save the model with timm's save_pretrained"))
+    return open_weights(path)
 
 
 def _timm_config(path):
@@ -121,8 +124,8 @@ def _timm_config(path):
 
 
 def detect_timm_bit(path):
-    """Whether `path` (a timm Hub folder or .safetensors) holds a timm BiT ResNet-v2: config.json's
-    `architecture` starts with "resnetv2_", or (a bare file) its tensors are a pre-activation
+    """Whether `path` (a timm Hub folder, .safetensors or PyTorch state dict) holds a timm BiT
+    ResNet-v2: config.json's `architecture` starts with "resnetv2_", or (a bare file) its tensors are a pre-activation
     ResNet-v2's (`stem.conv.weight`, `stages.0.blocks.0.norm1.weight`, no ViT parts)."""
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -130,7 +133,10 @@ def detect_timm_bit(path):
     config = _timm_config(path)
     if config:
         return str(config.get("architecture", "")).startswith("resnetv2_")
-    if os.path.isdir(path) or not path.endswith((".safetensors", ".safetensors.index.json")):
+    if os.path.isdir(path):
+        return False
+    if not path.endswith((".safetensors", ".safetensors.index.json")) and not (
+            path.endswith(_TORCH_NAMES) and is_torch_zip(path)):
         return False
     try:
         keys = set(_timm_files(path))
@@ -178,7 +184,8 @@ def timm_bit_state_to_tree(files, *, source="checkpoint"):
 
 
 def read_timm_bit(path, lazy=False):
-    """Read a timm resnetv2_*_bit Hub folder (model.safetensors + config.json) or .safetensors.
+    """Read a timm resnetv2_*_bit Hub folder (model.safetensors or pytorch_model.bin + config.json),
+    .safetensors or PyTorch state dict.
 
     Returns (canonical BiT tree, BiTResNet kwargs with timm's numerics); the resolution is the
     repository's `pretrained_cfg.input_size` (224 for a bare file). With `lazy=True` the tree holds
@@ -318,11 +325,13 @@ def write_bit_npz(tree, path):
 FORMATS = (
     CheckpointFormat(
         name="timm_bit",
-        description="a timm BiT ResNet-v2 Hub folder or .safetensors (architecture resnetv2_*)",
+        description="a timm BiT ResNet-v2 Hub folder, .safetensors or PyTorch state dict (architecture resnetv2_*)",
         detect=detect_timm_bit,
         read=lambda path: read_timm_bit(path, lazy=True),
         numerics="timm",
         hub_files=("*.safetensors", "*.safetensors.index.json"),
+        hub_fallback_files=("pytorch_model.bin",),  # read by checkpoints.torch_zip, which runs nothing from it
+        torch_zip=True,
     ),
     CheckpointFormat(
         name="bit_npz",

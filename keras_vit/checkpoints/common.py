@@ -73,6 +73,90 @@ def corrupt_file_error(path, err):
     )
 
 
+# === What a file holds, whatever its name ===
+
+#: kind -> (what the file is, in words; the names such files carry). `file_kind` tells the kind
+#: from the first bytes, `named_kind` from the name.
+FILE_KINDS = {
+    "safetensors": ("a safetensors file", (".safetensors",)),
+    "pytorch": ("a PyTorch zip file (torch.save)", (".pth.tar", ".pth", ".pt", ".bin", ".ckpt", ".tar")),
+    "pickle": ("a Python pickle", (".pkl",)),
+    "keras": ("a .keras archive", (".keras",)),
+    "npz": ("a NumPy .npz archive", (".npz",)),
+    "hdf5": ("an HDF5 file (Keras .weights.h5)", (".h5",)),
+    "json": ("a JSON document", (".json",)),
+}
+#: Kinds a name may stand for: PyTorch's names are used for its zip files and for plain pickles.
+_NAME_ALLOWS = {"pytorch": ("pytorch", "pickle"), "pickle": ("pytorch", "pickle")}
+_HDF5_MAGIC = b"\x89HDF\r\n\x1a\n"
+
+
+def named_kind(path):
+    """The FILE_KINDS kind the name of `path` stands for (its extension), or None."""
+    name = os.path.basename(os.fspath(path)).lower()
+    for kind, (_, endings) in FILE_KINDS.items():
+        if name.endswith(endings):
+            return kind
+    return None
+
+
+def file_kind(path):
+    """The FILE_KINDS kind the content of the file `path` has (from its first bytes and, for a
+    zip archive, its member names), or None when it is none of them or cannot be told (a
+    damaged file: its reader then says what is wrong with it). Never raises for a readable file."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return None
+    if head.startswith(_HDF5_MAGIC):
+        return "hdf5"
+    if head[:4] in (b"PK\x03\x04", b"PK\x05\x06"):
+        try:
+            with zipfile.ZipFile(path) as archive:
+                names = archive.namelist()
+        except (OSError, zipfile.BadZipFile, ValueError, EOFError, struct.error, NotImplementedError):
+            return None
+        if any(n == "data.pkl" or n.endswith("/data.pkl") for n in names):
+            return "pytorch"
+        if "model.weights.h5" in names or "metadata.json" in names:
+            return "keras"
+        if names and all(n.endswith(".npy") for n in names):
+            return "npz"
+        return None
+    if looks_like_safetensors(path):
+        return "safetensors"
+    if len(head) >= 2 and head[0] == 0x80 and 2 <= head[1] <= 5:
+        return "pickle"
+    if head.lstrip()[:1] in (b"{", b"["):
+        return "json"
+    return None
+
+
+def misnamed_error(path):
+    """A CheckpointError when the file `path` holds another kind of file than its name says (a
+    renamed or mislabelled download), else None. Readers pick a file's parser by its name, so such
+    a file would fail deep inside the wrong one with a message about corruption."""
+    named = named_kind(path)
+    if named is None:
+        return None
+    actual = file_kind(path)
+    if actual is None or actual in _NAME_ALLOWS.get(named, (named,)):
+        return None
+    what, endings = FILE_KINDS[actual]
+    return CheckpointError(
+        f"{os.fspath(path)!r} is named like {FILE_KINDS[named][0]} but holds {what}: the file was renamed or "
+        f"mislabelled. Give it a name ending in {endings[0]!r} (or use the original file) and load that."
+    )
+
+
+def check_file_name(path):
+    """Raise `misnamed_error(path)` when there is one."""
+    error = misnamed_error(path)
+    if error is not None:
+        raise error
+
+
 def describe_keys(keys, limit=8):
     keys = sorted(keys)
     shown = ", ".join(keys[:limit])
@@ -343,7 +427,7 @@ class SafetensorsFile:
             if not isinstance(header, dict):
                 raise ValueError("the header is not a JSON object")
         except (ValueError, UnicodeDecodeError, RecursionError) as err:
-            raise corrupt_file_error(self.path, err) from None
+            raise misnamed_error(self.path) or corrupt_file_error(self.path, err) from None
         metadata = header.pop("__metadata__", None) or {}
         self.metadata = metadata if isinstance(metadata, dict) else {}
         self._start = 8 + n

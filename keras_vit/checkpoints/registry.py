@@ -17,7 +17,7 @@ import importlib
 import os
 from typing import Callable, Optional
 
-from keras_vit.checkpoints.common import CheckpointError, materialize
+from keras_vit.checkpoints.common import CheckpointError, check_file_name, materialize
 from keras_vit.models.config import NUMERICS
 
 #: Format modules under keras_vit.checkpoints, in detection order. A new format: one module
@@ -28,9 +28,9 @@ _MODULES = (
     "timm_efficientnet",  # before "timm": its folders are timm folders too
     "timm",
     "transformers",
+    "axial_deeplab",  # before "npz", which takes any zip: its PyTorch zip files may carry any name
     "big_vision",  # before "npz": both are .npz files, big_vision's told apart by its member names
     "npz",
-    "axial_deeplab",
 )
 
 _PICKLES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pth.tar")
@@ -137,7 +137,8 @@ def detect_format(path):
     """The CheckpointFormat of the local file or folder `path`.
 
     Raises:
-        FileNotFoundError when nothing exists at `path`; CheckpointError for pickles other than
+        FileNotFoundError when nothing exists at `path`; CheckpointError for a file whose content
+        is another kind than its name says (`common.misnamed_error`), for pickles other than
         PyTorch zip files (never loaded: unpickling can run arbitrary code), for PyTorch zip files
         whose pickle names anything but tensors and containers, and for anything no format
         recognises.
@@ -145,6 +146,10 @@ def detect_format(path):
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"No checkpoint at {path!r}.")
+    if os.path.isfile(path):
+        # A file whose content is another kind than its name says (a .npz saved as .pth, a
+        # PyTorch file as .safetensors) is named as such, not parsed by the wrong reader.
+        check_file_name(path)
     if os.path.isfile(path) and path.endswith(_PICKLES):
         # PyTorch zip files are read by a restricted unpickler that runs nothing from the file
         # (checkpoints.torch_zip); legacy torch files and other pickles are never unpickled.

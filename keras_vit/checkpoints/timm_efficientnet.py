@@ -123,7 +123,7 @@ def efficientnet_state_to_tree(files, *, source="checkpoint"):
 # === Config inference ===
 
 
-def _compare(tree, expected, what, source):
+def _compare(tree, expected, what, source, hint=""):
     """Raise a CheckpointError naming every missing, unexpected and mis-shaped weight of `tree`
     against the {key: shape} of `what`."""
     got = {k: tuple(v.shape) for k, v in tree.items()}
@@ -139,7 +139,7 @@ def _compare(tree, expected, what, source):
         if wrong:
             problems.append(f"shape mismatches {', '.join(wrong[:4])}" + (f", ... ({len(wrong) - 4} more)"
                                                                           if len(wrong) > 4 else ""))
-        raise CheckpointError(f"{source}: the weights are not those of {what}: {'; '.join(problems)}.")
+        raise CheckpointError(f"{source}: the weights are not those of {what}: {'; '.join(problems)}.{hint}")
 
 
 def _counts(tree):
@@ -168,13 +168,9 @@ def _summary(tree):
             f"head {shape('conv_head/kernel')[-1]}")
 
 
-def _search_multipliers(tree, classes, channels):
-    """(width, depth) whose shapes are the tree's, searched on a grid of 0.05 (the table's rows
-    first), or None."""
-    target = {k: tuple(v.shape) for k, v in tree.items()}
-    for width, depth, _ in TIMM_MULTIPLIERS.values():
-        if weight_shapes(width, depth, classes, channels) == target:
-            return width, depth
+def _candidates(tree):
+    """The (width, depth) multipliers on a grid of 0.05 whose stem width and blocks per stage
+    are the tree's."""
     stem, _, stages, _ = _counts(tree)
     from keras_vit.models.efficientnet_family import BASE_STAGES, round_channels
 
@@ -182,11 +178,35 @@ def _search_multipliers(tree, classes, channels):
     repeats = [stages.get(i, 0) for i in range(len(BASE_STAGES))]
     depths = [d / 20 for d in range(1, 321)
               if [int(math.ceil(r * d / 20)) for _, r, *_ in BASE_STAGES] == repeats]
-    for width in widths:
-        for depth in depths:
-            if weight_shapes(width, depth, classes, channels) == target:
-                return width, depth
+    return [(width, depth) for width in widths for depth in depths]
+
+
+def _search_multipliers(tree, classes, channels):
+    """(width, depth) whose shapes are the tree's, searched on a grid of 0.05 (the table's rows
+    first), or None."""
+    target = {k: tuple(v.shape) for k, v in tree.items()}
+    for width, depth, _ in TIMM_MULTIPLIERS.values():
+        if weight_shapes(width, depth, classes, channels) == target:
+            return width, depth
+    for width, depth in _candidates(tree):
+        if weight_shapes(width, depth, classes, channels) == target:
+            return width, depth
     return None
+
+
+def _nearest_multipliers(tree, classes, channels):
+    """The (width, depth) of `_candidates` whose shapes differ from the tree's in the fewest
+    weights (timm's own rows first among equals: several depths give the same blocks per stage),
+    or None when no multipliers give the tree's stem and blocks per stage."""
+    target = {k: tuple(v.shape) for k, v in tree.items()}
+
+    def differences(multipliers):
+        expected = weight_shapes(*multipliers, classes, channels)
+        return len(set(expected) ^ set(target)) + sum(target[k] != v for k, v in expected.items() if k in target)
+
+    rows = [(width, depth) for width, depth, _ in TIMM_MULTIPLIERS.values()]
+    candidates = sorted(_candidates(tree), key=lambda c: c not in rows)
+    return min(candidates, key=differences) if candidates else None
 
 
 def infer_efficientnet_config(tree, *, architecture=None, image_size=None, batch_norm_epsilon=None,
@@ -205,6 +225,13 @@ def infer_efficientnet_config(tree, *, architecture=None, image_size=None, batch
     else:
         found = _search_multipliers(tree, classes, channels)
         if found is None:
+            nearest = _nearest_multipliers(tree, classes, channels)
+            if nearest is not None:
+                # Its stem and stages are an EfficientNet's: name the weights that are not.
+                _compare(tree, weight_shapes(*nearest, classes, channels),
+                         f"the EfficientNet whose stem and blocks per stage it has (nearest: width x{nearest[0]:g}, "
+                         f"depth x{nearest[1]:g})", source,
+                         " The file is incomplete or altered: use it as timm saved it (a folder with its config.json).")
             raise CheckpointError(
                 f"{source}: no EfficientNet width and depth multipliers give these weights' shapes (the stages hold "
                 f"{describe_keys(sorted({k.rsplit('/', 3)[0] for k in tree if k.startswith('blocks/')}), limit=4)}); "

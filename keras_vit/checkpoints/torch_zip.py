@@ -36,7 +36,7 @@ import zlib
 
 import numpy as np
 
-from keras_vit.checkpoints.common import MAX_DEFLATE_RATIO, CheckpointError, LazyArray, check_finite
+from keras_vit.checkpoints.common import MAX_DEFLATE_RATIO, CheckpointError, LazyArray, check_finite, misnamed_error
 
 #: The largest data.pkl read (a ViT-H state dict's pickle is ~50 KB; optimizer states a few MB).
 MAX_PICKLE_BYTES = 256 * 2**20
@@ -110,10 +110,11 @@ class TorchTensor(LazyArray):
     `tensor.numpy()` gives the stored dtype (bfloat16 as float32, which holds it exactly).
     """
 
-    __slots__ = ("storage", "offset", "stride", "torch_dtype")
+    __slots__ = ("storage", "offset", "stride", "torch_dtype", "name")
 
     def __init__(self, storage, offset, shape, stride, name=None):
         self.storage, self.offset, self.stride = storage, offset, tuple(stride)
+        self.name = name  # its key in the state dict (`find_state_dict` sets it), for errors
         self.torch_dtype = storage.type.name.replace("Storage", "")
         super().__init__(self._float32, shape)
 
@@ -143,7 +144,8 @@ class TorchTensor(LazyArray):
         if array.dtype.kind == "f":
             with np.errstate(over="ignore"):
                 array = array.astype(np.float32, copy=False)
-            return check_finite(array, self.storage.key, self.storage.archive.path)
+            name = self.name if self.name is not None else f"in storage {self.storage.key}"
+            return check_finite(array, name, self.storage.archive.path)
         return array
 
     def __repr__(self):
@@ -302,13 +304,13 @@ class TorchZipFile:
             with zipfile.ZipFile(self.path) as archive:
                 infos = archive.infolist()
         except (zipfile.BadZipFile, ValueError, EOFError, struct.error, NotImplementedError) as err:
-            raise CheckpointError(
+            raise misnamed_error(self.path) or CheckpointError(
                 f"Cannot read {self.path!r}: it is not a PyTorch zip file or it is truncated or corrupt "
                 f"({type(err).__name__}: {err}). Delete it and download or save it again."
             ) from None
         pickles = [i for i in infos if i.filename == "data.pkl" or i.filename.endswith("/data.pkl")]
         if len(pickles) != 1:
-            raise CheckpointError(
+            raise (misnamed_error(self.path) if not pickles else None) or CheckpointError(
                 f"{self.path}: a PyTorch zip file holds one data.pkl; this archive holds {len(pickles)}, so it was not "
                 "written by torch.save."
             )
@@ -421,14 +423,22 @@ def _is_state_dict(value):
     )
 
 
+def _named(state):
+    """`state` with each tensor knowing its key (errors name the weight, not its storage)."""
+    for key, tensor in state.items():
+        if tensor.name is None:
+            tensor.name = key
+    return dict(state)
+
+
 def find_state_dict(obj, source, keys=("state_dict", "model", "module")):
     """The {name: TorchTensor} map of an unpickled checkpoint object (see TorchZipFile.state_dict)."""
     if _is_state_dict(obj):
-        return dict(obj)
+        return _named(obj)
     if isinstance(obj, dict):
         for key in keys:
             if _is_state_dict(obj.get(key)):
-                return dict(obj[key])
+                return _named(obj[key])
         shown = ", ".join(repr(k)[:40] for k in list(obj)[:10])
         raise CheckpointError(
             f"{source}: no state dict of tensors found; the saved dict holds {shown}, none of them a "

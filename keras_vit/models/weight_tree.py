@@ -131,15 +131,26 @@ def set_weight_tree(model, tree, *, source_grid=None, resize_rule=None, patch_re
             + ". Check that the architecture (size, patch, classifier, hybrid stages) matches the checkpoint, "
             "or load it with keras_vit.load_checkpoint(), which infers the architecture from the file."
         )
+    # Into a built model, values read lazily from a file are read before anything is assigned: a
+    # read that fails (a truncated file, a NaN) then leaves every weight as it was.
+    values = {
+        key: value if isinstance(value, np.ndarray) or _deferred(variables[key]) else np.asarray(value)
+        for key, value in values.items()
+    }
     for key, value in values.items():
         var = variables[key]
-        if getattr(var, "_value", 0) is None and getattr(var, "_initializer", None) is not None:
+        if _deferred(var):
             # Created in a keras.StatelessScope and not initialised yet (keras_vit.loading builds
             # so): the value becomes its initialiser, and the variable is created from it once,
             # when the scope ends; no zeros are written first and nothing is copied twice.
             var._initializer = _ValueInitializer(value)
         else:
             var.assign(np.array(value, dtype=var.dtype))  # a copy: the model never aliases the tree
+
+
+def _deferred(var):
+    """Whether `var` was created in a keras.StatelessScope and is not initialised yet."""
+    return getattr(var, "_value", 0) is None and getattr(var, "_initializer", None) is not None
 
 
 class _ValueInitializer:
