@@ -316,7 +316,6 @@ def test_damaged_checkpoints_name_the_file_and_the_weight(tmp_path):
         keras_vit.load_checkpoint(_axial_file(tmp_path, "model.npz"))
 
 
-@pytest.mark.backend_independent
 def test_a_failed_load_into_a_built_model_changes_no_weight(tmp_path):
     """A lazily read tree whose last tensor (the classifier's) holds a NaN, assigned to a built
     AxialResNet: refused naming that tensor, and every weight, including those read before it,
@@ -336,6 +335,7 @@ def test_a_failed_load_into_a_built_model_changes_no_weight(tmp_path):
     assert [k for k in before if not np.array_equal(before[k], after[k])] == []
 
 
+@pytest.mark.backend_independent  # refused before a model is built
 def test_checkpoints_of_other_families_name_the_architecture(tmp_path):
     """An EfficientNet file given to an AxialResNet constructor and an AxialResNet file given to
     constructors of other families (at their default sizes, where its spans do not fit either)

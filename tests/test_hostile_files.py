@@ -115,7 +115,7 @@ EXPECTED = {
     "timm_efficientnet truncation": {"CheckpointError": 20},
     "timm_efficientnet flipped bytes": {"CheckpointError": 1, "read": 19},
     "torch zip pickles / storages": {"CheckpointError": 17},
-    "files under another format's name": {"CheckpointError": 50},
+    "files under another format's name": {"CheckpointError": 51},
 }
 
 
@@ -870,6 +870,10 @@ def test_files_under_another_formats_name(sandbox, valid):
     with pytest.raises(CheckpointError, match=r"pytorch_model.bin' is named like a PyTorch zip file \(torch.save\) "
                                               r"but holds a safetensors file.*ending in '.safetensors'"):
         read_checkpoint(_write(sandbox, files))
+    OUTCOMES["files under another format's name"]["CheckpointError"] += 1
+    folder = _write(sandbox, {**valid["files"]["keras_preset"], "model.weights.h5": axial})
+    with pytest.raises(CheckpointError, match=r"model.weights.h5' is named like an HDF5 file .* but holds a PyTorch"):
+        read_checkpoint(folder)
     OUTCOMES["files under another format's name"]["CheckpointError"] += 1
     check_outcomes("files under another format's name")
 

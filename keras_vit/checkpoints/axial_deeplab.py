@@ -121,7 +121,8 @@ def infer_axial_config(tree, *, source="checkpoint"):
             stage, unit = int(m.group(1)), int(m.group(2))
             units[stage] = max(units.get(stage, -1), unit)
     if not units or sorted(units) != list(range(1, len(units) + 1)):
-        raise CheckpointError(f"{source}: stages {sorted(units)} are not numbered layer1..layerN.")
+        raise CheckpointError(f"{source}: stages {sorted(units)} are not numbered layer1..layerN; the state dict is "
+                              "not axialnet.py's AxialResNet (or it was altered). Use the file its training saved.")
     block_units = tuple(units[s] + 1 for s in sorted(units))
     similarity = tree.get("layer1/0/hight_block/bn_similarity/gamma")
     relative = tree.get("layer1/0/hight_block/relative")

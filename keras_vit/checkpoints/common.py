@@ -65,7 +65,11 @@ def check_finite(array, name, source):
 
 
 def corrupt_file_error(path, err):
-    """The error for a file that exists but cannot be parsed."""
+    """The error for a file that exists but cannot be parsed: `misnamed_error` when the file is
+    another kind than its name says (it is then not damaged, only mislabelled)."""
+    misnamed = misnamed_error(path)
+    if misnamed is not None:
+        return misnamed
     return CheckpointError(
         f"Cannot read {os.fspath(path)!r}: the file is truncated or corrupt ({type(err).__name__}: {err}). "
         "Delete it and download or convert it again (for Hub files, remove it from the cache so that "
@@ -427,7 +431,7 @@ class SafetensorsFile:
             if not isinstance(header, dict):
                 raise ValueError("the header is not a JSON object")
         except (ValueError, UnicodeDecodeError, RecursionError) as err:
-            raise misnamed_error(self.path) or corrupt_file_error(self.path, err) from None
+            raise corrupt_file_error(self.path, err) from None
         metadata = header.pop("__metadata__", None) or {}
         self.metadata = metadata if isinstance(metadata, dict) else {}
         self._start = 8 + n
