@@ -207,6 +207,7 @@ def test_bad_values_fail_before_anything_loads(tmp_path):
         (explain + [str(png)], "explain", ["truncated.png' is a damaged image"]),
         (explain + ["sample:grace_hopper", "--components", "0"], "explain", ["argument --components: 0 is not"]),
     ]
+    cases += _image_size_cases(tmp_path)
     cases += _run_folder_and_data_cases(tmp_path)
     done = subprocess.run([sys.executable, "-c", _PARSE_CASES, json.dumps([argv for argv, _, _ in cases])],
                           capture_output=True, text=True, timeout=300)
@@ -220,6 +221,38 @@ def test_bad_values_fail_before_anything_loads(tmp_path):
     assert (tmp_path / "afile").read_text() == "a file\n"  # an --out that is a file is left as it was
     assert sorted(os.listdir(tmp_path / "vtab_done" / "tasks")) == ["dtd.json"]  # nothing added to a run folder
     assert os.listdir(tmp_path / "finetuned") == ["config.json"]
+
+
+def _image_size_cases(tmp_path):
+    """An --image-size the model cannot take (not a multiple of its patch size, or below one patch),
+    the model named by --arch, a preset or SOURCE: refused before anything loads, naming the flag,
+    the patch size and the nearest sizes the model takes."""
+    out = str(tmp_path / "run")
+    none = ["--weights", "none"]
+    return [
+        (["vtab", "--arch", "ViTTi16", *none, "--out", out, "--image-size", "30"], "vtab",
+         ["--image-size 30 does not fit ViTTi16", "patch size is 16 pixels", "nearest sizes it takes are 16 and 32",
+          "--image-size 32."]),
+        (["vtab", "--arch", "ViTH14", *none, "--out", out], "vtab",  # the paper's 384 is no multiple of 14
+         ["--image-size 384 (the default) does not fit ViTH14", "patch size is 14", "378 and 392"]),
+        (["vtab", "--preset", "ViTB16.augreg_in21k", "--out", out, "--image-size", "100"], "vtab",
+         ["--image-size 100 does not fit ViTB16.augreg_in21k (ViTB16)", "patch size is 16", "96 and 112"]),
+        (["finetune", "--arch", TINY_ARCH, *none, "--data", "digits", "--out", out, "--image-size", "20"], "finetune",
+         ["--image-size 20 does not fit the --arch JSON model", "patch size is 8", "16 and 24", "--image-size 24."]),
+        (["finetune", "--arch", "R50ViTB16", *none, "--data", "digits", "--out", out, "--image-size", "100x224"],
+         "finetune", ["--image-size 100x224 does not fit R50ViTB16", "ResNet of stride 16", "multiple of 16",
+                      "height 100 -> 96 and 112", "--image-size 96x224."]),
+        (["fewshot", "--arch", "ViTS32", *none, "--data", "digits", "--out", out, "--image-size", "8"], "fewshot",
+         ["--image-size 8 does not fit ViTS32", "patch size is 32", "nearest size it takes is 32"]),
+        (["evaluate", "--preset", "ViTB16.augreg2_in21k_ft_in1k", "--data", "digits", "--out", out, "--image-size",
+          "30"], "evaluate", ["--image-size 30 does not fit ViTB16.augreg2_in21k_ft_in1k", "16 and 32"]),
+        (["explain", *none, "--out", out, "--image-size", "30"], "explain",  # the default --arch ViTB16
+         ["--image-size 30 does not fit ViTB16", "patch size is 16"]),
+        (["export", "ViTB32.augreg_in21k", out, "--image-size", "100", "224"], "export",
+         ["--image-size 100x224 does not fit ViTB32.augreg_in21k (ViTB32)", "patch size is 32", "96 and 128"]),
+        (["convert", "ViTB16.augreg_in21k", str(tmp_path / "b.keras"), "--image-size", "30"], "convert",
+         ["--image-size 30 does not fit ViTB16.augreg_in21k", "16 and 32"]),
+    ]
 
 
 def _run_folder_and_data_cases(tmp_path):
@@ -454,9 +487,10 @@ def test_evaluate_takes_height_x_width(tmp_path, capsys):
 
 def test_failed_run_leaves_no_run_folder(tmp_path, capsys):
     out = tmp_path / "run"
-    status = main(["finetune", "--arch", TINY_ARCH, "--weights", "none", "--image-size", "20", "--data", "digits",
+    arch = json.dumps(dict(json.loads(TINY_ARCH), num_heads=3))  # found when the model is built, after the data
+    status = main(["finetune", "--arch", arch, "--weights", "none", "--image-size", "16", "--data", "digits",
                    "--steps", "2", "--out", str(out)])
-    assert status == 2 and "not divisible by the patch size 8" in capsys.readouterr().err
+    assert status == 2 and "hidden_size 16 is not divisible by num_heads 3" in capsys.readouterr().err
     assert not out.exists()
 
 

@@ -100,6 +100,126 @@ def format_image_size(image_size):
     return str(h) if h == w else f"{h}x{w}"
 
 
+def _model_description(arch=None, weights=None):
+    """(what, family, config) of the model that --arch / --weights / --preset / SOURCE name, read
+    from the architecture and preset tables without building anything; None when only reading
+    the checkpoint could tell (a file, a folder, hf://owner/repo) or the name is unknown (the
+    loading path then names the problem)."""
+    from keras_vit.models.family import all_architectures, family_of, get_family
+
+    if isinstance(arch, str) and arch.strip():
+        arch = arch.strip()
+        if _is_json_arch(arch):
+            try:
+                config = dict(_load_json_arch(arch))
+            except (OSError, ValueError, TypeError):
+                return None
+            try:
+                family = family_of(config)
+            except ValueError:
+                family = get_family("vit")
+            return "the --arch JSON model", family, config
+        row = all_architectures().get(arch)
+        return None if row is None else (arch, family_of(arch), row.kwargs())
+    if not isinstance(weights, str) or not weights.strip() or os.path.exists(os.path.expanduser(weights)):
+        return None
+    from keras_vit.presets import preset_by_name
+
+    try:
+        preset = preset_by_name(weights.strip())
+    except ValueError:  # a known constructor with an unknown tag: resolving the weights says which exist
+        return None
+    if preset is None:
+        return None
+    row = all_architectures().get(preset.architecture)
+    return None if row is None else (f"{preset.name} ({preset.architecture})", family_of(row), row.kwargs())
+
+
+def _size_error(family, config, hw):
+    """The config's error at (height, width), or None when the family takes that size."""
+    try:
+        family.validate({**config, "image_size": tuple(hw)})
+    except (ValueError, TypeError) as error:
+        return error
+    return None
+
+
+def _nearest_sides(family, config, side, reach=1024):
+    """The nearest square sizes below and above `side` that the model takes (None where there is none
+    within `reach` pixels)."""
+    lower = next((s for s in range(side - 1, max(side - reach, 0), -1) if _size_error(family, config, (s, s)) is None),
+                 None)
+    upper = next((s for s in range(side + 1, side + reach) if _size_error(family, config, (s, s)) is None), None)
+    return lower, upper
+
+
+def check_image_size(image_size, *, arch=None, weights=None, flag="--image-size", default=False):
+    """Refuse, before anything loads, an --image-size the model cannot take (a side that is not a
+    multiple of its patch size, or below one patch), in one line naming the flag, the model's patch
+    size and the nearest sizes it takes. The model is read from `arch` (a constructor name or
+    VisionTransformer JSON) or `weights` (a preset name) in the architecture and preset tables,
+    without Keras; for a checkpoint file or folder nothing is known before it is read, and the
+    model's own check applies when it is built. `default`: the size is the command's default, not
+    typed.
+
+    Example:
+        >>> check_image_size(30, arch="ViTB16")
+        Traceback (most recent call last):
+        ...
+        ValueError: --image-size 30 does not fit ViTB16: its patch size is 16 pixels, ...
+    """
+    if image_size is None:
+        return
+    described = _model_description(arch, weights)
+    if described is None:
+        return
+    what, family, config = described
+    hw = image_hw(image_size)
+    error = _size_error(family, config, hw)
+    if error is None:
+        return
+    fits = {side: _size_error(family, config, (side, side)) is None for side in set(hw)}
+    nearest = {side: _nearest_sides(family, config, side) for side in fits if not fits[side]}
+    if not nearest or any(lower is None and upper is None for lower, upper in nearest.values()):
+        return  # not a matter of size (or of square sizes): the model's own check says what is wrong
+
+    def best(side):
+        if fits[side]:
+            return side
+        lower, upper = nearest[side]
+        if lower is None or (upper is not None and upper - side <= side - lower):
+            return upper
+        return lower
+
+    suggestion = (best(hw[0]), best(hw[1]))
+    try:  # a size it takes: read its patch size and stride there
+        sample = family.config_class.from_dict({**config, "image_size": suggestion})
+    except (ValueError, TypeError):
+        sample = None
+    patch, stride = getattr(sample, "patch_size", None), getattr(sample, "stride", None)
+    if patch and stride == patch:
+        why = f"its patch size is {patch} pixels, and each side must be a multiple of it (at least one patch)"
+    elif patch and stride:
+        why = (f"its patch size is {patch} on a ResNet of stride {stride // patch}, so each token covers {stride} "
+               f"pixels, and each side must be a multiple of {stride} (at least {stride})")
+    else:
+        why = str(error).split(". ")[0].rstrip(".")
+
+    def around(side):
+        return " and ".join(str(s) for s in nearest[side] if s is not None)
+
+    if hw[0] == hw[1]:
+        several = None not in nearest[hw[0]]
+        sides = f"the nearest size{'s' if several else ''} it takes {'are' if several else 'is'} {around(hw[0])}"
+    else:
+        sides = "the nearest sides it takes: " + ", ".join(
+            f"{axis} {side} -> {around(side)}" for axis, side in zip(("height", "width"), hw) if not fits[side])
+    given = f"{flag} {format_image_size(image_size)}" + (" (the default)" if default else "")
+    raise ValueError(
+        f"{given} does not fit {what}: {why}; {sides}. Pass e.g. {flag} {format_image_size(suggestion)}."
+    )
+
+
 def host_port(text):
     """--coordinator-address: HOST:PORT (a host name or IPv4 address, or [IPv6], and a port 1-65535)."""
     fix = "pass process 0's address as HOST:PORT, e.g. 10.0.0.2:1234"
@@ -541,8 +661,10 @@ def check_resume(args, config=None):
         )
 
 
-def check_model_args(args, *, needs_weights=False, default_arch=None):
-    """Refuse impossible --weights / --preset / --arch combinations before anything loads."""
+def check_model_args(args, *, needs_weights=False, default_arch=None, default_image_size=None):
+    """Refuse impossible --weights / --preset / --arch combinations, and an --image-size the model
+    cannot take (`default_image_size`: the size the command runs at without the flag), before
+    anything loads."""
     if getattr(args, "preset", None) and getattr(args, "weights", None):
         raise ValueError("Pass either --preset or --weights, not both (--weights takes preset names too).")
     weights, arch = weights_argument(args), getattr(args, "arch", None) or default_arch
@@ -573,6 +695,10 @@ def check_model_args(args, *, needs_weights=False, default_arch=None):
             "--arch as JSON describes a randomly initialised model: use it with --weights none, or name a "
             "constructor (e.g. --arch ViTB16) to load weights."
         )
+    # The default --arch builds the model only without weights; with them, the weights name it.
+    size = getattr(args, "image_size", None)
+    check_image_size(size if size is not None else default_image_size, default=size is None,
+                     arch=getattr(args, "arch", None) or (default_arch if weights is None else None), weights=weights)
 
 
 def load_model(args, *, image_size=None, include_top=True, classes=None, pooling=None, fresh_classes=1000):

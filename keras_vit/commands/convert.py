@@ -89,6 +89,7 @@ def run(args):
     start = time.monotonic()
     dst = args.destination
     check_destination(dst, args.force)
+    _common.check_image_size(args.image_size, weights=args.source)  # SRC a preset name: its patch size
     if args.to is not None:
         destination_format(dst, args.to)  # an unknown --to fails before anything is read
     from keras_vit import loading

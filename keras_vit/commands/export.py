@@ -61,6 +61,7 @@ def _image_size(values):
 
 def export(args):
     image_size = _image_size(args.image_size)
+    _common.check_image_size(image_size, weights=args.source)  # SOURCE a preset name: its patch size
     if os.path.exists(args.out) and not args.force:
         raise ValueError(f"{args.out!r} exists; pass --force to overwrite it.")
     from keras_vit import export as exports

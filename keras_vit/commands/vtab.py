@@ -56,7 +56,7 @@ def vtab(args):
     _common.check_data_dir(args.data_dir)
     check_run_folder(args.out, tasks, effective_setting(_setting(), steps=args.steps, batch_size=args.batch_size,
                                                         image_size=args.image_size))
-    _common.check_model_args(args)
+    _common.check_model_args(args, default_image_size=_setting().image_size)
     batch = args.batch_size or _setting().batch_size
     if args.micro_batch_size is not None and (args.micro_batch_size > batch or batch % args.micro_batch_size):
         divisors = [d for d in range(min(args.micro_batch_size, batch), 0, -1) if batch % d == 0][:2]

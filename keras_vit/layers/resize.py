@@ -14,15 +14,12 @@ import math
 
 import numpy as np
 
+from keras_vit.models.config import RESIZE_RULES  # noqa: F401  (re-exported)
+
 # === Rules ===
 
-#: Rule name -> (kernel, sampling). Kept as data so callers can name a source's rule.
-RESIZE_RULES = (
-    "original",  # google-research/vision_transformer: linear, corners aligned (ndimage.zoom order=1)
-    "bilinear",  # half-pixel bilinear (timm's .npz loader, align_corners=False)
-    "bicubic",  # half-pixel bicubic, a=-0.75 (transformers' interpolate_pos_encoding)
-    "bicubic_antialias",  # half-pixel bicubic with antialias, a=-0.5 (timm's resample_abs_pos_embed)
-)
+# RESIZE_RULES, the position-embedding rules' names, live with the model configs that name them
+# (keras_vit.models.config), which are checked without Keras.
 
 #: Rules `resize_patch_embedding` accepts: the pixel resize whose effect the new kernel inverts.
 PATCH_RESIZE_RULES = (

@@ -13,7 +13,7 @@ and the head end it. With ViT-B's widths and patch 16 at 224 px that is 171,620,
 
 import dataclasses
 
-from keras_vit.models.config import NUMERICS, FieldGroupConfig, as_pair, suggest
+from keras_vit.models.config import NUMERICS, RESIZE_RULES, FieldGroupConfig, as_pair, suggest
 from keras_vit.models.family import ModelFamily
 
 #: The axes an Axial Transformer block can attend along: "row" (along the width, within each row
@@ -100,8 +100,6 @@ class AxialViTConfig(FieldGroupConfig):
     remat: bool = _field("training", False)
 
     def __post_init__(self):
-        from keras_vit.layers.resize import RESIZE_RULES
-
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
         set_("image_size", as_pair(self.image_size))
         for key in ("patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim", "num_channels"):

@@ -198,6 +198,15 @@ def get_architecture(name):
 
 #: The position embeddings a VisionTransformer can use (paper, Appendix D.4; big_vision).
 POSITION_EMBEDDINGS = ("learned", "none", "learned_2d", "relative", "sincos2d")
+
+#: The rules that resize a position embedding to another grid (`keras_vit.layers.resize`), each an
+#: upstream framework's: a converted model uses its source's rule to reproduce it.
+RESIZE_RULES = (
+    "original",  # google-research/vision_transformer: linear, corners aligned (ndimage.zoom order=1)
+    "bilinear",  # half-pixel bilinear (timm's .npz loader, align_corners=False)
+    "bicubic",  # half-pixel bicubic, a=-0.75 (transformers' interpolate_pos_encoding)
+    "bicubic_antialias",  # half-pixel bicubic with antialias, a=-0.5 (timm's resample_abs_pos_embed)
+)
 #: How the model reads out its tokens: "token" (class token), "gap" (average), "map" (attention
 #: pooling), "first" (the first token, no class token: big_vision's pool_type "0") and "none" (no
 #: pooling: the head applies to every token, big_vision's pool_type "none").
@@ -379,8 +388,6 @@ class ViTConfig(FieldGroupConfig):
     )
 
     def __post_init__(self):
-        from keras_vit.layers.resize import RESIZE_RULES
-
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
         set_("image_size", as_pair(self.image_size))
         set_("resnet", normalise_resnet(self.resnet))
