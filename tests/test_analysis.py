@@ -2,6 +2,8 @@
 attention distance vs hand computations and the reference numbers, embeddings vs scipy/sklearn,
 written pictures, and the `keras-vit explain` command."""
 
+import os
+
 import numpy as np
 import pytest
 from conftest import TINY, TINY_HYBRID, randomize
@@ -303,6 +305,32 @@ def test_cli_explain_writes_pngs(tmp_path, capsys):
         if name.endswith(".png"):
             _check_png(out / name, (100, 100))
     assert "wrote" in capsys.readouterr().out
+
+
+def test_explain_batches_and_shows_progress(tmp_path, capsys):
+    """explain runs the images a batch at a time under a progress bar counting images (as evaluate
+    shows its own); the mean attention distance over batches equals the one over all images at once."""
+    import re
+
+    from keras_vit.commands import explain
+
+    model = randomize(keras_vit.VisionTransformer(**dict(TINY, classes=1000)))
+    rng = np.random.default_rng(1)
+    paths = [explain.sample_image_path("grace_hopper")]
+    for k in range(2):
+        paths.append(str(tmp_path / f"noise{k}.png"))
+        analysis.save_png(paths[-1], rng.integers(0, 256, (40 + 8 * k, 36, 3), dtype=np.uint8))
+    summary = explain.explain(model, paths, str(tmp_path / "out"), components=4, log=lambda *_: None, batch_size=2)
+    printed = re.sub(r"\x1b\[[0-9;]*m", "", capsys.readouterr().out)
+    assert "3/3" in printed and "/image" in printed, printed  # the bar reached every image
+    batch = np.stack([explain._read_image(p, (32, 32))[1] for p in paths])
+    whole = analysis.mean_attention_distance(analysis.attention_weights(model, batch), (4, 4), (8, 8))
+    np.testing.assert_allclose(summary["mean_attention_distance_px"], np.round(whole, 2), atol=0.011)
+    assert len(summary["top5"]) == 3  # one row per image, over both batches
+    assert len([f for f in summary["files"] if os.path.basename(f).startswith("rollout_")]) == 6
+
+    explain.explain(model, paths[:1], str(tmp_path / "quiet"), components=4, log=lambda *_: None, verbose=0)
+    assert capsys.readouterr().out == ""
 
 
 def test_cli_random_model_warns():

@@ -99,6 +99,7 @@ def add_parser(subparsers):
                    help="rollout: drop this fraction of weakest attention")
     p.add_argument("--components", type=_common.positive_int, default=28,
                    help="patch-embedding principal components to draw")
+    p.add_argument("--verbose", type=int, choices=(0, 1), default=1, help="1: a progress bar, 0: quiet")
     p.set_defaults(func=run)
     return p
 
@@ -157,6 +158,13 @@ def _imagenet_top5(model, batch):
     return [[[name, round(score, 4)] for _, name, score in row] for row in decoded]
 
 
+def _progress(total, verbose):
+    """A progress bar over `total` images (Keras', as `keras-vit evaluate` shows), None when quiet."""
+    import keras
+
+    return keras.utils.Progbar(total, unit_name="image") if verbose else None
+
+
 def _stem(path, used):
     stem = os.path.splitext(os.path.basename(path))[0]
     stem = "".join(c if c.isalnum() or c in "-_" else "_" for c in stem) or "image"
@@ -168,8 +176,12 @@ def _stem(path, used):
     return name
 
 
-def explain(model, image_paths, out_dir, head_fusion="mean", discard_ratio=0.0, components=28, log=print):
-    """Write the inspection PNGs of `model` on `image_paths` to `out_dir`; returns the summary dict."""
+def explain(model, image_paths, out_dir, head_fusion="mean", discard_ratio=0.0, components=28, log=print,
+            batch_size=8, verbose=1):
+    """Write the inspection PNGs of `model` on `image_paths` to `out_dir`; returns the summary dict.
+
+    The images are read and run `batch_size` at a time (their attention maps, rollouts and
+    pictures), with a progress bar (`verbose` 1; 0 quiet) counting the images done."""
     import numpy as np
 
     from keras_vit import analysis
@@ -178,22 +190,34 @@ def explain(model, image_paths, out_dir, head_fusion="mean", discard_ratio=0.0, 
     os.makedirs(out_dir, exist_ok=True)
     info = analysis.anatomy(model)
     channels = int(info.chain[0].inputs[0].shape[-1])
-    images = [_read_image(p, info.image_size, channels) for p in image_paths]
-    batch = np.stack([x for _, x in images])
-    attentions = analysis.attention_weights(model, batch, batch_size=8)
-    joint = analysis.rollout(attentions, head_fusion=head_fusion, discard_ratio=discard_ratio)
-    maps = analysis.rollout_map(joint, info.grid_size)
-    written = []
-    used = set()
-    for path, (original, _), m in zip(image_paths, images, maps):
-        stem = _stem(path, used)
-        overlay_path = os.path.join(out_dir, f"rollout_{stem}.png")
-        plots.save_png(overlay_path, plots.overlay_attention(original, m))
-        panel_path = os.path.join(out_dir, f"rollout_{stem}_panel.png")
-        plots.plot_rollout(original, m, panel_path, title=f"{os.path.basename(path)}: attention rollout ({head_fusion})")
-        written += [overlay_path, panel_path]
+    bar = _progress(len(image_paths), verbose)
+    written, used, top5 = [], set(), []
+    distance_sum = None
+    for start in range(0, len(image_paths), batch_size):
+        paths = image_paths[start: start + batch_size]
+        images = [_read_image(p, info.image_size, channels) for p in paths]
+        batch = np.stack([x for _, x in images])
+        attentions = analysis.attention_weights(model, batch, batch_size=batch_size)
+        joint = analysis.rollout(attentions, head_fusion=head_fusion, discard_ratio=discard_ratio)
+        maps = analysis.rollout_map(joint, info.grid_size)
+        for path, (original, _), m in zip(paths, images, maps):
+            stem = _stem(path, used)
+            overlay_path = os.path.join(out_dir, f"rollout_{stem}.png")
+            plots.save_png(overlay_path, plots.overlay_attention(original, m))
+            panel_path = os.path.join(out_dir, f"rollout_{stem}_panel.png")
+            plots.plot_rollout(original, m, panel_path,
+                               title=f"{os.path.basename(path)}: attention rollout ({head_fusion})")
+            written += [overlay_path, panel_path]
+        # The mean over all images' query patches: each batch weighs by its image count.
+        distance = analysis.mean_attention_distance(attentions, info.grid_size, info.stride) * len(paths)
+        distance_sum = distance if distance_sum is None else distance_sum + distance
+        if top5 is not None:  # None once the head is no ImageNet one
+            rows = _imagenet_top5(model, batch)
+            top5 = None if rows is None else top5 + rows
+        if bar:
+            bar.update(start + len(paths))
 
-    distances = analysis.mean_attention_distance(attentions, info.grid_size, info.stride)
+    distances = distance_sum / len(image_paths)
     distance_path = os.path.join(out_dir, "attention_distance.png")
     plots.plot_attention_distance(
         distances,
@@ -229,7 +253,7 @@ def explain(model, image_paths, out_dir, head_fusion="mean", discard_ratio=0.0, 
         "hybrid": info.hybrid,
         "images": list(image_paths),
         "mean_attention_distance_px": np.round(distances, 2).tolist(),
-        "top5": _imagenet_top5(model, batch),
+        "top5": top5,
         "files": written,
         "notes": notes,
     }
@@ -246,5 +270,5 @@ def run(args):
     paths = _resolve_images(args.images)  # before loading anything: a typo fails fast
     resolved = _common.resolve_weights(args, image_size=args.image_size)  # None for --weights none
     model = load_model(resolved, args.arch, args.image_size)
-    explain(model, paths, args.out, args.head_fusion, args.discard_ratio, args.components)
+    explain(model, paths, args.out, args.head_fusion, args.discard_ratio, args.components, verbose=args.verbose)
     return 0
