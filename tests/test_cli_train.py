@@ -112,7 +112,7 @@ def test_fewshot(scratch_run, tmp_path):
 def test_cli_errors_are_clear(scratch_run, tmp_path, capsys):
     arch = ["--arch", TINY_ARCH, "--weights", "none"]
     assert _finetune(tmp_path / "a", *arch, "--image-size", "20") == 2
-    assert "20 is not divisible by the patch size 8" in capsys.readouterr().err
+    assert "--image-size 20 does not fit the --arch JSON model: its patch size is 8" in capsys.readouterr().err
     assert _finetune(tmp_path / "b", *arch, "--image-size", "16", "--classes", "7") == 2
     assert "classes=7 contradicts the data" in capsys.readouterr().err
     assert _finetune(tmp_path / "c", *arch, "--data", "tfds:cifar10", "--data-dir", str(tmp_path)) == 2
