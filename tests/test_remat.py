@@ -96,6 +96,39 @@ def test_gradients_equal_without_remat(rng):
         assert len(calls_remat) == 2 * KW["num_layers"]
 
 
+def test_dropout_under_remat(rng):
+    """With dropout, PyTorch's remat model gives the plain model's training forward and gradients
+    under the same seeds (the recomputed blocks are told `training` and replay the masks), and the
+    training forward differs from inference (dropout is on). JAX and TensorFlow cannot replay the
+    masks (a leaked tracer; new masks in the recomputation, so wrong gradients): training refuses
+    with a clear error there, inference still runs."""
+    kw = dict(KW, dropout_rate=0.3)
+    models = []
+    for remat in (False, True):
+        keras.utils.set_random_seed(0)
+        models.append(keras_vit.VisionTransformer(**kw, remat=remat))
+    weights = [rng.normal(size=w.shape).astype("float32") * 0.3 for w in models[0].get_weights()]
+    for model in models:
+        model.set_weights(weights)
+    x, y = _batch(rng)
+    inference = [keras.ops.convert_to_numpy(model(x, training=False)) for model in models]
+    np.testing.assert_allclose(inference[1], inference[0], rtol=0, atol=1e-6)
+    if BACKEND != "torch":
+        with pytest.raises(ValueError, match="remat=True cannot train with dropout.*remat=False"):
+            models[1](x, training=True)
+        return
+    outputs, gradients = [], []
+    for model in models:
+        keras.utils.set_random_seed(5)
+        outputs.append(keras.ops.convert_to_numpy(model(x, training=True)))
+        keras.utils.set_random_seed(6)
+        gradients.append(_gradients(model, x, y)[0])
+    np.testing.assert_allclose(outputs[1], outputs[0], rtol=0, atol=1e-6)
+    assert np.abs(outputs[0] - inference[0]).max() > 1e-2
+    for variable, g, e in zip(models[1].trainable_variables, gradients[1], gradients[0]):
+        np.testing.assert_allclose(g, e, rtol=0, atol=1e-6, err_msg=variable.path)
+
+
 def test_train_step_equal_without_remat():
     """One compiled `train_on_batch` (SGD momentum, clip, cross-entropy): the same loss and weights."""
     rng = np.random.default_rng(0)

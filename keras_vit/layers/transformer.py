@@ -391,7 +391,9 @@ class EncoderBlock(keras.layers.Layer):
     With `remat=True` the block keeps only its input for the backward pass and computes its
     activations again there (`keras.remat`: `jax.checkpoint`, `tf.recompute_grad`,
     `torch.utils.checkpoint`): the same gradients for about a third more compute, and the
-    activation memory of one block instead of all of them.
+    activation memory of one block instead of all of them. Training with dropout under remat
+    runs on PyTorch only (its checkpoint replays the dropout masks); on JAX and TensorFlow it is
+    an error that says so.
     """
 
     def __init__(
@@ -434,10 +436,27 @@ class EncoderBlock(keras.layers.Layer):
 
     def call(self, x, training=None, return_attention_weights=False):
         if self.remat and not return_attention_weights:
+            if training and (self.dropout_rate > 0 or self.attention_dropout_rate > 0):
+                self._check_remat_dropout()
             # Only the tensor is an argument of the recomputed function: the flags stay Python
             # values (jax.checkpoint would trace them), the variables are read inside it.
             return keras.remat(lambda tokens: self._block(tokens, training))(x)
         return self._block(x, training, return_attention_weights)
+
+    def _check_remat_dropout(self):
+        # The recomputed forward pass must draw the dropout masks of the first one. PyTorch's
+        # checkpoint restores the random state for it; jax.checkpoint cannot advance Keras' seed
+        # state inside the recomputed function (a leaked-tracer error), and tf.recompute_grad
+        # draws new masks, so the gradients would belong to other masks than the loss.
+        backend = keras.backend.backend()
+        if backend != "torch":
+            raise ValueError(
+                f"{self.name}: remat=True cannot train with dropout (dropout_rate={self.dropout_rate}, "
+                f"attention_dropout_rate={self.attention_dropout_rate}) on the {backend} backend: the recomputed "
+                "blocks would not draw the dropout masks of the forward pass. Train with remat=False, with "
+                "dropout_rate=0 and attention_dropout_rate=0 (the paper's fine-tuning setting), or on the "
+                "PyTorch backend."
+            )
 
     def _block(self, x, training=None, return_attention_weights=False):
         y = self.attention(self.norm_0(x), training=training, return_attention_weights=return_attention_weights)
