@@ -208,6 +208,58 @@ def test_finetune_updates_equal_the_original(momentum_dtype, accum_steps, tolera
         assert dtypes == {"bfloat16"}, dtypes
 
 
+def test_nesterov_updates_equal_optax():
+    """keras_vit's SGD with nesterov=True against optax's `sgd(nesterov=True)`: trace <- g + m trace,
+    update g + m trace (both after the clip); plain momentum ends far from it."""
+    images, labels = _data(seed=2)
+    tree = _start()
+    schedule = original_schedule(UPDATES, BASE_LR, "cosine", WARMUP)
+    clip = optax.clip_by_global_norm(1.0)
+    want = run_reference(tree, images, labels, optax.chain(clip, optax.sgd(schedule, momentum=0.9, nesterov=True)))
+    optimizer = training.SGD(training.WarmupCosineDecay(BASE_LR, total_steps=UPDATES, warmup_steps=WARMUP),
+                             momentum=0.9, nesterov=True, global_clipnorm=1.0)
+    got = run_keras_vit(tree, images, labels, optimizer)
+    error, key = worst(got, want)
+    assert error <= 1e-5, (key, error)
+    plain = run_reference(tree, images, labels, optax.chain(clip, optax.sgd(schedule, momentum=0.9)))
+    assert worst(plain, want)[0] > 100 * 1e-5
+
+
+@pytest.mark.parametrize("nesterov", [False, True], ids=["momentum", "nesterov"])
+def test_bfloat16_trace_equals_optax_update_for_update(nesterov):
+    """One variable, 8 updates of random gradients: the weights and the stored bfloat16 trace equal
+    optax's `sgd(accumulator_dtype=bfloat16)` to float32 rounding. The product momentum x trace
+    is rounded to bfloat16 and the update uses the new trace unrounded, as optax does; a float32
+    product, or a trace rounded before the update, is off by far more (checked below on optax's
+    float32 trace, which differs from the bfloat16 one by the same kind of rounding)."""
+    r = np.random.default_rng(4)
+    grads = r.normal(size=(8, 256)).astype("float32")
+    start = r.normal(size=256).astype("float32")
+
+    def optax_run(accumulator_dtype):
+        tx = optax.sgd(0.1, momentum=0.9, nesterov=nesterov, accumulator_dtype=accumulator_dtype)
+        params = jnp.asarray(start)
+        state = tx.init(params)
+        for g in grads:
+            updates, state = tx.update(jnp.asarray(g), state, params)
+            params = optax.apply_updates(params, updates)
+        return np.asarray(params, np.float32), np.asarray(state[0].trace.astype(jnp.float32))
+
+    want, want_trace = optax_run(jnp.bfloat16)
+    optimizer = training.SGD(0.1, momentum=0.9, nesterov=nesterov, momentum_dtype="bfloat16")
+    variable = keras.Variable(start)
+    for g in grads:
+        optimizer.apply([keras.ops.convert_to_tensor(g)], [variable])
+    got = keras.ops.convert_to_numpy(variable)
+    trace = optimizer.momentums[0]
+    assert keras.backend.standardize_dtype(trace.dtype) == "bfloat16"
+    got_trace = keras.ops.convert_to_numpy(keras.ops.cast(trace, "float32"))
+    np.testing.assert_allclose(got_trace, want_trace, rtol=0, atol=1e-6)
+    np.testing.assert_allclose(got, want, rtol=0, atol=2e-6)
+    float32_params, _ = optax_run(None)
+    assert np.abs(float32_params - want).max() > 1e-4
+
+
 # Only the reference runs here (JAX and optax, whatever the backend; the start weights are NumPy
 # draws, the same on every backend): once, in the JAX pass.
 @pytest.mark.backend_independent

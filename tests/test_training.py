@@ -38,6 +38,9 @@ def test_schedule_values_match_formula(cls, kwargs, decay):
         got = float(keras.ops.convert_to_numpy(schedule(step)))
         want = _original_schedule(step, kwargs["base_learning_rate"], total, warmup, decay, end)
         assert got == pytest.approx(want, rel=1e-5, abs=1e-9), (step, got, want)
+        # The plain-Python form of the same formula.
+        plain = training.warmup_decay_value(step, kwargs["base_learning_rate"], total, warmup, decay, end)
+        assert plain == pytest.approx(want, rel=1e-12, abs=1e-15), (step, plain, want)
     # Hand-picked points: the first update of a warm-up has rate 0, update `warmup` the peak,
     # cosine half-way = base / 2.
     peak = float(keras.ops.convert_to_numpy(schedule(warmup)))
@@ -148,7 +151,7 @@ def test_adamw_decays_kernels_only():
     opt = training.pretrain_optimizer(0.5, total_steps=10, warmup_steps=0, weight_decay=0.1)
     before = [np.array(v.numpy()) for v in chosen]
     opt.apply([keras.ops.zeros(v.shape) for v in chosen], chosen)
-    lr = training.warmup_decay_value(0, 0.5, 10, 0, "linear", 1e-5)  # the rate of the first update
+    lr = _original_schedule(0, 0.5, 10, 0, "linear", 1e-5)  # the rate of the first update
     for v, b in zip(chosen, before):
         factor = (1 - lr * 0.1) if v.path.endswith("kernel") else 1.0
         np.testing.assert_allclose(v.numpy(), b * factor, rtol=1e-6, err_msg=v.path)
