@@ -130,6 +130,20 @@ def test_rollout_matches_hand_computation():
     np.testing.assert_allclose(analysis.rollout(att, head_fusion="max")[0, 0], [1 / 3, 1 / 2, 1 / 6], atol=1e-12)
 
 
+def test_rollout_discard_ratio_by_hand():
+    """discard_ratio: per layer the smallest fraction of the head-fused matrix's entries set to 0
+    before the identity is added, written out here with a sorted threshold."""
+    att = np.random.default_rng(0).dirichlet(np.ones(4), size=(2, 1, 2, 4))  # (layers, 1, heads, 4, 4)
+    expected = np.eye(4)
+    for layer in att[:, 0]:
+        fused = layer.mean(0)
+        threshold = np.sort(fused.ravel())[3]  # int(16 * 0.3) = 4 entries dropped
+        a = np.where(fused <= threshold, 0.0, fused) + np.eye(4)
+        expected = (a / a.sum(-1, keepdims=True)) @ expected
+    np.testing.assert_allclose(analysis.rollout(att, discard_ratio=0.3)[0], expected, atol=1e-12)
+    assert np.abs(analysis.rollout(att)[0] - expected).max() > 1e-3
+
+
 def test_attention_rollout_on_models():
     x = images((2, 32, 32, 3))
     for classifier in ("token", "gap"):
@@ -177,6 +191,20 @@ def test_mean_attention_distance_reference_values():
     # Non-square patches and grids: a uniform head on a 1x2 grid of 10x30 px patches -> 15 px.
     uniform = np.full((1, 1, 1, 2, 2), 0.5)
     np.testing.assert_allclose(analysis.mean_attention_distance(uniform, (1, 2), (10, 30)), [[15.0]])
+
+
+def test_attention_distance_over_uneven_batches_matches_numpy():
+    """3 images in batches of 2 and 1: the mean over images, not over batches."""
+    model = peaked(keras_vit.VisionTransformer(**TINY))
+    x = images((3, 32, 32, 3))
+    d = analysis.attention_distance(model, x, batch_size=2)
+    ref = numpy_attention(model, x)
+    pos = (np.stack(np.meshgrid(np.arange(4), np.arange(4), indexing="ij"), -1).reshape(-1, 2) + 0.5) * 8
+    dist = np.linalg.norm(pos[:, None] - pos[None], axis=-1)
+    a = ref[..., 1:, 1:] / ref[..., 1:, 1:].sum(-1, keepdims=True)
+    per_image = (a * dist).sum(-1).mean(axis=3)  # (layers, images, heads)
+    np.testing.assert_allclose(d, per_image.mean(axis=1), rtol=1e-4)
+    assert np.abs(per_image[:, :2].mean(1) - per_image[:, 2]).max() > 1e-2  # the images differ
 
 
 # === embeddings ===

@@ -93,6 +93,28 @@ def test_real_top1_known_answer():
     assert evaluation.real_top1_correct(scores, matrix)[1].tolist() == correct.tolist()
 
 
+def test_metrics_edge_rules_against_numpy():
+    """The rules a plain known answer does not reach, each against NumPy written here: padded
+    ReaL label lists (-1 is padding, not the last class), non-negative logits whose rows do not
+    sum to one (a softmax for the loss, not probabilities), and the mean per-class accuracy over
+    the classes that have examples only."""
+    scores = np.eye(4)[[3, 0, 1]]  # top-1: 3, 0, 1
+    counted, correct = evaluation.real_top1_correct(scores, [[2, -1], [0, -1], [-1, -1]])
+    assert counted.tolist() == [True, True, False] and correct.tolist() == [False, True, False]
+    logits = np.array([[1.0, 3.0, 0.5], [2.0, 0.0, 0.25]])  # non-negative, rows sum to 4.5 and 2.25
+    labels = np.array([1, 2])
+    m = evaluation.ClassificationMetrics(3)
+    m.update(logits, labels)
+    shifted = np.exp(logits - logits.max(1, keepdims=True))
+    probabilities = shifted / shifted.sum(1, keepdims=True)
+    assert m.result()["loss"] == pytest.approx(-np.mean(np.log(probabilities[[0, 1], labels])), rel=1e-12)
+    # 5 classes, examples of classes 0, 1 and 4 only: accuracies 1/2, 1, 0 -> mean 1/2.
+    m = evaluation.ClassificationMetrics(5)
+    m.update(np.eye(5)[[0, 2, 1, 0]], np.array([0, 0, 1, 4]))
+    assert m.result()["mean_per_class_accuracy"] == pytest.approx(np.mean([1 / 2, 1.0, 0.0]))
+    assert m.result()["top1"] == pytest.approx(2 / 4)
+
+
 def test_objectnet_mapping_shipped():
     names, members = evaluation.load_mapping()
     assert len(names) == 113 and len(set(names)) == 113
@@ -311,6 +333,10 @@ def test_evaluate_command_real_metrics_json(vit_409, tmp_path):
 
 
 def test_imagenet_v2_variants(vit_409, tmp_path):
+    # tfds' ImageNet-V2 configs (imagenet_v2/matched-frequency is the paper's and tfds' default).
+    configs = {"imagenet_v2": "imagenet_v2/matched-frequency", "imagenet_v2/threshold-0.7": "imagenet_v2/threshold-0.7",
+               "imagenet_v2/topimages": "imagenet_v2/topimages"}
+    assert {name: get_tfds_source(name).builder for name in configs} == configs
     with tfds.testing.mock_data(num_examples=5, policy=tfds.testing.MockPolicy.USE_CODE):
         for data in ("tfds:imagenet_v2", "tfds:imagenet_v2/threshold-0.7"):
             out = tmp_path / data.replace("/", "_").replace(":", "_")
@@ -363,6 +389,11 @@ def test_class_count_that_does_not_fit(tmp_path, capsys):
                  str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "head has 21843 classes" in err and "1000" in err and "ImageNet-21k" in err
+    small = tmp_path / "ten.keras"  # ImageNet-V2 too (a small head: the check must come before the evaluation)
+    _tiny_vit(10).save(small)
+    with tfds.testing.mock_data(num_examples=2, policy=tfds.testing.MockPolicy.USE_CODE):
+        assert main(["evaluate", "--weights", str(small), "--data", "tfds:imagenet_v2", "--out", str(tmp_path / "v2")]) == 2
+    assert "head has 10 classes" in capsys.readouterr().err
 
 
 def test_objectnet_folder_without_the_classes(vit_409, tmp_path, capsys):

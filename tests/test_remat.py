@@ -163,6 +163,8 @@ def test_remat_is_kept_by_config_and_keras_file(tmp_path, rng):
                                rtol=0, atol=1e-6)
     rebuilt = keras_vit.VisionTransformer.from_config(model.get_config())
     assert rebuilt.config.remat
+    block = model.encoder_blocks[0]  # a block on its own keeps it too
+    assert type(block).from_config(block.get_config()).remat
 
 
 def test_finetuning_and_constructors_take_remat():

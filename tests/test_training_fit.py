@@ -35,7 +35,9 @@ class _RecordWeights(keras.callbacks.Callback):
 def test_accumulated_steps_equal_large_batch_steps_and_ema_is_polyak():
     """4 accumulated micro-batches of 4 == one batch of 16, with momentum, the global-norm clip
     (active: the first gradient's norm is 0.31 > 0.1; clipping micro-batches instead would
-    differ), the warm-up schedule and EMA; the EMA equals the hand-computed average of updates."""
+    differ), the warm-up schedule and EMA; the EMA equals the hand-computed average of updates.
+    Three updates: with two, an EMA that also moved on the micro-batches between updates (whose
+    weights are those of the last update) would still end at the same average."""
     x, y = _data()
     ema = 0.5
     loss = training.classification_loss(from_logits=True)
@@ -48,17 +50,17 @@ def test_accumulated_steps_equal_large_batch_steps_and_ema_is_polyak():
         )
         model.compile(optimizer=opt, loss=loss)
         record = _RecordWeights()
-        model.fit(x, y, batch_size=batch_size, epochs=2, shuffle=False, verbose=0, callbacks=[record])
+        model.fit(x, y, batch_size=batch_size, epochs=3, shuffle=False, verbose=0, callbacks=[record])
         averages = [np.array(a.numpy()) for a in opt._model_variables_moving_average]
         return model, opt, record.after_batch, averages
 
     large, large_opt, large_steps, large_avg = run(16, None)
     small, small_opt, small_steps, small_avg = run(4, 4)
-    assert len(large_steps) == 2 and len(small_steps) == 8
-    assert int(large_opt.iterations) == int(small_opt.iterations) == 2
+    assert len(large_steps) == 3 and len(small_steps) == 12
+    assert int(large_opt.iterations) == int(small_opt.iterations) == 3
     # Weights after every applied update agree (micro-steps in between leave them unchanged).
     init = [np.array(v.numpy()) for v in _model().trainable_variables]
-    for k in range(2):
+    for k in range(3):
         for a, b in zip(large_steps[k], small_steps[4 * k + 3]):
             np.testing.assert_allclose(b, a, rtol=2e-5, atol=2e-6)
         for a, b in zip(small_steps[4 * k], small_steps[4 * k + 2]):
@@ -66,7 +68,7 @@ def test_accumulated_steps_equal_large_batch_steps_and_ema_is_polyak():
     assert max(np.abs(a - b).max() for a, b in zip(large_steps[-1], init)) > 1e-3  # it trained
     # Polyak average by hand: avg_1 = w_1, avg_k = m avg_(k-1) + (1 - m) w_k over the updates.
     hand = [w.copy() for w in large_steps[0]]
-    for k in (1,):
+    for k in (1, 2):
         hand = [ema * h + (1 - ema) * w for h, w in zip(hand, large_steps[k])]
     for h, a, b in zip(hand, large_avg, small_avg):
         np.testing.assert_allclose(a, h, rtol=1e-5, atol=1e-6)
