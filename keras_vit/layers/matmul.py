@@ -29,7 +29,12 @@ the Flax original's with it and 0.96x with the queries scaled (one process, inte
 calls each; scaling the logits by hand gave 0.88x again). Elsewhere Keras' call picks the
 backend's fused or flash kernels.
 
-These are the layers' only backend-specific lines; they sit behind these four functions.
+`seeded_dropout` is dropout whose mask is drawn from a given seed (a SeedGenerator's draw), so
+that a block recomputed under remat draws the masks of its first forward pass: on JAX
+`keras.random.dropout` takes the seed array as it is; on TensorFlow Keras' dropout takes only a
+generator or an int, so the stateless TensorFlow op is called with the seed.
+
+These are the layers' only backend-specific lines; they sit behind these five functions.
 """
 
 import functools
@@ -125,3 +130,29 @@ def dot_product_attention(query, key, value, scale):
         weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
         return jnp.einsum("bhqk,bkhd->bqhd", weights, value, preferred_element_type=f32).astype(value.dtype)
     return ops.dot_product_attention(query, key, value, scale=scale)
+
+
+def seeded_dropout(x, rate, seed):
+    """Inverted dropout of `x` at `rate` with the mask drawn from the seed tensor `seed` (what a
+    SeedGenerator's `next()` returns): the same seed gives the same mask wherever it is computed
+    again. The encoder blocks use it on JAX and TensorFlow (PyTorch's checkpoint replays its own
+    random state); on PyTorch the seed's first word seeds the draw.
+
+    Example:
+        >>> import keras
+        >>> from keras import ops
+        >>> seed = keras.random.SeedGenerator(1).next()
+        >>> a = seeded_dropout(ops.ones((4, 4)), 0.5, seed)
+        >>> bool(ops.all(a == seeded_dropout(ops.ones((4, 4)), 0.5, seed)))
+        True
+    """
+    if keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        seed = tf.convert_to_tensor(seed)
+        if seed.dtype != tf.int32:  # the stateless ops take int32 seeds under XLA
+            seed = tf.cast(tf.math.floormod(seed, tf.int32.max - 1), tf.int32)
+        return tf.nn.experimental.stateless_dropout(x, rate=rate, seed=seed)
+    if keras.backend.backend() == "torch":
+        seed = int(ops.convert_to_numpy(seed).reshape(-1)[0])
+    return keras.random.dropout(x, rate, seed=seed)

@@ -14,7 +14,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit.layers.init_scope import initializer as _init
-from keras_vit.layers.matmul import dot_product_attention, gelu, matmul_add
+from keras_vit.layers.matmul import dot_product_attention, gelu, matmul_add, seeded_dropout
 from keras_vit.layers.position import PositionEmbedding  # noqa: F401  (re-exported)
 from keras_vit.layers.quantized import Dense, Int8AttentionMixin
 from keras_vit.layers.resize import resize_patch_embedding
@@ -145,10 +145,15 @@ class ClassToken(keras.layers.Layer):
         return {"": self.cls}
 
 
-def _dropout(dropout, y, training):
+def _dropout(dropout, y, training, seed=None):
     """`dropout(y, training=training)`, without the layer call when it is the identity (rate 0
-    or not training): eager PyTorch pays ~0.3 ms of Keras Python per layer call."""
-    return dropout(y, training=training) if training and dropout.rate > 0 else y
+    or not training): eager PyTorch pays ~0.3 ms of Keras Python per layer call. With `seed` (a
+    seed tensor the encoder block drew), the mask is drawn from it (`seeded_dropout`)."""
+    if not (training and dropout.rate > 0):
+        return y
+    if seed is not None:
+        return seeded_dropout(y, dropout.rate, seed)
+    return dropout(y, training=training)
 
 
 # === Attention ===
@@ -241,13 +246,13 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         width = self.num_heads * self.head_dim
         return matmul_add(x2d, ops.reshape(kernel, (-1, width)), ops.reshape(bias, (width,)))
 
-    def call(self, x, training=None, return_attention_weights=False):
+    def call(self, x, training=None, return_attention_weights=False, dropout_seed=None):
         shape = ops.shape(x)
         batch, tokens, hidden = shape[0], shape[1], x.shape[-1]
         heads_shape = (batch, tokens, self.num_heads, self.head_dim)
         x2d = ops.reshape(x, (-1, hidden))
         q, k, v = (ops.reshape(self._project(x2d, n), heads_shape) for n in ("query", "key", "value"))
-        y, weights = self._attend(q, k, v, training, return_attention_weights)
+        y, weights = self._attend(q, k, v, training, return_attention_weights, dropout_seed)
         out = matmul_add(y, ops.reshape(self.out_kernel, (-1, hidden)), self.out_bias)
         out = ops.reshape(out, (batch, tokens, hidden))
         return (out, weights) if return_attention_weights else out
@@ -269,9 +274,10 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         out = matmul_add(y, ops.reshape(self.out_kernel, (width, hidden)), self.out_bias)
         return ops.reshape(out, (q_shape[0], q_shape[1], hidden))
 
-    def _attend(self, q, k, v, training, return_attention_weights):
+    def _attend(self, q, k, v, training, return_attention_weights, dropout_seed=None):
         """Scaled dot-product attention of (batch, tokens, heads, head_dim) q/k/v; returns the
-        heads concatenated as (batch * tokens, heads * head_dim) and the weights (or None)."""
+        heads concatenated as (batch * tokens, heads * head_dim) and the weights (or None). The
+        attention-weight dropout draws its mask from `dropout_seed` when one is given."""
         scale = 1.0 / float(self.head_dim) ** 0.5
         use_dropout = training and self.attention_dropout_rate > 0
         # float16: the explicit path keeps the softmax in float32 (and JAX's fused CPU kernel
@@ -283,7 +289,7 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
                 logits = logits + self._relative_logits(q)
             weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
             weights = ops.cast(weights, v.dtype)
-            dropped = self.dropout(weights, training=training)
+            dropped = _dropout(self.dropout, weights, training, dropout_seed)
             y = ops.einsum("bhqt,bthk->bqhk", dropped, v)
         else:
             weights = None
@@ -303,7 +309,7 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return input_shape
 
-    def compute_output_spec(self, x, training=None, return_attention_weights=False):
+    def compute_output_spec(self, x, training=None, return_attention_weights=False, dropout_seed=None):
         return _output_spec(x, self.num_heads, self.compute_dtype, return_attention_weights)
 
     def weight_tree_variables(self):
@@ -350,7 +356,7 @@ class MlpBlock(keras.layers.Layer):
         self.dense_0.build(input_shape)
         self.dense_1.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
 
-    def call(self, x, training=None):
+    def call(self, x, training=None, dropout_seeds=(None, None)):
         # The Dense layers see the (batch * tokens, hidden) view: a plain 2-D matmul whose bias
         # add and GELU TensorFlow's graph optimizer fuses into one oneDNN MatMul (on a 3-D input
         # Keras' matmul is reshape -> MatMul -> reshape, which blocks that fusion). The reshapes
@@ -358,10 +364,10 @@ class MlpBlock(keras.layers.Layer):
         shape = ops.shape(x)
         y = ops.reshape(x, (-1, x.shape[-1]))
         y = gelu(self.dense_0(y), approximate=self.gelu_approximate)
-        y = _dropout(self.dropout, y, training)
+        y = _dropout(self.dropout, y, training, dropout_seeds[0])
         y = self.dense_1(y)
         y = ops.reshape(y, shape)
-        return _dropout(self.dropout, y, training)
+        return _dropout(self.dropout, y, training, dropout_seeds[1])
 
     def compute_output_shape(self, input_shape):
         return input_shape
@@ -391,9 +397,11 @@ class EncoderBlock(keras.layers.Layer):
     With `remat=True` the block keeps only its input for the backward pass and computes its
     activations again there (`keras.remat`: `jax.checkpoint`, `tf.recompute_grad`,
     `torch.utils.checkpoint`): the same gradients for about a third more compute, and the
-    activation memory of one block instead of all of them. Training with dropout under remat
-    runs on PyTorch only (its checkpoint replays the dropout masks); on JAX and TensorFlow it is
-    an error that says so.
+    activation memory of one block instead of all of them. Training with dropout, the block
+    draws the seeds of its dropout masks before its forward pass, from its dropout layers'
+    generators, on JAX and TensorFlow (`seeded_dropout`): the recomputed pass draws the same
+    masks (PyTorch's checkpoint replays its own random state), and a block without remat draws
+    its masks the same way, so both give the same gradients.
     """
 
     def __init__(
@@ -435,35 +443,39 @@ class EncoderBlock(keras.layers.Layer):
             sub.build(input_shape)
 
     def call(self, x, training=None, return_attention_weights=False):
+        seeds = self._dropout_seeds(training)
         if self.remat and not return_attention_weights:
-            if training and (self.dropout_rate > 0 or self.attention_dropout_rate > 0):
-                self._check_remat_dropout()
             # Only the tensor is an argument of the recomputed function: the flags stay Python
-            # values (jax.checkpoint would trace them), the variables are read inside it.
-            return keras.remat(lambda tokens: self._block(tokens, training))(x)
-        return self._block(x, training, return_attention_weights)
+            # values (jax.checkpoint would trace them), the variables and the dropout seeds (drawn
+            # outside it, so that the recomputation reuses them) are read inside it.
+            return keras.remat(lambda tokens: self._block(tokens, training, seeds=seeds))(x)
+        return self._block(x, training, return_attention_weights, seeds)
 
-    def _check_remat_dropout(self):
-        # The recomputed forward pass must draw the dropout masks of the first one. PyTorch's
-        # checkpoint restores the random state for it; jax.checkpoint cannot advance Keras' seed
-        # state inside the recomputed function (a leaked-tracer error), and tf.recompute_grad
-        # draws new masks, so the gradients would belong to other masks than the loss.
-        backend = keras.backend.backend()
-        if backend != "torch":
-            raise ValueError(
-                f"{self.name}: remat=True cannot train with dropout (dropout_rate={self.dropout_rate}, "
-                f"attention_dropout_rate={self.attention_dropout_rate}) on the {backend} backend: the recomputed "
-                "blocks would not draw the dropout masks of the forward pass. Train with remat=False, with "
-                "dropout_rate=0 and attention_dropout_rate=0 (the paper's fine-tuning setting), or on the "
-                "PyTorch backend."
-            )
+    def _dropout_seeds(self, training):
+        """The seeds of the block's four dropout masks (attention weights, attention output, the
+        MLP's two), each drawn from its dropout layer's generator, when training with dropout on
+        JAX or TensorFlow; None otherwise. jax.checkpoint cannot advance a generator's state
+        inside the recomputed function (a leaked tracer) and tf.recompute_grad would draw new
+        masks there; drawn here, the forward pass and its recomputation share them."""
+        if not training or keras.backend.backend() == "torch":
+            return None
+        if self.dropout_rate == 0 and self.attention_dropout_rate == 0:
+            return None
 
-    def _block(self, x, training=None, return_attention_weights=False):
-        y = self.attention(self.norm_0(x), training=training, return_attention_weights=return_attention_weights)
+        def draw(layer):
+            return layer.seed_generator.next() if layer.rate > 0 else None
+
+        return draw(self.attention.dropout), draw(self.dropout), draw(self.mlp.dropout), draw(self.mlp.dropout)
+
+    def _block(self, x, training=None, return_attention_weights=False, seeds=None):
+        attention_seed, residual_seed, *mlp_seeds = seeds or (None,) * 4
+        attend = dict(dropout_seed=attention_seed) if attention_seed is not None else {}
+        y = self.attention(self.norm_0(x), training=training, return_attention_weights=return_attention_weights, **attend)
         if return_attention_weights:
             y, weights = y
-        x = x + _dropout(self.dropout, y, training)
-        x = x + self.mlp(self.norm_2(x), training=training)
+        x = x + _dropout(self.dropout, y, training, residual_seed)
+        mlp = dict(dropout_seeds=tuple(mlp_seeds)) if seeds is not None else {}
+        x = x + self.mlp(self.norm_2(x), training=training, **mlp)
         return (x, weights) if return_attention_weights else x
 
     def compute_output_shape(self, input_shape):
