@@ -262,7 +262,7 @@ def out_folder(text):
 def check_data_dir(data_dir):
     """--data-dir, when given, must be an existing folder (tensorflow-datasets' data directory)."""
     if data_dir is not None and not os.path.isdir(os.path.expanduser(data_dir)):
-        what = "is a file" if os.path.exists(data_dir) else "does not exist"
+        what = "is a file" if os.path.exists(os.path.expanduser(data_dir)) else "does not exist"
         raise ValueError(
             f"--data-dir {data_dir} {what}: pass the tensorflow-datasets data directory that holds the prepared data "
             "(`tfds build NAME --data_dir DIR` writes it), or leave the flag out for ~/tensorflow_datasets."

@@ -50,20 +50,16 @@ def add_parser(subparsers):
 
 
 def vtab(args):
-    from keras_vit.evaluation.vtab import check_run_folder, effective_setting, resolve_tasks
+    from keras_vit.evaluation.vtab import check_micro_batch_size, check_run_folder, effective_setting, resolve_tasks
 
     tasks = resolve_tasks(args.tasks)  # an unknown task fails before anything loads
     _common.check_data_dir(args.data_dir)
     check_run_folder(args.out, tasks, effective_setting(_setting(), steps=args.steps, batch_size=args.batch_size,
                                                         image_size=args.image_size))
     _common.check_model_args(args, default_image_size=_setting().image_size)
-    batch = args.batch_size or _setting().batch_size
-    if args.micro_batch_size is not None and (args.micro_batch_size > batch or batch % args.micro_batch_size):
-        divisors = [d for d in range(min(args.micro_batch_size, batch), 0, -1) if batch % d == 0][:2]
-        raise ValueError(
-            f"--micro-batch-size {args.micro_batch_size} does not divide --batch-size {batch} (the examples of one "
-            f"update, made of equal micro-batches): pass a divisor of {batch}, e.g. {' or '.join(map(str, divisors))}."
-        )
+    if args.micro_batch_size is not None:
+        check_micro_batch_size(args.micro_batch_size, args.batch_size or _setting().batch_size,
+                               names=("--micro-batch-size", "--batch-size"))
     image_size = args.image_size or _setting().image_size
     _common.resolve_weights(args, image_size=image_size)
     from keras_vit.evaluation import run_vtab

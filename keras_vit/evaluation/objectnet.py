@@ -198,13 +198,7 @@ def objectnet_dataset(path, image_size, batch_size=64, mapping=None, on_bad_file
 
 
 def undecodable(paths):
-    """The first of `paths` that Pillow cannot decode, or None."""
-    from PIL import Image
+    """The first of `paths` that Pillow cannot decode (the image folders' check), or None."""
+    from keras_vit.data.folder import _is_decodable
 
-    for path in paths:
-        try:
-            with Image.open(path) as image:
-                image.load()
-        except Exception:  # Pillow raises OSError, SyntaxError, ValueError... for bad data
-            return path
-    return None
+    return next((path for path in paths if not _is_decodable(path)), None)

@@ -15,7 +15,6 @@ after every task, vtab.png (Figure 2's group bars) at the end of the run.
 
 import dataclasses
 import json
-import math
 import os
 import time
 
@@ -121,10 +120,23 @@ def effective_setting(setting=VTAB_1K, *, steps=None, batch_size=None, image_siz
     return dataclasses.replace(setting, warmup_steps=min(setting.warmup_steps, setting.steps // 5))
 
 
+def check_micro_batch_size(micro, batch, names=("micro_batch_size", "batch_size")):
+    """Refuse a micro-batch size that does not divide the batch (an update is made of equal
+    micro-batches), naming both (`names`: the arguments' or the flags' names) and the largest
+    divisors below it."""
+    if micro <= batch and batch % micro == 0:
+        return
+    divisors = [d for d in range(min(micro, batch), 0, -1) if batch % d == 0][:2]
+    raise ValueError(
+        f"{names[0]} {micro} does not divide {names[1]} {batch} (the examples of one update, made of equal "
+        f"micro-batches): pass a divisor of {batch}, e.g. {' or '.join(map(str, divisors))}."
+    )
+
+
 def check_run_folder(out, tasks, setting):
     """Refuse to add results of `setting` to a run folder whose finished tasks used another one
     (a rerun resumes with the next task only when the setting is the same)."""
-    compared = {k: v for k, v in dataclasses.asdict(setting).items()}
+    compared = dataclasses.asdict(setting)
     for task in tasks:
         done = _read_task(_task_file(out, task))
         if done is None:
@@ -225,11 +237,7 @@ def run_vtab(model, out, *, tasks=None, setting=VTAB_1K, steps=None, batch_size=
 
     setting = effective_setting(setting, steps=steps, batch_size=batch_size, image_size=image_size)
     micro = micro_batch_size or setting.batch_size
-    if micro > setting.batch_size or setting.batch_size % micro:
-        raise ValueError(
-            f"The batch of {setting.batch_size} examples cannot be made of micro-batches of {micro}: pass a micro-batch "
-            f"size that divides it (e.g. {math.gcd(setting.batch_size, max(1, micro))})."
-        )
+    check_micro_batch_size(micro, setting.batch_size)
     accumulation = setting.batch_size // micro
     names = resolve_tasks(tasks)
     check_run_folder(out, names, setting)

@@ -469,13 +469,12 @@ class EncoderBlock(keras.layers.Layer):
 
     def _block(self, x, training=None, return_attention_weights=False, seeds=None):
         attention_seed, residual_seed, *mlp_seeds = seeds or (None,) * 4
-        attend = dict(dropout_seed=attention_seed) if attention_seed is not None else {}
-        y = self.attention(self.norm_0(x), training=training, return_attention_weights=return_attention_weights, **attend)
+        y = self.attention(self.norm_0(x), training=training, return_attention_weights=return_attention_weights,
+                           dropout_seed=attention_seed)
         if return_attention_weights:
             y, weights = y
         x = x + _dropout(self.dropout, y, training, residual_seed)
-        mlp = dict(dropout_seeds=tuple(mlp_seeds)) if seeds is not None else {}
-        x = x + self.mlp(self.norm_2(x), training=training, **mlp)
+        x = x + self.mlp(self.norm_2(x), training=training, dropout_seeds=tuple(mlp_seeds))
         return (x, weights) if return_attention_weights else x
 
     def compute_output_shape(self, input_shape):

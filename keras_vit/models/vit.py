@@ -156,7 +156,7 @@ class VisionTransformer(DeploymentExport, TraceTrainStepOnce, TorchOnBatchInputs
             activations (`keras.remat`): the same gradients, the activation memory of one block
             instead of all of them, about a third more compute per step. For training big models
             at high resolution (ViT-H/14 at 518 px, the paper's Table 2); no effect on inference.
-            With dropout it trains on PyTorch only (an error on JAX and TensorFlow).
+            With dropout, the recomputed blocks draw the forward pass's masks.
         quantization: set by `quantize` (a saved quantized model reloads quantized).
         dynamic_image_size: take images of any size the stride divides, known only at run time
             (input shape (None, None, channels)): the position embeddings are resampled inside

@@ -113,8 +113,9 @@ def set_weight_tree(model, tree, *, source_grid=None, resize_rule=None, patch_re
         value = tree[key]
         if not hasattr(value, "shape"):
             value = np.asarray(value)
-        # Arrays that are read lazily (keras_vit.checkpoints) are checked by shape here and read
-        # one at a time below, so a conversion never holds the whole tree next to the model.
+        # Arrays that are read lazily (keras_vit.checkpoints) are checked by shape here; a model
+        # being built (keras_vit.loading) reads each only as its variable is created, so a
+        # conversion never holds the whole tree next to the model.
         if tuple(value.shape) != tuple(var.shape):
             # Position embeddings laid out on another grid: the owning layer resizes them.
             value = _resized(model, key, value, source_grid, resize_rule, patch_resize_rule, problems)
