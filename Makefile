@@ -5,15 +5,18 @@ PYTHON ?= $(shell command -v python3.11 >/dev/null 2>&1 && echo python3.11 || ec
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
 PYTEST_ARGS ?=
 BENCH_ARGS ?=
 JOBS ?= 2
 # Each test module runs in one worker (its module fixtures build once), in the order tests/conftest.py sorts them.
 DIST := --dist loadfile --no-loadscope-reorder
 
-.PHONY: venv demo test test-jax test-tensorflow test-torch bench clean
+.PHONY: venv venv-test demo test test-jax test-tensorflow test-torch bench clean
 
 venv: $(STAMP)
+
+venv-test: $(TEST_STAMP)
 
 # uv installs the 8 GB of dependencies in parallel, byte-compiled (about 45 s against pip's 110 s on
 # 2 cores); pip takes over where uv cannot install. uv reads neither pip's configuration files nor
@@ -42,32 +45,42 @@ print("make venv: uv gets from pip's configuration:", " ".join(handed) or "nothi
 endef
 export PIP_SOURCES_FOR_UV
 
+# $(STAMP): the runtime install (the package and what it imports: keras, JAX, TensorFlow, tf.data, ...);
+# $(TEST_STAMP): the same .venv plus the test extra (torch, timm, transformers, optax, the export runtimes).
 $(STAMP): pyproject.toml
 	@echo "make venv: $(VENV) with $(PYTHON) ($$($(PYTHON) --version 2>&1))"
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip uv
-	eval "$$($(PY) -c "$$PIP_SOURCES_FOR_UV")"; \
-	  $(VENV)/bin/uv pip install --quiet --python $(PY) --compile-bytecode -e ".[dev]" \
-	  || $(PY) -m pip install --quiet -e ".[dev]"
+	$(call INSTALL,.)
 	touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP)
+	$(call INSTALL,.[test])
+	touch $(TEST_STAMP)
+
+define INSTALL
+	eval "$$($(PY) -c "$$PIP_SOURCES_FOR_UV")"; \
+	  $(VENV)/bin/uv pip install --quiet --python $(PY) --compile-bytecode -e "$(1)" \
+	  || $(PY) -m pip install --quiet -e "$(1)"
+endef
 
 # The demo runs on JAX, the fastest backend for it on CPU, unless KERAS_BACKEND says otherwise.
 demo: venv
 	KERAS_BACKEND=$${KERAS_BACKEND:-jax} $(PY) -m keras_vit.demo
 
-test: venv
+test: venv-test
 	$(MAKE) test-jax test-tensorflow test-torch
 
-test-jax: venv
+test-jax: venv-test
 	KERAS_BACKEND=jax $(PY) -m pytest -n $(JOBS) $(DIST) $(PYTEST_ARGS)
 
-test-tensorflow: venv
+test-tensorflow: venv-test
 	KERAS_BACKEND=tensorflow $(PY) -m pytest -n $(JOBS) $(DIST) $(PYTEST_ARGS)
 
-test-torch: venv
+test-torch: venv-test
 	KERAS_BACKEND=torch $(PY) -m pytest -n $(JOBS) $(DIST) -m "not slow or parity" $(PYTEST_ARGS)
 
-bench: venv
+bench: venv-test
 	$(PY) -m pip install --quiet --no-deps "keras-hub>=0.18"  # its tensorflow-text pin would pull a second TensorFlow (benchmarks/README.md)
 	$(PY) benchmarks/benchmark.py $(BENCH_ARGS)
 

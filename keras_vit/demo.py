@@ -207,12 +207,11 @@ def main(argv=None):
     import numpy as np
 
     import keras_vit
-    from keras_vit.commands._common import training_api
+    from keras_vit import training
     from keras_vit.data.embedded import load_embedded
     from keras_vit.runs import RunFolder
 
     keras.utils.set_random_seed(args.seed)
-    api = training_api()
     run = RunFolder(args.out)
     pre, ft, scratch = dict(PRETRAIN), dict(FINETUNE), dict(SCRATCH)
     if args.quick:
@@ -240,9 +239,9 @@ def main(argv=None):
     model = keras_vit.VisionTransformer(image_size=pre["image_size"], classes=len(PRETRAIN_CLASSES),
                                         name="vit_digits_0_4", **MODEL)
     model.compile(
-        optimizer=api.pretrain_optimizer(pre["learning_rate"], total_steps=pre["steps"], warmup_steps=pre["warmup"],
+        optimizer=training.pretrain_optimizer(pre["learning_rate"], total_steps=pre["steps"], warmup_steps=pre["warmup"],
                                          weight_decay=pre["weight_decay"]),
-        loss=api.classification_loss(model, label_smoothing=pre["label_smoothing"]),
+        loss=training.classification_loss(model, label_smoothing=pre["label_smoothing"]),
         metrics=["accuracy"],
     )
     val_ds = make_dataset(pre_test_x, pre_test_y, pre["image_size"], 256, False)
@@ -258,15 +257,15 @@ def main(argv=None):
     pretrain_steps = (pre["steps"] // epochs) * epochs
 
     # === 2. Transfer at 32x32 to the digits 5-9, few labels ===
-    finetuned = api.for_finetuning(model, image_size=ft["image_size"], classes=len(TRANSFER_CLASSES),
+    finetuned = training.for_finetuning(model, image_size=ft["image_size"], classes=len(TRANSFER_CLASSES),
                                    name="vit_digits_5_9_finetuned")
     print(f"[2/4] fine-tuning on the digits 5-9 with {LABELS_PER_CLASS} labels per class ({len(few_x)} images) at "
           f"{ft['image_size']}x{ft['image_size']}: position embeddings resized {tuple(model.grid_size)} -> "
           f"{tuple(finetuned.grid_size)}, new zero head; SGD momentum 0.9, clip 1.0, warm-up + cosine, "
           f"{ft['steps']} steps")
     finetuned.compile(
-        optimizer=api.finetune_optimizer(ft["learning_rate"], total_steps=ft["steps"], warmup_steps=ft["warmup"]),
-        loss=api.classification_loss(finetuned),
+        optimizer=training.finetune_optimizer(ft["learning_rate"], total_steps=ft["steps"], warmup_steps=ft["warmup"]),
+        loss=training.classification_loss(finetuned),
         metrics=["accuracy"],
     )
     few_ds = make_dataset(few_x, few_y, ft["image_size"], ft["batch_size"], True, args.seed)
@@ -283,9 +282,9 @@ def main(argv=None):
     baseline = keras_vit.VisionTransformer(image_size=ft["image_size"], classes=len(TRANSFER_CLASSES),
                                            name="vit_digits_5_9_scratch", **MODEL)
     baseline.compile(
-        optimizer=api.pretrain_optimizer(scratch["learning_rate"], total_steps=ft["steps"],
+        optimizer=training.pretrain_optimizer(scratch["learning_rate"], total_steps=ft["steps"],
                                          warmup_steps=ft["warmup"], weight_decay=scratch["weight_decay"]),
-        loss=api.classification_loss(baseline, label_smoothing=scratch["label_smoothing"]),
+        loss=training.classification_loss(baseline, label_smoothing=scratch["label_smoothing"]),
         metrics=["accuracy"],
     )
     first = len(run.steps)

@@ -361,7 +361,7 @@ def _check_requirements(fmt):
     if missing:
         raise ExportError(
             f"Exporting to {fmt} needs {', '.join(missing)}: pip install {' '.join(missing)} "
-            "(or keras-vit[dev])."
+            "(or pip install 'keras-vit-zoo[export]')."
         )
 
 
