@@ -5,7 +5,8 @@ import pytest
 from conftest import TINY
 
 import keras_vit
-from keras_vit.models.config import ARCHITECTURE_FIELDS, NUMERICS, NUMERICS_FIELDS, TABLE_FIELDS, ViTConfig
+from keras_vit.models.config import NUMERICS
+from keras_vit.models.vit_family import ARCHITECTURE_FIELDS, NUMERICS_FIELDS, TABLE_FIELDS, ViTConfig
 
 pytestmark = pytest.mark.backend_independent
 

@@ -13,7 +13,7 @@ from conftest import TINY, TINY_HYBRID
 
 import keras_vit
 from keras_vit.distribution import rule_for
-from keras_vit.models.config import ARCHITECTURES
+from keras_vit.models.vit_family import ARCHITECTURES
 
 
 def mesh(batch, model, names=("batch", "model")):

@@ -18,7 +18,8 @@ from conftest import rel_err
 
 from keras_vit.models import AxialResNet, BiTResNet, EfficientNet
 from keras_vit.models.axial_resnet_family import AxialResNetConfig
-from keras_vit.models.config import BiTConfig, UnknownArgumentError
+from keras_vit.models.bit_family import BiTConfig
+from keras_vit.models.config import UnknownArgumentError
 from keras_vit.models.efficientnet_family import EfficientNetConfig
 
 CONFIG_CLASSES = {BiTResNet: BiTConfig, AxialResNet: AxialResNetConfig, EfficientNet: EfficientNetConfig}
