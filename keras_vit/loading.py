@@ -245,7 +245,7 @@ def check_architecture(architecture, config, source):
     from keras_vit.models.family import family_of
 
     family = family_of(architecture)
-    # Every config field the row states (a plain ViT row's resnet=None too: not a hybrid).
+    # Every config field the row states (one the row leaves None too).
     fields = [f.name for f in dataclasses.fields(architecture) if f.name in family.config_class.fields()]
     expected = {k: _comparable(getattr(architecture, k)) for k in fields}
     got = {k: _comparable(config.get(k)) for k in expected}

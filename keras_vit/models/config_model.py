@@ -1,6 +1,7 @@
 """What every keras_vit model built from a frozen config class shares: its Keras config round
 trip, the config's fields read as model attributes, and the constructor signature help() shows."""
 
+import dataclasses
 import inspect
 
 import keras
@@ -81,7 +82,7 @@ def expose_config_fields(model_class, config_class):
                 inspect.Parameter.KEYWORD_ONLY,
                 default=inspect.Parameter.empty if f.default is f.default_factory else f.default,
             )
-            for f in config_class.__dataclass_fields__.values()
+            for f in dataclasses.fields(config_class)
         ]
         + [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=None) for k in KERAS_MODEL_ARGS[:2]]
         + [inspect.Parameter("trainable", inspect.Parameter.KEYWORD_ONLY, default=True)]
