@@ -42,6 +42,26 @@ def _import_public_api():
     globals().update(public, **model_classes, **ALL_CONSTRUCTORS)
 
 
+def _public_names():
+    """The names of the public API: the functions and modules below, every family's model class
+    and every constructor (read from the family records, without importing Keras)."""
+    from keras_vit.models.family import families
+
+    names = [
+        "__version__", "layers", "get_weight_tree", "set_weight_tree", "families", "family_of",
+        "CheckpointError", "read_checkpoint", "save_preset", "write_npz", "flops", "pretraining_exaflops",
+        "decode_predictions", "preprocess_input", "resize_patch_embedding", "resize_position_embedding",
+        "build_model", "load_checkpoint", "list_presets", "analysis", "data", "performance", "training",
+        "get_layout_map", "export_many", "export_model", "export_models", "ViTConfig", "feature_extractor",
+    ]
+    names += [f.class_name for f in families()]
+    names += [name for f in families() for name in f.architectures]
+    return names
+
+
+__all__ = _public_names()
+
+
 def _started_as_command():
     """True in the `keras-vit` console script: it imports only what each subcommand needs, so
     `keras-vit --help` and `keras-vit presets` start without loading a Keras backend."""

@@ -9,8 +9,8 @@ of the family record (`keras_vit.models.family`).
 
 import keras
 
-from keras_vit.models.config import UnknownArgumentError, get_architecture, suggest
-from keras_vit.models.family import families, family_of
+from keras_vit.models.config import UnknownArgumentError, suggest
+from keras_vit.models.family import families, family_of, get_architecture
 
 
 def _image_size(input_shape, input_tensor, default=(224, 224)):
@@ -142,20 +142,9 @@ CONSTRUCTORS_BY_FAMILY = {
     family.name: {name: _make_constructor(family, arch) for name, arch in family.architectures.items()}
     for family in families()
 }
-#: Every constructor of every family.
+#: Every constructor of every family. (A family's own: `CONSTRUCTORS_BY_FAMILY[family.name]`; the
+#: arguments its constructors' `**overrides` may set: `family.overrides()`.)
 ALL_CONSTRUCTORS = {name: c for table in CONSTRUCTORS_BY_FAMILY.values() for name, c in table.items()}
-#: The Vision Transformers' constructors (ViT and R+ViT hybrids) and the BiT baselines'.
-CONSTRUCTORS = CONSTRUCTORS_BY_FAMILY["vit"]
-BIT_CONSTRUCTORS = CONSTRUCTORS_BY_FAMILY["bit"]
 globals().update(ALL_CONSTRUCTORS)
-
-
-def build_bit_application(architecture, **kwargs):
-    """`build_application` for a BiT constructor (kept for existing callers)."""
-    return build_application(architecture, **kwargs)
-
-
-#: The VisionTransformer arguments the ViT constructors' `**overrides` may set.
-OVERRIDES = family_of("vit").overrides()
 
 __all__ = ["build_application", *ALL_CONSTRUCTORS]

@@ -11,8 +11,7 @@ per epoch, at 224 px, with JFT-300M's 303M images.
     224
 """
 
-from keras_vit.models.config import get_architecture, resnet_stride
-from keras_vit.models.family import constructor_names, family_of
+from keras_vit.models.family import constructor_names, family_of, get_architecture
 
 #: Images in JFT-300M as the paper counts them for Table 6.
 JFT_IMAGES = 303e6
@@ -23,118 +22,6 @@ def _pair(image_size):
         return image_size, image_size
     h, w = (int(s) for s in image_size)
     return h, w
-
-
-def _conv(h, w, kernel, c_in, c_out):
-    """FLOPs of a convolution producing an (h, w, c_out) map."""
-    return 2 * h * w * kernel * kernel * c_in * c_out
-
-
-# === BiT ResNets ===
-
-
-def _sym(n, kernel, stride):
-    return (n + 2 * ((kernel - 1) // 2) - kernel) // stride + 1
-
-
-def _same(n, stride):
-    return -(-n // stride)
-
-
-def _resnet_flops(h, w, units, width_factor, channels, preact):
-    """The ResNet trunk: the 7x7/2 root, the 3x3/2 pool, bottleneck stages (stride on the 3x3).
-    `preact` (BiT baselines) pads symmetrically; the hybrids pad TF-SAME. Same convolutions."""
-    root = int(64 * width_factor)
-    out = (lambda n, k, s: _sym(n, k, s)) if preact else (lambda n, k, s: _same(n, s))
-    h, w = out(h, 7, 2), out(w, 7, 2)
-    total = _conv(h, w, 7, channels, root)
-    h, w = (_sym(h, 3, 2), _sym(w, 3, 2)) if preact else (_same(h, 2), _same(w, 2))
-    c = root
-    for i, n in enumerate(units):
-        f = root * 2**i
-        for u in range(n):
-            stride = 2 if (i > 0 and u == 0) else 1
-            ho, wo = out(h, 3, stride), out(w, 3, stride)
-            total += _conv(h, w, 1, c, f)  # conv1 / a
-            total += _conv(ho, wo, 3, f, f)  # conv2 / b (the stride)
-            total += _conv(ho, wo, 1, f, 4 * f)  # conv3 / c
-            if c != 4 * f or stride != 1:
-                total += _conv(ho, wo, 1, c, 4 * f)  # projection
-            h, w, c = ho, wo, 4 * f
-    return total, (h, w, c)
-
-
-def bit_flops(config, image_size, classes):
-    """Forward FLOPs of a BiT ResNet-v2 `config` (BiTResNet arguments) at `image_size` (h, w)."""
-    h, w = image_size
-    units, width_factor = tuple(config["block_units"]), config["width_factor"]
-    total, (_, _, c) = _resnet_flops(h, w, units, width_factor, config.get("num_channels", 3), preact=True)
-    return total + (2 * c * classes if classes else 0)
-
-
-# === Vision Transformers ===
-
-
-def attention_flops(tokens, hidden, mlp_dim, relative=False):
-    """One pre-LN Transformer block over `tokens` tokens: q/k/v and out projections, QK^T, AV and
-    the MLP; with `relative`, the logits of every query against the 2 * tokens - 1 offset
-    embeddings (the paper's 1-D relative attention)."""
-    t, d, m = tokens, hidden, mlp_dim
-    total = (
-        2 * t * d * 3 * d  # query, key, value
-        + 2 * t * t * d  # QK^T
-        + 2 * t * t * d  # AV
-        + 2 * t * d * d  # out projection
-        + 2 * 2 * t * d * m  # MLP
-    )
-    if relative:
-        total += 2 * t * (2 * t - 1) * d  # q . r[offset] for every offset
-    return total
-
-
-def map_head_flops(tokens, hidden, mlp_dim):
-    """big_vision's MAP head: one learned probe attends over `tokens` tokens (its query and out
-    projections for one token, key and value for all), then an MLP on the probe."""
-    t, d, m = tokens, hidden, mlp_dim
-    return 2 * d * d + 2 * 2 * t * d * d + 2 * t * d + 2 * t * d + 2 * d * d + 2 * 2 * d * m
-
-
-def vit_flops(config, image_size, classes):
-    """Forward FLOPs of a VisionTransformer `config` (its arguments) at `image_size` (h, w)."""
-    h, w = image_size
-    stride = config["patch_size"] * resnet_stride(config.get("resnet"))
-    if h % stride or w % stride:
-        raise ValueError(f"Image size {(h, w)} is not divisible by the architecture's stride {stride}.")
-    channels = config.get("num_channels", 3)
-    total = 0
-    resnet = config.get("resnet")
-    if resnet is not None:
-        units, width_factor = resnet
-        trunk, (h, w, channels) = _resnet_flops(h, w, tuple(units), width_factor, channels, preact=False)
-        total += trunk
-    p, d = config["patch_size"], config["hidden_size"]
-    gh, gw = h // p, w // p
-    tokens = gh * gw
-    total += _conv(gh, gw, p, channels, d)  # patch embedding
-    classifier = config.get("classifier", "token")
-    t = tokens + (1 if classifier == "token" else 0)
-    m = config["mlp_dim"]
-    relative = config.get("position_embedding") == "relative"
-    total += config["num_layers"] * attention_flops(t, d, m, relative)
-    # The read-out runs with a head, or when a headless model pools (pooling= given).
-    if not (classes or config.get("pooling") is not None):
-        return total
-    mode = {None: classifier, "avg": "gap"}.get(config.get("pooling"), config.get("pooling"))
-    if mode == "map":
-        total += map_head_flops(t, d, m)
-    rep = config.get("representation_size")
-    heads = t if mode == "none" else 1  # "none": pre_logits and the head on every token
-    if rep:
-        total += heads * 2 * d * rep
-        d = rep
-    if classes:
-        total += heads * 2 * d * classes
-    return total
 
 
 # === Public API ===

@@ -245,7 +245,7 @@ def check_architecture(architecture, config, source):
     from keras_vit.models.family import family_of
 
     family = family_of(architecture)
-    # Every config field the row states (a plain ViT row's resnet=None too: not a hybrid).
+    # Every config field the row states (one the row leaves None too).
     fields = [f.name for f in dataclasses.fields(architecture) if f.name in family.config_class.fields()]
     expected = {k: _comparable(getattr(architecture, k)) for k in fields}
     got = {k: _comparable(config.get(k)) for k in expected}
@@ -288,7 +288,8 @@ def _patch_resize(config, patch_size, image_size, source, rule=None):
     from keras_vit.models.family import family_of
 
     what = f" {source!r}" if source else ""
-    if not family_of(config).patch_resize:
+    family = family_of(config)
+    if not family.patch_resize:
         raise ValueError(f"patch_size= applies to Vision Transformers; the checkpoint{what} is {_describe(config)}.")
     if isinstance(patch_size, bool) or not isinstance(patch_size, int) and not hasattr(patch_size, "__index__"):
         raise ValueError(
@@ -297,13 +298,9 @@ def _patch_resize(config, patch_size, image_size, source, rule=None):
         )
     if int(patch_size) < 1:
         raise ValueError(f"patch_size must be a positive int; got {patch_size!r}.")
-    if config.get("resnet") is not None:
-        raise ValueError(
-            f"The checkpoint{what} is an R+ViT hybrid: its patch embedding reads ResNet features, not pixels. "
-            "PI-resize keeps a token's response to a resized image patch, but the features of a resized image "
-            "are not a resized copy of the features (the ResNet's stride and receptive field are fixed), so the "
-            "resized kernel would not approximate the trained model. Change the image size instead (image_size=)."
-        )
+    refusal = family.patch_resize_refused(config)
+    if refusal is not None:
+        raise ValueError(f"The checkpoint{what} {refusal}")
     stride = int(patch_size)
     size = image_size if image_size is not None else config.get("image_size")
     size = (size, size) if isinstance(size, int) else tuple(size)
@@ -430,7 +427,7 @@ def load(source, *, architecture=None, image_size=None, include_top=True, classe
     Example:
         >>> model = load("ViT-B_16.npz", image_size=384)   # doctest: +SKIP
     """
-    from keras_vit.models.config import get_architecture
+    from keras_vit.models.family import get_architecture
 
     if isinstance(architecture, str):
         architecture = get_architecture(architecture)

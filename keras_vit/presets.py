@@ -1,7 +1,8 @@
 """Named weights: the preset table (tag -> upstream Hub repository) and the choice of a row.
 
 This module is data and lookups only; `keras_vit.loading` turns a name into files and a model.
-Every published checkpoint of every constructor is one row of the tables below: the constructor,
+Every published checkpoint of every constructor is one row of its family's preset rows
+(`ModelFamily.presets`, in the family file), gathered in `PRESETS` below: the constructor,
 timm's tag, the resolution, the head size, the ImageNet-1k top-1 its source reports (timm's
 results-imagenet.csv; None where none is reported, e.g. for ImageNet-21k heads), the Hub
 repository, and the original Flax .npz in the `gs://vit_models/` bucket it came from.
@@ -26,8 +27,6 @@ from keras_vit.models.family import all_architectures, constructor_names, famili
 
 def _known(architecture):
     return architecture in all_architectures()
-
-_GS = "gs://vit_models/"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,156 +53,6 @@ class Preset:
     def dataset(self):
         return "ImageNet-21k" if self.classes != 1000 else "ImageNet-1k"
 
-
-# === The table ===
-# (constructor, tag, resolution, classes, top-1, repository, original .npz under gs://vit_models/)
-_TIMM_ROWS = [
-    # ViT-Ti/16
-    ("ViTTi16", "augreg_in21k_ft_in1k", 224, 1000, 75.454, "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k",
-     'augreg/Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_224.npz'),
-    ("ViTTi16", "augreg_in21k_ft_in1k", 384, 1000, 78.424, "timm/vit_tiny_patch16_384.augreg_in21k_ft_in1k",
-     'augreg/Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_384.npz'),
-    ("ViTTi16", "augreg_in21k", 224, 21843, None, "timm/vit_tiny_patch16_224.augreg_in21k",
-     'augreg/Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0.npz'),
-    # ViT-S/16
-    ("ViTS16", "augreg_in21k_ft_in1k", 224, 1000, 81.384, "timm/vit_small_patch16_224.augreg_in21k_ft_in1k",
-     'augreg/S_16-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_224.npz'),
-    ("ViTS16", "augreg_in21k_ft_in1k", 384, 1000, 83.802, "timm/vit_small_patch16_384.augreg_in21k_ft_in1k",
-     'augreg/S_16-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_384.npz'),
-    ("ViTS16", "augreg_in1k", 224, 1000, 78.846, "timm/vit_small_patch16_224.augreg_in1k",
-     'augreg/S_16-i1k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.01-res_224.npz'),
-    ("ViTS16", "augreg_in1k", 384, 1000, 81.116, "timm/vit_small_patch16_384.augreg_in1k",
-     'augreg/S_16-i1k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.01-res_384.npz'),
-    ("ViTS16", "augreg_in21k", 224, 21843, None, "timm/vit_small_patch16_224.augreg_in21k",
-     'augreg/S_16-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0.npz'),
-    # ViT-S/32
-    ("ViTS32", "augreg_in21k_ft_in1k", 224, 1000, 75.994, "timm/vit_small_patch32_224.augreg_in21k_ft_in1k",
-     'augreg/S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_224.npz'),
-    ("ViTS32", "augreg_in21k_ft_in1k", 384, 1000, 80.486, "timm/vit_small_patch32_384.augreg_in21k_ft_in1k",
-     'augreg/S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_384.npz'),
-    ("ViTS32", "augreg_in21k", 224, 21843, None, "timm/vit_small_patch32_224.augreg_in21k",
-     'augreg/S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0.npz'),
-    # ViT-B/8
-    ("ViTB8", "augreg2_in21k_ft_in1k", 224, 1000, 86.218, "timm/vit_base_patch8_224.augreg2_in21k_ft_in1k", None),
-    ("ViTB8", "augreg_in21k_ft_in1k", 224, 1000, 85.798, "timm/vit_base_patch8_224.augreg_in21k_ft_in1k",
-     'augreg/B_8-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.01-res_224.npz'),
-    ("ViTB8", "augreg_in21k", 224, 21843, None, "timm/vit_base_patch8_224.augreg_in21k",
-     'augreg/B_8-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0.npz'),
-    # ViT-B/16
-    ("ViTB16", "augreg2_in21k_ft_in1k", 224, 1000, 85.096, "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k", None),
-    ("ViTB16", "augreg_in21k_ft_in1k", 224, 1000, 84.532, "timm/vit_base_patch16_224.augreg_in21k_ft_in1k",
-     'augreg/B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.01-res_224.npz'),
-    ("ViTB16", "augreg_in21k_ft_in1k", 384, 1000, 85.996, "timm/vit_base_patch16_384.augreg_in21k_ft_in1k",
-     'augreg/B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.01-res_384.npz'),
-    ("ViTB16", "orig_in21k_ft_in1k", 224, 1000, 81.786, "timm/vit_base_patch16_224.orig_in21k_ft_in1k", 'imagenet21k+imagenet2012/ViT-B_16-224.npz'),
-    ("ViTB16", "orig_in21k_ft_in1k", 384, 1000, 84.2, "timm/vit_base_patch16_384.orig_in21k_ft_in1k", 'imagenet21k+imagenet2012/ViT-B_16.npz'),
-    ("ViTB16", "augreg_in1k", 224, 1000, 79.154, "timm/vit_base_patch16_224.augreg_in1k",
-     'augreg/B_16-i1k-300ep-lr_0.001-aug_strong2-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_224.npz'),
-    ("ViTB16", "augreg_in1k", 384, 1000, 81.102, "timm/vit_base_patch16_384.augreg_in1k",
-     'augreg/B_16-i1k-300ep-lr_0.001-aug_strong2-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_384.npz'),
-    ("ViTB16", "sam_in1k", 224, 1000, 80.244, "timm/vit_base_patch16_224.sam_in1k", 'sam/ViT-B_16.npz'),
-    ("ViTB16", "augreg_in21k", 224, 21843, None, "timm/vit_base_patch16_224.augreg_in21k",
-     'augreg/B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0.npz'),
-    ("ViTB16", "orig_in21k", 224, 0, None, "timm/vit_base_patch16_224.orig_in21k", 'imagenet21k/ViT-B_16.npz'),
-    # ViT-B/32
-    ("ViTB32", "augreg_in21k_ft_in1k", 224, 1000, 80.716, "timm/vit_base_patch32_224.augreg_in21k_ft_in1k",
-     'augreg/B_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_224.npz'),
-    ("ViTB32", "augreg_in21k_ft_in1k", 384, 1000, 83.35, "timm/vit_base_patch32_384.augreg_in21k_ft_in1k",
-     'augreg/B_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_384.npz'),
-    ("ViTB32", "augreg_in1k", 224, 1000, 74.894, "timm/vit_base_patch32_224.augreg_in1k",
-     'augreg/B_32-i1k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_224.npz'),
-    ("ViTB32", "augreg_in1k", 384, 1000, 78.752, "timm/vit_base_patch32_384.augreg_in1k",
-     'augreg/B_32-i1k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_384.npz'),
-    ("ViTB32", "sam_in1k", 224, 1000, 73.694, "timm/vit_base_patch32_224.sam_in1k", 'sam/ViT-B_32.npz'),
-    ("ViTB32", "augreg_in21k", 224, 21843, None, "timm/vit_base_patch32_224.augreg_in21k",
-     'augreg/B_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.03-do_0.0-sd_0.0.npz'),
-    ("ViTB32", "orig_in21k", 224, 0, None, "timm/vit_base_patch32_224.orig_in21k", 'imagenet21k/ViT-B_32.npz'),
-    # ViT-L/16
-    ("ViTL16", "augreg_in21k_ft_in1k", 224, 1000, 85.834, "timm/vit_large_patch16_224.augreg_in21k_ft_in1k",
-     'augreg/L_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_224.npz'),
-    ("ViTL16", "augreg_in21k_ft_in1k", 384, 1000, 87.084, "timm/vit_large_patch16_384.augreg_in21k_ft_in1k",
-     'augreg/L_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_384.npz'),
-    ("ViTL16", "augreg_in21k", 224, 21843, None, "timm/vit_large_patch16_224.augreg_in21k",
-     'augreg/L_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1.npz'),
-    ("ViTL16", "orig_in21k", 224, 0, None, "timm/vit_large_patch16_224.orig_in21k", 'imagenet21k/ViT-L_16.npz'),
-    # ViT-L/32
-    ("ViTL32", "orig_in21k_ft_in1k", 384, 1000, 81.51, "timm/vit_large_patch32_384.orig_in21k_ft_in1k", 'imagenet21k+imagenet2012/ViT-L_32.npz'),
-    ("ViTL32", "orig_in21k", 224, 0, None, "timm/vit_large_patch32_224.orig_in21k", 'imagenet21k/ViT-L_32.npz'),
-    # ViT-H/14
-    ("ViTH14", "orig_in21k", 224, 0, None, "timm/vit_huge_patch14_224.orig_in21k", 'imagenet21k/ViT-H_14.npz'),
-    # R+ViT-Ti/16
-    ("RViTTi16", "augreg_in21k_ft_in1k", 224, 1000, 71.798, "timm/vit_tiny_r_s16_p8_224.augreg_in21k_ft_in1k",
-     'augreg/R_Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_224.npz'),
-    ("RViTTi16", "augreg_in21k_ft_in1k", 384, 1000, 75.962, "timm/vit_tiny_r_s16_p8_384.augreg_in21k_ft_in1k",
-     'augreg/R_Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_384.npz'),
-    ("RViTTi16", "augreg_in21k", 224, 21843, None, "timm/vit_tiny_r_s16_p8_224.augreg_in21k",
-     'augreg/R_Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0.npz'),
-    # R26+ViT-S/32
-    ("R26ViTS32", "augreg_in21k_ft_in1k", 224, 1000, 81.864, "timm/vit_small_r26_s32_224.augreg_in21k_ft_in1k",
-     'augreg/R26_S_32-i21k-300ep-lr_0.001-aug_light0-wd_0.03-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.03-res_224.npz'),
-    ("R26ViTS32", "augreg_in21k_ft_in1k", 384, 1000, 84.048, "timm/vit_small_r26_s32_384.augreg_in21k_ft_in1k",
-     'augreg/R26_S_32-i21k-300ep-lr_0.001-aug_medium2-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_384.npz'),
-    ("R26ViTS32", "augreg_in21k", 224, 21843, None, "timm/vit_small_r26_s32_224.augreg_in21k",
-     'augreg/R26_S_32-i21k-300ep-lr_0.001-aug_medium2-wd_0.03-do_0.0-sd_0.0.npz'),
-    # R50+ViT-B/16
-    ("R50ViTB16", "orig_in21k_ft_in1k", 384, 1000, 84.976, "timm/vit_base_r50_s16_384.orig_in21k_ft_in1k", 'imagenet21k+imagenet2012/R50+ViT-B_16.npz'),
-    ("R50ViTB16", "orig_in21k", 224, 0, None, "timm/vit_base_r50_s16_224.orig_in21k", 'imagenet21k/R50+ViT-B_16.npz'),
-    # R50+ViT-L/32
-    ("R50ViTL32", "augreg_in21k_ft_in1k", 224, 1000, 84.422, "timm/vit_large_r50_s32_224.augreg_in21k_ft_in1k",
-     'augreg/R50_L_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_224.npz'),
-    ("R50ViTL32", "augreg_in21k_ft_in1k", 384, 1000, 86.182, "timm/vit_large_r50_s32_384.augreg_in21k_ft_in1k",
-     'augreg/R50_L_32-i21k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.01-res_384.npz'),
-    ("R50ViTL32", "augreg_in21k", 224, 21843, None, "timm/vit_large_r50_s32_224.augreg_in21k",
-     'augreg/R50_L_32-i21k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.0-sd_0.0.npz'),
-]
-
-# The transformers conversions of the original checkpoints (google/vit-*): the same weights as
-# the orig_* rows, in transformers' layout and numerics (LayerNorm epsilon 1e-12). The in21k
-# ones keep the original `pre_logits` (transformers' pooler) and have no head.
-_TRANSFORMERS_ROWS = [
-    ("ViTB16", "google_in21k_ft_in1k", 224, 1000, None, "google/vit-base-patch16-224", "imagenet21k+imagenet2012/ViT-B_16-224.npz"),
-    ("ViTB16", "google_in21k_ft_in1k", 384, 1000, None, "google/vit-base-patch16-384", "imagenet21k+imagenet2012/ViT-B_16.npz"),
-    ("ViTB16", "google_in21k", 224, 0, None, "google/vit-base-patch16-224-in21k", "imagenet21k/ViT-B_16.npz"),
-    ("ViTB32", "google_in21k_ft_in1k", 384, 1000, None, "google/vit-base-patch32-384", "imagenet21k+imagenet2012/ViT-B_32.npz"),
-    ("ViTB32", "google_in21k", 224, 0, None, "google/vit-base-patch32-224-in21k", "imagenet21k/ViT-B_32.npz"),
-    ("ViTL16", "google_in21k_ft_in1k", 224, 1000, None, "google/vit-large-patch16-224", "imagenet21k+imagenet2012/ViT-L_16-224.npz"),
-    ("ViTL16", "google_in21k_ft_in1k", 384, 1000, None, "google/vit-large-patch16-384", "imagenet21k+imagenet2012/ViT-L_16.npz"),
-    ("ViTL16", "google_in21k", 224, 0, None, "google/vit-large-patch16-224-in21k", "imagenet21k/ViT-L_16.npz"),
-    ("ViTL32", "google_in21k_ft_in1k", 384, 1000, None, "google/vit-large-patch32-384", "imagenet21k+imagenet2012/ViT-L_32.npz"),
-    ("ViTL32", "google_in21k", 224, 0, None, "google/vit-large-patch32-224-in21k", "imagenet21k/ViT-L_32.npz"),
-    ("ViTH14", "google_in21k", 224, 0, None, "google/vit-huge-patch14-224-in21k", "imagenet21k/ViT-H_14.npz"),
-]
-
-# The paper's CNN baselines: timm's ports of the BiT ResNet-v2 weights (google-research/big_transfer).
-# (constructor, tag, resolution, classes, ImageNet-1k top-1 from timm's results-imagenet.csv, Hub repo)
-_TIMM_BIT_ROWS = [
-    ("BiTResNet50x1", "goog_in21k_ft_in1k", 448, 1000, 80.340, "timm/resnetv2_50x1_bit.goog_in21k_ft_in1k"),
-    ("BiTResNet50x1", "goog_distilled_in1k", 224, 1000, 82.820, "timm/resnetv2_50x1_bit.goog_distilled_in1k"),
-    ("BiTResNet50x1", "goog_in21k", 224, 21843, None, "timm/resnetv2_50x1_bit.goog_in21k"),
-    ("BiTResNet50x3", "goog_in21k_ft_in1k", 448, 1000, 84.020, "timm/resnetv2_50x3_bit.goog_in21k_ft_in1k"),
-    ("BiTResNet50x3", "goog_in21k", 224, 21843, None, "timm/resnetv2_50x3_bit.goog_in21k"),
-    ("BiTResNet101x1", "goog_in21k_ft_in1k", 448, 1000, 82.342, "timm/resnetv2_101x1_bit.goog_in21k_ft_in1k"),
-    ("BiTResNet101x1", "goog_in21k", 224, 21843, None, "timm/resnetv2_101x1_bit.goog_in21k"),
-    ("BiTResNet101x3", "goog_in21k_ft_in1k", 448, 1000, 84.438, "timm/resnetv2_101x3_bit.goog_in21k_ft_in1k"),
-    ("BiTResNet101x3", "goog_in21k", 224, 21843, None, "timm/resnetv2_101x3_bit.goog_in21k"),
-    ("BiTResNet152x2", "goog_in21k_ft_in1k", 448, 1000, 84.510, "timm/resnetv2_152x2_bit.goog_in21k_ft_in1k"),
-    ("BiTResNet152x2", "goog_teacher_in21k_ft_in1k", 224, 1000, 82.876,
-     "timm/resnetv2_152x2_bit.goog_teacher_in21k_ft_in1k"),
-    ("BiTResNet152x2", "goog_teacher_in21k_ft_in1k_384", 384, 1000, 83.834,
-     "timm/resnetv2_152x2_bit.goog_teacher_in21k_ft_in1k_384"),
-    ("BiTResNet152x2", "goog_in21k", 224, 21843, None, "timm/resnetv2_152x2_bit.goog_in21k"),
-    ("BiTResNet152x4", "goog_in21k_ft_in1k", 480, 1000, 84.916, "timm/resnetv2_152x4_bit.goog_in21k_ft_in1k"),
-    ("BiTResNet152x4", "goog_in21k", 224, 21843, None, "timm/resnetv2_152x4_bit.goog_in21k"),
-]
-
-#: Each family's preset rows (`ModelFamily.presets`): (constructor, tag, resolution, classes,
-#: top-1, Hub repository, original file or None, source).
-VIT_PRESET_ROWS = tuple(
-    (a, t, r, c, top1, repo, _GS + orig if orig else None, source)
-    for rows, source in ((_TIMM_ROWS, "timm"), (_TRANSFORMERS_ROWS, "transformers"))
-    for a, t, r, c, top1, repo, orig in rows
-)
-BIT_PRESET_ROWS = tuple((a, t, r, c, top1, repo, None, "timm") for a, t, r, c, top1, repo in _TIMM_BIT_ROWS)
 
 #: Every preset of every model family, keyed by its Hub repository, in table order. Extend it with
 #: `register_preset`.

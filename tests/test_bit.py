@@ -15,7 +15,7 @@ import pytest
 
 import keras_vit
 from keras_vit.checkpoints import bit as bit_format
-from keras_vit.models.config import BIT_ARCHITECTURES
+from keras_vit.models.bit_family import BIT_ARCHITECTURES
 from conftest import run_script
 from test_hub_server import HubServer, hub_env, run_hub_python
 

@@ -5,7 +5,8 @@ import pytest
 from conftest import TINY
 
 import keras_vit
-from keras_vit.models.config import ARCHITECTURE_FIELDS, NUMERICS, NUMERICS_FIELDS, TABLE_FIELDS, ViTConfig
+from keras_vit.models.config import NUMERICS
+from keras_vit.models.vit_family import ARCHITECTURE_FIELDS, NUMERICS_FIELDS, TABLE_FIELDS, ViTConfig
 
 pytestmark = pytest.mark.backend_independent
 
@@ -24,7 +25,7 @@ def test_field_groups_cover_what_a_checkpoint_holds():
     assert set(NUMERICS_FIELDS) <= set(ARCHITECTURE_FIELDS)
     assert set(TABLE_FIELDS) <= set(ARCHITECTURE_FIELDS) and "position_embedding" in ARCHITECTURE_FIELDS
     assert not {"include_top", "pooling", "dropout_rate", "quantization"} & set(ARCHITECTURE_FIELDS)
-    assert set(ViTConfig.fields()) == set(keras_vit.VisionTransformer(**TINY).get_config()) - {"name", "trainable"}
+    assert set(ViTConfig.fields()) == set(keras_vit.VisionTransformer(**TINY).get_config()) - {"name", "trainable", "family"}
 
 
 def test_unknown_keywords_raise_with_suggestions():

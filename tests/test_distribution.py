@@ -13,7 +13,7 @@ from conftest import TINY, TINY_HYBRID
 
 import keras_vit
 from keras_vit.distribution import rule_for
-from keras_vit.models.config import ARCHITECTURES
+from keras_vit.models.vit_family import ARCHITECTURES
 
 
 def mesh(batch, model, names=("batch", "model")):
@@ -211,3 +211,19 @@ def test_config_forms_agree():
         b16 = keras_vit.get_layout_map(mesh(1, 8), config="ViTB16")
     assert axes_of(b16, "encoderblock_0/MultiHeadDotProductAttention_1/query_kernel") == (None, None, None)
     assert axes_of(b16, "encoderblock_0/MlpBlock_3/Dense_0/kernel") == (None, "model")
+
+
+def test_a_bit_resnet_gets_its_familys_rules():
+    """A BiT ResNet's convolutions split along their output channels, everything else whole; every
+    variable meets exactly one rule."""
+    model = keras_vit.models.BiTResNet(image_size=32, block_units=[1, 1], width_factor=0.5, classes=3)
+    layout_map = keras_vit.get_layout_map(mesh(2, 4), config=model)
+    for v in model.weights:
+        rule = rule_for(layout_map, v.path)  # raises if two rules match
+        assert rule is not None, v.path
+        axes = tuple(layout_map[rule].axes)
+        assert len(axes) == len(v.shape), (v.path, axes)
+        conv = len(v.shape) == 4 and not v.path.startswith("head/")
+        assert axes == ((None, None, None, "model") if conv else (None,) * len(v.shape)), (v.path, axes)
+        if conv:
+            assert v.shape[-1] % 4 == 0

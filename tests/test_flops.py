@@ -10,7 +10,8 @@ import pytest
 from conftest import run_script
 
 import keras_vit
-from keras_vit.models.config import ARCHITECTURES, BIT_ARCHITECTURES
+from keras_vit.models.bit_family import BIT_ARCHITECTURES
+from keras_vit.models.vit_family import ARCHITECTURES
 
 pytestmark = pytest.mark.backend_independent
 

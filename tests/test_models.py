@@ -161,7 +161,7 @@ def _hidden(name):
 
 
 def test_every_constructor_is_tabled():
-    assert set(STRIDE) == set(keras_vit.applications.CONSTRUCTORS)
+    assert set(STRIDE) == set(keras_vit.applications.CONSTRUCTORS_BY_FAMILY["vit"])
     # Every constructor's count is checked: against REFERENCE.md or timm.
     assert set(PARAMS_224) | set(TIMM_HYBRIDS) == set(STRIDE)
 
@@ -196,7 +196,7 @@ def test_constructor_shapes_and_parameter_counts(name):
 
 
 def test_gap_architecture_parameter_count():
-    from keras_vit.models.config import get_architecture
+    from keras_vit.models.family import get_architecture
 
     model = keras_vit.VisionTransformer(image_size=224, **get_architecture("ViTB16Gap").kwargs())
     assert model.count_params() == 86_566_120

@@ -11,7 +11,8 @@ pytestmark = pytest.mark.backend_independent
 
 import keras_vit
 from keras_vit import loading, presets
-from keras_vit.models.config import ARCHITECTURES, BIT_ARCHITECTURES
+from keras_vit.models.bit_family import BIT_ARCHITECTURES
+from keras_vit.models.vit_family import ARCHITECTURES
 from keras_vit.models.family import all_architectures
 
 #: The timm tags of the original family that keras_vit publishes.

@@ -32,17 +32,15 @@ import numpy as np
 
 from keras_vit.checkpoints.common import (
     CheckpointError,
-    count_units,
     describe_keys,
     materialize,
     read_json,
     reading,
-    width_factor,
 )
 from keras_vit.checkpoints.npz import _single_npz, lazy_member, open_members
 from keras_vit.checkpoints.registry import CheckpointFormat
 from keras_vit.checkpoints.torch_zip import is_torch_zip, open_weights, weights_in_folder
-from keras_vit.models.config import BIT_NUMERICS
+from keras_vit.models.bit_family import BIT_NUMERICS, count_units, width_factor
 
 #: The numerics of google-research/big_transfer's own code, which trained and wrote the .npz
 #: files: weight standardisation (w - mean) / sqrt(var + 1e-10) (timm's port uses 1e-8),

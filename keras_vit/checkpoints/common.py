@@ -1,5 +1,5 @@
-"""What every reader shares: the error type, config inference from the canonical tree, and a
-zero-copy safetensors reader.
+"""What every reader shares: the error type and a zero-copy safetensors reader. (Inferring a
+family's config from a canonical tree is the family file's: `keras_vit.models.vit_family.infer_config`.)
 
 A reader's job ends at (tree, config): `tree` is the canonical weight tree (original Flax names
 and shapes, float32 numpy arrays), `config` the VisionTransformer keyword arguments of the
@@ -12,7 +12,6 @@ import json
 import math
 import mmap
 import os
-import re
 import struct
 import threading
 import zipfile
@@ -20,7 +19,6 @@ import zipfile
 import numpy as np
 
 from keras_vit.errors import CheckpointError
-from keras_vit.models.config import ViTConfig, all_architectures, resnet_stride
 
 # === Errors ===
 
@@ -165,143 +163,6 @@ def describe_keys(keys, limit=8):
     keys = sorted(keys)
     shown = ", ".join(keys[:limit])
     return shown + (f", ... ({len(keys) - limit} more)" if len(keys) > limit else "")
-
-
-# === Config inference ===
-
-#: The config fields a checkpoint determines (architecture and numerics), and the numerics alone.
-ARCHITECTURE_FIELDS = ViTConfig.architecture_fields()
-NUMERICS_FIELDS = ViTConfig.numerics_fields()
-
-_BLOCK = re.compile(r"^Transformer/encoderblock_(\d+)/")
-_UNIT = re.compile(r"^block(\d+)/unit(\d+)/")
-_QUERY = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"
-_POS = "Transformer/posembed_input/pos_embedding"
-
-
-def _require(tree, key, source):
-    if key not in tree:
-        raise CheckpointError(f"{source}: missing weight {key!r}; this is not a complete ViT checkpoint.")
-    return tree[key]
-
-
-def width_factor(channels):
-    """The width factor of a ResNet whose root convolution has `channels` outputs (64 per unit)."""
-    width = channels / 64
-    return int(width) if float(width).is_integer() else width
-
-
-def count_units(tree, pattern):
-    """{stage: units} from the keys of `tree` that `pattern` matches (groups: stage, unit)."""
-    units = {}
-    for key in tree:
-        m = pattern.match(key)
-        if m:
-            s, u = int(m.group(1)), int(m.group(2))
-            units[s] = max(units.get(s, 0), u)
-    return units
-
-
-def infer_resnet(tree, source="checkpoint"):
-    """(stage_units, width_factor) of the hybrid ResNet in `tree`, or None for a plain ViT."""
-    if "conv_root/kernel" not in tree:
-        return None
-    width = width_factor(tree["conv_root/kernel"].shape[-1])
-    units = count_units(tree, _UNIT)
-    if units and sorted(units) != list(range(1, len(units) + 1)):
-        raise CheckpointError(f"{source}: ResNet stages {sorted(units)} are not numbered 1..{len(units)}.")
-    return tuple(units[s] for s in sorted(units)), width
-
-
-def infer_config(tree, numerics, *, source="checkpoint", image_size=None, num_heads=None, num_channels=None,
-                 class_token_position_embedding=True, position_embedding="learned"):
-    """VisionTransformer kwargs of the canonical `tree`, plus the `numerics` (a NUMERICS row or dict).
-
-    `image_size` (height, width) is the checkpoint's resolution when its config states one;
-    otherwise the position-embedding grid is taken as square. `num_heads` is needed only when
-    the tree cannot tell (it always can: the query kernel is (hidden, heads, head_dim)).
-    `class_token_position_embedding=False` says the stored embedding covers the patch grid
-    alone (big_vision's layout); a `position_embedding` without weights ("sincos2d") leaves
-    the resolution to `image_size` (default: the multiple of the patch nearest 224).
-    """
-    embed = _require(tree, "embedding/kernel", source)
-    if embed.ndim != 4 or embed.shape[0] != embed.shape[1]:
-        raise CheckpointError(f"{source}: embedding/kernel has shape {embed.shape}; expected (patch, patch, in, hidden).")
-    patch, hidden = int(embed.shape[0]), int(embed.shape[-1])
-    layers = sorted({int(m.group(1)) for m in map(_BLOCK.match, tree) if m})
-    if not layers or layers != list(range(len(layers))):
-        raise CheckpointError(f"{source}: encoder blocks {layers} are not numbered 0..N-1.")
-    query = _require(tree, _QUERY, source)
-    heads = int(query.shape[1]) if query.ndim == 3 else num_heads
-    mlp = int(_require(tree, "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel", source).shape[-1])
-    classifier = "token" if "cls" in tree else "map" if "MAPHead_0/probe" in tree else "gap"
-    prefix = 1 if classifier == "token" and class_token_position_embedding else 0
-    resnet = infer_resnet(tree, source)
-    stride = patch * resnet_stride(resnet)
-    tokens = None
-    if position_embedding == "learned":
-        tokens = int(_require(tree, _POS, source).shape[-2]) - prefix
-    if image_size is not None:
-        h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(int(s) for s in image_size)
-        if min(h, w) < stride or (tokens is not None and (h // stride) * (w // stride) != tokens):
-            # The stated size does not fit the stored grid: trust the weights.
-            image_size = None
-    if image_size is None and tokens is None:
-        h = w = max(1, round(224 / stride)) * stride
-    elif image_size is None:
-        side = int(round(tokens**0.5))
-        if side * side != tokens:
-            raise CheckpointError(
-                f"{source}: the position embedding holds {tokens} patch tokens, not a square grid, and the "
-                "checkpoint states no image size."
-            )
-        h = w = side * stride
-    config = dict(
-        image_size=(h, w),
-        patch_size=patch,
-        hidden_size=hidden,
-        num_layers=len(layers),
-        num_heads=heads,
-        mlp_dim=mlp,
-        classes=int(tree["head/kernel"].shape[-1]) if "head/kernel" in tree else None,
-        classifier=classifier,
-        representation_size=int(tree["pre_logits/kernel"].shape[-1]) if "pre_logits/kernel" in tree else None,
-        resnet=resnet,
-        num_channels=int(num_channels or (tree["conv_root/kernel"] if resnet else embed).shape[2]),
-    )
-    if position_embedding != "learned":
-        config["position_embedding"] = position_embedding
-    if not class_token_position_embedding:
-        config["class_token_position_embedding"] = False
-    config.update({k: numerics[k] for k in NUMERICS_FIELDS})
-    return config
-
-
-def source_grid(config):
-    """The (rows, cols) position-embedding grid of a checkpoint config."""
-    stride = config["patch_size"] * resnet_stride(config.get("resnet"))
-    h, w = config["image_size"] if not isinstance(config["image_size"], int) else (config["image_size"],) * 2
-    return h // stride, w // stride
-
-
-def heads_from_table(hidden, layers, mlp, classifier, resnet, source="checkpoint"):
-    """The head count of the architecture-table row whose shapes match (for files that store
-    attention as stacked qkv matrices and carry no config stating it)."""
-    rows = [
-        a
-        for a in all_architectures().values()
-        if (a.hidden_size, a.num_layers, a.mlp_dim, a.classifier) == (hidden, layers, mlp, classifier)
-        and (a.resnet is None) == (resnet is None)
-    ]
-    heads = {a.num_heads for a in rows}
-    if len(heads) != 1:
-        raise CheckpointError(
-            f"{source}: the number of attention heads is not stored in the weights (hidden {hidden}, "
-            f"{layers} layers, MLP {mlp}, classifier {classifier!r}) and no known architecture matches. "
-            "Put a config.json next to the weights naming it (timm: 'architecture' and "
-            "'model_args': {'num_heads': ...}; transformers: 'num_attention_heads')."
-        )
-    return heads.pop()
 
 
 # === Lazy tensors ===

@@ -20,11 +20,11 @@ from keras_vit.checkpoints.common import (
     LazyArray,
     check_finite,
     corrupt_file_error,
-    infer_config,
     reading,
 )
 from keras_vit.checkpoints.registry import CheckpointFormat
 from keras_vit.models.config import NUMERICS
+from keras_vit.models.vit_family import infer_config
 
 _TARGET_PREFIX = "opt/target/"
 

@@ -17,8 +17,6 @@ from keras_vit.checkpoints.common import (
     LazyArray,
     describe_keys,
     materialize,
-    heads_from_table,
-    infer_config,
     looks_like_safetensors,
     read_json,
     read_json_or_empty,
@@ -27,7 +25,8 @@ from keras_vit.checkpoints.common import (
 )
 from keras_vit.checkpoints.registry import CheckpointFormat
 from keras_vit.checkpoints.torch_zip import open_weights, weights_in_folder
-from keras_vit.models.config import NUMERICS, all_architectures
+from keras_vit.models.config import NUMERICS
+from keras_vit.models.vit_family import VIT, heads_from_table, infer_config, infer_resnet
 
 # === timm's architecture names ===
 
@@ -43,7 +42,7 @@ def timm_heads(architecture):
     if architecture is None:
         return None
     name = _RESOLUTION.sub("_224", architecture.split(".", 1)[0])  # drop a pretrained tag
-    for arch in all_architectures().values():
+    for arch in VIT.all_architectures().values():
         if arch.timm_name == name:
             return arch.num_heads
     return None
@@ -135,8 +134,6 @@ def timm_state_to_tree(files, num_heads=None, *, source="checkpoint", config_hin
     blocks = sorted({int(m.group(1)) for m in map(re.compile(r"^blocks\.(\d+)\.").match, files) if m})
     mlp = files["blocks.0.mlp.fc1.weight"].shape("blocks.0.mlp.fc1.weight")[0] if r.has("blocks.0.mlp.fc1.weight") else None
     if num_heads is None:
-        from keras_vit.checkpoints.common import infer_resnet
-
         num_heads = heads_from_table(
             hidden, len(blocks), mlp, "token" if "cls" in tree else "gap", infer_resnet(tree), source
         )

@@ -14,7 +14,6 @@ from keras_vit.checkpoints.common import (
     CheckpointError,
     LazyArray,
     describe_keys,
-    infer_config,
     materialize,
     looks_like_safetensors,
     read_json,
@@ -25,6 +24,7 @@ from keras_vit.checkpoints.common import (
 from keras_vit.checkpoints.registry import CheckpointFormat
 from keras_vit.checkpoints.torch_zip import open_weights, weights_in_folder
 from keras_vit.models.config import NUMERICS
+from keras_vit.models.vit_family import infer_config
 
 #: transformers `hidden_act` -> gelu_approximate (tanh form) of VisionTransformer.
 _GELU = {"gelu": False, "gelu_python": False, "gelu_new": True, "gelu_pytorch_tanh": True}

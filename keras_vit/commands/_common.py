@@ -105,7 +105,7 @@ def _model_description(arch=None, weights=None):
     from the architecture and preset tables without building anything; None when only reading
     the checkpoint could tell (a file, a folder, hf://owner/repo) or the name is unknown (the
     loading path then names the problem)."""
-    from keras_vit.models.family import all_architectures, family_of, get_family
+    from keras_vit.models.family import all_architectures, default_family, family_of
 
     if isinstance(arch, str) and arch.strip():
         arch = arch.strip()
@@ -117,7 +117,7 @@ def _model_description(arch=None, weights=None):
             try:
                 family = family_of(config)
             except ValueError:
-                family = get_family("vit")
+                family = default_family()
             return "the --arch JSON model", family, config
         row = all_architectures().get(arch)
         return None if row is None else (arch, family_of(arch), row.kwargs())
@@ -679,16 +679,17 @@ def check_model_args(args, *, needs_weights=False, default_arch=None, default_im
             "--weights PATH (a checkpoint or run folder), or --preset NAME."
         )
     if arch and not _is_json_arch(arch):
-        from keras_vit.models.config import ARCHITECTURES  # the table only: no Keras
+        from keras_vit.models.family import default_family  # the tables only: no Keras
 
-        if arch.strip() not in ARCHITECTURES:
+        family = default_family()
+        if arch.strip() not in family.architectures:
             import difflib
 
-            close = difflib.get_close_matches(arch.strip(), list(ARCHITECTURES), n=3)
+            close = difflib.get_close_matches(arch.strip(), list(family.architectures), n=3)
             hint = f" Did you mean {' or '.join(close)}?" if close else ""
             raise ValueError(
-                f"Unknown --arch {arch!r}.{hint} Choose a constructor ({', '.join(ARCHITECTURES)}) or pass "
-                "VisionTransformer arguments as JSON."
+                f"Unknown --arch {arch!r}.{hint} Choose a constructor ({', '.join(family.architectures)}) or pass "
+                f"{family.class_name} arguments as JSON."
             )
     if weights is not None and arch and _is_json_arch(arch):
         raise ValueError(
@@ -743,7 +744,7 @@ def load_as_is(args, *, image_size=None):
 def build_fresh_model(arch, image_size, classes):
     """A randomly initialised model of `arch` (constructor name or JSON) at `image_size` (int
     or (height, width))."""
-    from keras_vit.models.family import family_of, get_family
+    from keras_vit.models.family import default_family, family_of
 
     if _is_json_arch(arch):
         try:
@@ -754,7 +755,7 @@ def build_fresh_model(arch, image_size, classes):
         try:
             family = family_of(config)  # JSON of any family's arguments
         except ValueError:
-            family = get_family("vit")  # VisionTransformer's own error names what is missing
+            family = default_family()  # its model's own error names what is missing
         return family.build(**config)
     return constructor(arch.strip())(weights=None, input_shape=(*image_hw(image_size), 3), classes=classes)
 

@@ -79,9 +79,9 @@ def destination_format(dst, to, family=None):
 
 
 def _numerics(config):
-    from keras_vit.models.config import ViTConfig
+    from keras_vit.models.family import family_of
 
-    fields = set(ViTConfig.numerics_fields()) - {"position_embedding_resize"}
+    fields = set(family_of(config).config_class.fields("numerics")) - {"position_embedding_resize"}
     return {k: config[k] for k in sorted(fields) if k in config}
 
 

@@ -1,20 +1,16 @@
 """The architecture tables, the model families (`family_of`), every family's model class
 (VisionTransformer, BiTResNet, AxialVisionTransformer, ...) and the canonical weight tree."""
 
-from keras_vit.models.config import (
+from keras_vit.models.bit_family import BIT_ARCHITECTURES, BIT_NUMERICS, BiTArchitecture, BiTConfig
+from keras_vit.models.config import NUMERICS
+from keras_vit.models.family import ModelFamily, families, family_of, get_architecture
+from keras_vit.models.vit_family import (
     ARCHITECTURES,
-    BIT_ARCHITECTURES,
-    BIT_NUMERICS,
     EXTRA_ARCHITECTURES,
-    NUMERICS,
     POSITION_EMBEDDINGS,
     Architecture,
-    BiTArchitecture,
-    BiTConfig,
     ViTConfig,
-    get_architecture,
 )
-from keras_vit.models.family import ModelFamily, families, family_of
 
 #: Names imported on first use, so that reading the architecture table does not load Keras (every
 #: family's model class is one of them).

@@ -30,7 +30,7 @@ from keras_vit.models.axial_resnet_family import AxialResNetConfig
 from keras_vit.models.config_model import (
     config_from_arguments,
     expose_config_fields,
-    model_from_config,
+    model_config, model_from_config,
     serialized_activation,
 )
 from keras_vit.models.export_method import DeploymentExport
@@ -141,7 +141,7 @@ class AxialResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
         return tree
 
     def get_config(self):
-        return {**self.config.to_dict(), "name": self.name, "trainable": self.trainable}
+        return model_config(self)
 
     @classmethod
     def from_config(cls, config, custom_objects=None):

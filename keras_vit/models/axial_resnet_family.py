@@ -12,6 +12,7 @@ the original's checkpoints load at 224 px; other sizes are refused when the weig
 """
 
 import dataclasses
+from typing import ClassVar
 
 from keras_vit.models.config import FieldGroupConfig
 
@@ -116,6 +117,8 @@ class AxialResNetConfig(FieldGroupConfig):
         >>> AxialResNetConfig(block_units=(1, 2, 4, 1)).spans[:3]
         [(56, 1), (56, 2), (28, 1)]
     """
+
+    family: ClassVar[str] = "axial_resnet"
 
     image_size: tuple = _field("architecture", (224, 224))
     block_units: tuple = _field("architecture", (3, 4, 6, 3))

@@ -15,7 +15,7 @@ from keras_vit.layers.position import PositionEmbedding
 from keras_vit.layers.quantized import Dense
 from keras_vit.layers.transformer import PatchEmbedding
 from keras_vit.models.axial_vit_family import AxialViTConfig
-from keras_vit.models.config_model import config_from_arguments, expose_config_fields, model_from_config
+from keras_vit.models.config_model import config_from_arguments, expose_config_fields, model_config, model_from_config
 from keras_vit.models.export_method import DeploymentExport
 
 
@@ -133,7 +133,7 @@ class AxialVisionTransformer(DeploymentExport, TraceTrainStepOnce, keras.Model):
         return {axis: np.stack(m) for axis, m in maps.items()}
 
     def get_config(self):
-        return {**self.config.to_dict(), "name": self.name, "trainable": self.trainable}
+        return model_config(self)
 
     @classmethod
     def from_config(cls, config, custom_objects=None):

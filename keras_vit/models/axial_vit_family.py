@@ -12,6 +12,7 @@ and the head end it. With ViT-B's widths and patch 16 at 224 px that is 171,620,
 """
 
 import dataclasses
+from typing import ClassVar
 
 from keras_vit.models.config import NUMERICS, RESIZE_RULES, FieldGroupConfig, as_pair, suggest
 from keras_vit.models.family import ModelFamily
@@ -78,6 +79,8 @@ class AxialViTConfig(FieldGroupConfig):
         ...                mlp_dim=32).grid_size
         (4, 4)
     """
+
+    family: ClassVar[str] = "axial_vit"
 
     image_size: tuple = _field("architecture")
     patch_size: int = _field("architecture")
@@ -178,7 +181,7 @@ def axial_vit_flops(config, image_size, classes):
     """Forward FLOPs of an Axial-ViT `config` at `image_size` (h, w): the patch embedding; per
     block the q/k/v/out projections and the MLP of every token, and QK^T and AV within each row
     (or column); the head. 2 FLOPs per multiply-add."""
-    from keras_vit.flops import attention_flops
+    from keras_vit.models.vit_family import attention_flops
 
     h, w = image_size
     p, d, m = config["patch_size"], config["hidden_size"], config["mlp_dim"]

@@ -17,11 +17,11 @@ from keras_vit import compilation
 from keras_vit.backend_workarounds import TraceTrainStepOnce
 
 from keras_vit.layers.resnet import GroupNorm, MaxPoolZeroPad, PreActResNetStage, StdConv2D
-from keras_vit.models.config import BiTConfig
+from keras_vit.models.bit_family import BiTConfig
 from keras_vit.models.config_model import (
     config_from_arguments,
     expose_config_fields,
-    model_from_config,
+    model_config, model_from_config,
     serialized_activation,
 )
 from keras_vit.models.export_method import DeploymentExport
@@ -31,7 +31,7 @@ from keras_vit.models.export_method import DeploymentExport
 class BiTResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
     """BiT ResNet-v2: a functional model whose layers carry big_transfer's module names.
 
-    The arguments are the fields of `keras_vit.models.config.BiTConfig` (normalised and
+    The arguments are the fields of `keras_vit.models.bit_family.BiTConfig` (normalised and
     validated there; `model.config` is that object, and each field reads as a model attribute:
     `model.block_units`, ...); a BiTConfig may also be passed as the only positional argument.
     Unknown keyword arguments raise a TypeError with a suggestion.
@@ -48,7 +48,7 @@ class BiTResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
             the final GN+ReLU; "avg" (alias "gap") or "max" pool them to (batch, channels).
         classifier_activation: activation of the head ("softmax", None for logits, ...).
         group_norm_epsilon, std_conv_epsilon, std_conv_epsilon_inside_sqrt: the numerics of the
-            weights' source (default timm's, `keras_vit.models.config.BIT_NUMERICS`).
+            weights' source (default timm's, `keras_vit.models.bit_family.BIT_NUMERICS`).
         num_channels: input channels.
         name, dtype, trainable: as for any Keras model.
 
@@ -126,7 +126,7 @@ class BiTResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
         return tree
 
     def get_config(self):
-        return {**self.config.to_dict(), "name": self.name, "trainable": self.trainable}
+        return model_config(self)
 
     @classmethod
     def from_config(cls, config, custom_objects=None):

@@ -1,9 +1,7 @@
-"""One table of every architecture: the paper's ViTs, the released R+ViT hybrids and the paper's
-CNN baselines, the BiT ResNet-v2s.
-
-Every constructor, converter, test and benchmark reads this table; nothing else states a width,
-a depth or a head count.
-"""
+"""What every model family's configuration shares: the numerics of each upstream framework, the
+position-embedding resize rules, the field-group config base class, size normalisation and the
+checks of keyword arguments. Each family's own config class and architecture table live in its
+family file (`keras_vit.models.<family>_family`)."""
 
 import dataclasses
 
@@ -42,162 +40,8 @@ NUMERICS = {
 NUMERICS["big_vision"] = dict(NUMERICS["original"])
 
 
-# === Architectures ===
-
-
-@dataclasses.dataclass(frozen=True)
-class Architecture:
-    """One row of the table. `resnet` is (stage_units, width_factor) for hybrids."""
-
-    name: str  # the constructor's name, e.g. "ViTB16"
-    paper_name: str  # e.g. "ViT-B/16"
-    hidden_size: int
-    mlp_dim: int
-    num_heads: int
-    num_layers: int
-    patch_size: int
-    resnet: tuple = None
-    classifier: str = "token"
-    timm_name: str = None  # timm's architecture name at 224, e.g. "vit_base_patch16_224"
-
-    def kwargs(self):
-        """The VisionTransformer keyword arguments of this architecture."""
-        out = {f: getattr(self, f) for f in TABLE_FIELDS}
-        if out["resnet"] is None:
-            del out["resnet"]
-        return out
-
-    @property
-    def stride(self):
-        """Input pixels per token along each axis (patch times the ResNet's stride)."""
-        return self.patch_size * resnet_stride(self.resnet)
-
-
-def resnet_stride(resnet):
-    """Total downsampling of the hybrid ResNet: 4 for the root, x2 for every stage after the first."""
-    if resnet is None:
-        return 1
-    stages = tuple(resnet[0])
-    return 4 * 2 ** max(len(stages) - 1, 0)
-
-
-_TI = dict(hidden_size=192, mlp_dim=768, num_heads=3, num_layers=12)
-_S = dict(hidden_size=384, mlp_dim=1536, num_heads=6, num_layers=12)
-_B = dict(hidden_size=768, mlp_dim=3072, num_heads=12, num_layers=12)
-_L = dict(hidden_size=1024, mlp_dim=4096, num_heads=16, num_layers=24)
-_H = dict(hidden_size=1280, mlp_dim=5120, num_heads=16, num_layers=32)
-
-ARCHITECTURES = {
-    a.name: a
-    for a in [
-        Architecture("ViTTi16", "ViT-Ti/16", patch_size=16, timm_name="vit_tiny_patch16_224", **_TI),
-        Architecture("ViTS16", "ViT-S/16", patch_size=16, timm_name="vit_small_patch16_224", **_S),
-        Architecture("ViTS32", "ViT-S/32", patch_size=32, timm_name="vit_small_patch32_224", **_S),
-        Architecture("ViTB8", "ViT-B/8", patch_size=8, timm_name="vit_base_patch8_224", **_B),
-        Architecture("ViTB16", "ViT-B/16", patch_size=16, timm_name="vit_base_patch16_224", **_B),
-        Architecture("ViTB32", "ViT-B/32", patch_size=32, timm_name="vit_base_patch32_224", **_B),
-        Architecture("ViTL16", "ViT-L/16", patch_size=16, timm_name="vit_large_patch16_224", **_L),
-        Architecture("ViTL32", "ViT-L/32", patch_size=32, timm_name="vit_large_patch32_224", **_L),
-        Architecture("ViTH14", "ViT-H/14", patch_size=14, timm_name="vit_huge_patch14_224", **_H),
-        Architecture(
-            "RViTTi16", "R+ViT-Ti/16", patch_size=8, resnet=((), 1), timm_name="vit_tiny_r_s16_p8_224", **_TI
-        ),
-        Architecture(
-            "R26ViTS32", "R26+ViT-S/32", patch_size=1, resnet=((2, 2, 2, 2), 1),
-            timm_name="vit_small_r26_s32_224", **_S,
-        ),
-        Architecture(
-            "R26ViTB32", "R26+ViT-B/32", patch_size=1, resnet=((2, 2, 2, 2), 1), timm_name="vit_base_r26_s32_224", **_B
-        ),
-        Architecture(
-            "R50ViTB16", "R50+ViT-B/16", patch_size=1, resnet=((3, 4, 9), 1), timm_name="vit_base_r50_s16_224", **_B
-        ),
-        Architecture("R50ViTB32", "R50+ViT-B/32", patch_size=1, resnet=((3, 4, 6, 3), 1), **_B),
-        Architecture("R50ViTL16", "R50+ViT-L/16", patch_size=1, resnet=((3, 4, 9), 1), **_L),
-        Architecture(
-            "R50ViTL32", "R50+ViT-L/32", patch_size=1, resnet=((3, 4, 6, 3), 1), timm_name="vit_large_r50_s32_224", **_L
-        ),
-    ]
-}
-
-#: Architectures that exist upstream but have no constructor of their own (built with
-#: VisionTransformer(**architecture.kwargs())).
-EXTRA_ARCHITECTURES = {
-    "ViTB16Gap": Architecture(
-        "ViTB16Gap", "ViT-B/16 (gap)", patch_size=16, classifier="gap", timm_name="vit_base_patch16_gap_224",
-        hidden_size=768, mlp_dim=3072, num_heads=16, num_layers=12,
-    ),
-}
-
-
-def all_architectures():
-    """{name: Architecture} of the constructors' rows and the extra ones."""
-    return {**ARCHITECTURES, **EXTRA_ARCHITECTURES}
-
-
-# === The paper's CNN baselines: BiT ResNet-v2 (Kolesnikov et al., 2020) ===
-
-#: The numerics BiT weights run with (timm's port of big_transfer: weight standardisation with
-#: eps 1e-8 inside the square root, GroupNorm eps 1e-5).
-BIT_NUMERICS = {k: NUMERICS["timm"][k] for k in ("group_norm_epsilon", "std_conv_epsilon", "std_conv_epsilon_inside_sqrt")}
-
-
-@dataclasses.dataclass(frozen=True)
-class BiTArchitecture:
-    """One BiT ResNet-v2: units per stage and the width factor (stage widths 64 * w * 2^i)."""
-
-    name: str  # the constructor's name, e.g. "BiTResNet50x1"
-    paper_name: str  # e.g. "ResNet-50x1 (BiT)"
-    block_units: tuple
-    width_factor: int
-    timm_name: str = None  # timm's architecture name, e.g. "resnetv2_50x1_bit"
-
-    def kwargs(self):
-        """The BiTResNet keyword arguments of this architecture."""
-        return dict(block_units=self.block_units, width_factor=self.width_factor)
-
-    @property
-    def stride(self):
-        """Input pixels per output-feature position (stem 4, x2 for each later stage)."""
-        return 4 * 2 ** (len(self.block_units) - 1)
-
-
-_R50, _R101, _R152, _R200 = (3, 4, 6, 3), (3, 4, 23, 3), (3, 8, 36, 3), (3, 24, 36, 3)
-
-BIT_ARCHITECTURES = {
-    a.name: a
-    for a in [
-        BiTArchitecture("BiTResNet50x1", "ResNet-50x1 (BiT)", _R50, 1, "resnetv2_50x1_bit"),
-        BiTArchitecture("BiTResNet50x3", "ResNet-50x3 (BiT)", _R50, 3, "resnetv2_50x3_bit"),
-        BiTArchitecture("BiTResNet101x1", "ResNet-101x1 (BiT)", _R101, 1, "resnetv2_101x1_bit"),
-        BiTArchitecture("BiTResNet101x3", "ResNet-101x3 (BiT)", _R101, 3, "resnetv2_101x3_bit"),
-        BiTArchitecture("BiTResNet152x2", "ResNet-152x2 (BiT)", _R152, 2, "resnetv2_152x2_bit"),
-        BiTArchitecture("BiTResNet152x4", "ResNet-152x4 (BiT)", _R152, 4, "resnetv2_152x4_bit"),
-        # Trained for the paper's Table 6 but never released: architecture only.
-        BiTArchitecture("BiTResNet200x3", "ResNet-200x3 (BiT)", _R200, 3),
-    ]
-}
-
-
-def get_architecture(name):
-    """The architecture row called `name` (constructor name, e.g. "ViTB16", "BiTResNet50x1"), of any
-    model family."""
-    from keras_vit.models.family import all_architectures as every_family
-
-    table = every_family()
-    if name not in table:
-        import difflib
-
-        close = difflib.get_close_matches(name, list(table), n=3)
-        hint = f" Did you mean {', '.join(close)}?" if close else ""
-        raise ValueError(f"Unknown architecture {name!r}.{hint} Known: {', '.join(table)}.")
-    return table[name]
-
-
 # === The model's configuration ===
 
-#: The position embeddings a VisionTransformer can use (paper, Appendix D.4; big_vision).
-POSITION_EMBEDDINGS = ("learned", "none", "learned_2d", "relative", "sincos2d")
 
 #: The rules that resize a position embedding to another grid (`keras_vit.layers.resize`), each an
 #: upstream framework's: a converted model uses its source's rule to reproduce it.
@@ -207,16 +51,15 @@ RESIZE_RULES = (
     "bicubic",  # half-pixel bicubic, a=-0.75 (transformers' interpolate_pos_encoding)
     "bicubic_antialias",  # half-pixel bicubic with antialias, a=-0.5 (timm's resample_abs_pos_embed)
 )
-#: How the model reads out its tokens: "token" (class token), "gap" (average), "map" (attention
-#: pooling), "first" (the first token, no class token: big_vision's pool_type "0") and "none" (no
-#: pooling: the head applies to every token, big_vision's pool_type "none").
-CLASSIFIERS = ("token", "gap", "map", "first", "none")
-POOLINGS = (None, "token", "gap", "avg", "max", "map", "first")
-#: keras.Model keyword arguments VisionTransformer passes on to Keras (not config fields).
+#: keras.Model keyword arguments a model passes on to Keras (not config fields).
 KERAS_MODEL_ARGS = ("name", "dtype", "trainable")
+#: The key of a config dict that names its model family ("vit", "bit", ...). Every model's
+#: `get_config()` writes it, so presets' config.json and .keras files carry it.
+FAMILY_KEY = "family"
 
 
-def _field(group, default=dataclasses.MISSING, doc=""):
+def config_field(group, default=dataclasses.MISSING, doc=""):
+    """A dataclass field of a config class in field group `group` (see `FieldGroupConfig`)."""
     return dataclasses.field(default=default, metadata={"group": group, "doc": doc})
 
 
@@ -239,23 +82,6 @@ def as_pair(size, what="image_size"):
         raise ValueError(f"{what} must be an int or (height, width); got {size!r}.")
     return pair
 
-
-def normalise_resnet(resnet):
-    """None, or (stage_units, width_factor) as (tuple of ints, int-or-float)."""
-    if resnet is None:
-        return None
-    try:
-        units, width = resnet
-        units = tuple(int(u) for u in units)
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"resnet must be (stage_units, width_factor), e.g. ((3, 4, 9), 1) or ((), 1); got {resnet!r}."
-        ) from None
-    if isinstance(width, float) and width.is_integer():
-        width = int(width)
-    if not width > 0 or any(u < 1 for u in units):
-        raise ValueError(f"resnet needs positive stage units and width factor; got {resnet!r}.")
-    return units, width
 
 
 def suggest(name, known):
@@ -308,15 +134,16 @@ class FieldGroupConfig:
     def from_dict(cls, config, *, ignore=KERAS_MODEL_ARGS):
         """A config from a dict (the model's `get_config()`, a checkpoint config).
 
-        Keys in `ignore` (Keras' own model arguments by default) are dropped; any other key that
-        is not a field raises a TypeError with a suggestion.
+        Keys in `ignore` (Keras' own model arguments by default) and the `family` key are
+        dropped; any other key that is not a field raises a TypeError with a suggestion.
 
         Example:
+            >>> from keras_vit.models.vit_family import ViTConfig
             >>> ViTConfig.from_dict({"image_size": [32, 48], "patch_size": 8, "hidden_size": 16,
             ...                      "num_layers": 1, "num_heads": 2, "mlp_dim": 32}).grid_size
             (4, 6)
         """
-        config = {k: v for k, v in dict(config).items() if k not in ignore}
+        config = {k: v for k, v in dict(config).items() if k not in ignore and k != FAMILY_KEY}
         check_keywords(config, cls.fields(), cls.__name__)
         return cls(**config)
 
@@ -324,297 +151,3 @@ class FieldGroupConfig:
         """A copy with `changes` applied (validated again); unknown names raise with a suggestion."""
         check_keywords(changes, self.fields(), f"{type(self).__name__}.replace")
         return dataclasses.replace(self, **changes)
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ViTConfig(FieldGroupConfig):
-    """Every argument of `keras_vit.VisionTransformer`, normalised and validated once.
-
-    Sizes are normalised here (an int `image_size` becomes (height, width), `resnet` becomes
-    (tuple(stage_units), width_factor)) and impossible combinations raise a ValueError that
-    names the problem and the fix. `VisionTransformer`, its `get_config`, the constructors and
-    the checkpoint code all derive from this class.
-
-    Field groups (`ViTConfig.fields(group)`):
-        "architecture": what a checkpoint determines besides the numerics (image_size is the
-            grid the weights were laid out on);
-        "numerics": the weights' source framework's numerics (see NUMERICS);
-        "head": the caller's choices about the top of the model;
-        "training": regularisation, and `remat` (encoder blocks recomputed in the backward pass);
-        "state": quantization (set by `VisionTransformer.quantize`);
-        "input": dynamic_image_size (images of any size at run time; `image_size` is then the
-            size the position embeddings are laid out on, and they follow each batch's grid).
-
-    Example:
-        >>> config = ViTConfig(image_size=32, patch_size=8, hidden_size=16, num_layers=2,
-        ...                    num_heads=2, mlp_dim=32)
-        >>> config.image_size, config.grid_size
-        ((32, 32), (4, 4))
-    """
-
-    image_size: tuple = _field("architecture", doc="int or (height, width) of the input images")
-    patch_size: int = _field("architecture")
-    hidden_size: int = _field("architecture")
-    num_layers: int = _field("architecture")
-    num_heads: int = _field("architecture")
-    mlp_dim: int = _field("architecture")
-    classes: int = _field("architecture", 1000)
-    classifier: str = _field("architecture", "token")
-    representation_size: int = _field("architecture", None)
-    resnet: tuple = _field("architecture", None)
-    position_embedding: str = _field("architecture", "learned")
-    class_token_position_embedding: bool = _field(
-        "architecture", True,
-        doc="whether the class token gets a position embedding (the original) or not (big_vision)",
-    )
-    num_channels: int = _field("architecture", 3)
-    layer_norm_epsilon: float = _field("numerics", NUMERICS["original"]["layer_norm_epsilon"])
-    gelu_approximate: bool = _field("numerics", NUMERICS["original"]["gelu_approximate"])
-    group_norm_epsilon: float = _field("numerics", NUMERICS["original"]["group_norm_epsilon"])
-    std_conv_epsilon: float = _field("numerics", NUMERICS["original"]["std_conv_epsilon"])
-    std_conv_epsilon_inside_sqrt: bool = _field("numerics", NUMERICS["original"]["std_conv_epsilon_inside_sqrt"])
-    position_embedding_resize: str = _field("numerics", NUMERICS["original"]["position_embedding_resize"])
-    include_top: bool = _field("head", True)
-    pooling: str = _field("head", None)
-    classifier_activation: object = _field("head", "softmax")
-    dropout_rate: float = _field("training", 0.0)
-    attention_dropout_rate: float = _field("training", 0.0)
-    remat: bool = _field(
-        "training", False, doc="recompute each encoder block in the backward pass (less memory, ~1/3 more compute)"
-    )
-    quantization: object = _field("state", None)
-    dynamic_image_size: bool = _field(
-        "input", False, doc="images of any size at run time; image_size is the one the embeddings are laid out on"
-    )
-
-    def __post_init__(self):
-        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
-        set_("image_size", as_pair(self.image_size))
-        set_("resnet", normalise_resnet(self.resnet))
-        for key in ("patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim", "num_channels"):
-            value = getattr(self, key)
-            if isinstance(value, bool) or not isinstance(value, (int,)) and not hasattr(value, "__index__"):
-                raise ValueError(f"{key} must be a positive int; got {value!r}.")
-            if int(value) < 1:
-                raise ValueError(f"{key} must be a positive int; got {value!r}.")
-            set_(key, int(value))
-        for key in ("classes", "representation_size"):
-            value = getattr(self, key)
-            if value is not None:
-                if int(value) < 1:
-                    raise ValueError(f"{key} must be a positive int or None; got {value!r}.")
-                set_(key, int(value))
-        for key in ("dropout_rate", "attention_dropout_rate"):
-            value = float(getattr(self, key))
-            if not 0.0 <= value < 1.0:
-                raise ValueError(f"{key} must be in [0, 1); got {value!r}.")
-            set_(key, value)
-        for key in ("layer_norm_epsilon", "group_norm_epsilon", "std_conv_epsilon"):
-            set_(key, float(getattr(self, key)))
-        flags = ("gelu_approximate", "std_conv_epsilon_inside_sqrt", "include_top", "class_token_position_embedding",
-                 "dynamic_image_size", "remat")
-        for key in flags:
-            set_(key, bool(getattr(self, key)))
-        self._check_choice(
-            "classifier", CLASSIFIERS,
-            "'token' (class token), 'gap' (global average pooling), 'map' (attention pooling), 'first' (the "
-            "first token, no class token) or 'none' (no pooling: the head applies to every token)",
-        )
-        self._check_choice("position_embedding", POSITION_EMBEDDINGS)
-        self._check_choice("position_embedding_resize", RESIZE_RULES)
-        if self.pooling not in POOLINGS:
-            raise ValueError(
-                f"pooling must be one of None, 'token', 'gap', 'avg', 'max', 'map' or 'first'; got {self.pooling!r}."
-            )
-        if self.pooling == "token" and self.classifier != "token":
-            raise ValueError(
-                f"pooling='token' needs a class token, but this model has classifier={self.classifier!r} (no class "
-                "token). Use pooling='gap'."
-            )
-        if self.pooling == "map" and self.classifier != "map":
-            raise ValueError("pooling='map' uses the MAP head of a classifier='map' model; use 'token' or 'gap'.")
-        if self.include_top and self.classes is None:
-            raise ValueError("include_top=True needs a positive number of classes; got classes=None.")
-        if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}; choose a head "
-                "count that divides the hidden size."
-            )
-        need = {"learned_2d": 2, "sincos2d": 4}.get(self.position_embedding)
-        if need and (self.hidden_size % need or (need == 4 and self.hidden_size < 8)):
-            raise ValueError(
-                f"position_embedding={self.position_embedding!r} splits the hidden size into {need} equal parts"
-                + (" of at least 2 frequencies" if need == 4 else "")
-                + f"; hidden_size {self.hidden_size} does not allow it. Use a multiple of {need}"
-                + (" (at least 8)" if need == 4 else "")
-                + "."
-            )
-        if self.dynamic_image_size and self.position_embedding == "relative":
-            raise ValueError(
-                "dynamic_image_size=True needs position embeddings that follow the patch grid; relative ones "
-                "cannot: they are learned per offset in the flattened token sequence, and on another grid the same "
-                "offset joins other patch pairs. Use a fixed image_size, or a 'learned', 'learned_2d' or "
-                "'sincos2d' position embedding."
-            )
-        stride = self.stride
-        for axis, size in zip(("height", "width"), self.image_size):
-            if size % stride or size < stride:
-                lower, upper = (size // stride) * stride, (size // stride + 1) * stride
-                what = f"patch size {self.patch_size}" + (
-                    f" times the ResNet stride {resnet_stride(self.resnet)}" if self.resnet is not None else ""
-                )
-                examples = f"{lower} or {upper}" if lower else f"{upper}"
-                raise ValueError(
-                    f"Image {axis} {size} is not divisible by the {what} (= {stride}). "
-                    f"Resize the images to a multiple of {stride}, e.g. {examples}."
-                )
-
-    def _check_choice(self, key, choices, described=None):
-        value = getattr(self, key)
-        if value not in choices:
-            described = described or "one of " + ", ".join(repr(c) for c in choices)
-            raise ValueError(f"{key} must be {described}; got {value!r}{suggest(str(value), choices)}.")
-
-    # --- derived sizes --------------------------------------------------------------------------
-
-    @property
-    def stride(self):
-        """Input pixels per token along each axis (patch times the hybrid ResNet's stride)."""
-        return self.patch_size * resnet_stride(self.resnet)
-
-    @property
-    def grid_size(self):
-        """(rows, cols) of the patch grid."""
-        return self.image_size[0] // self.stride, self.image_size[1] // self.stride
-
-    @property
-    def num_prefix_tokens(self):
-        """Tokens in front of the patch tokens (1 for the class token)."""
-        return 1 if self.classifier == "token" else 0
-
-    @property
-    def num_position_prefix_tokens(self):
-        """Prefix tokens the position embedding covers: the class token's row exists only with
-        `class_token_position_embedding` (big_vision adds the embedding to the patch grid alone)."""
-        return self.num_prefix_tokens if self.class_token_position_embedding else 0
-
-    @property
-    def num_tokens(self):
-        return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
-
-    # --- field lists ----------------------------------------------------------------------------
-
-    @classmethod
-    def numerics_fields(cls):
-        """The fields that hold a source's numerics (the keys of NUMERICS[source])."""
-        return cls.fields("numerics")
-
-    # --- conversion -----------------------------------------------------------------------------
-
-    def to_dict(self):
-        """The fields as JSON-friendly values (lists for tuples): `VisionTransformer.get_config()`'s."""
-        out = {f: getattr(self, f) for f in self.fields()}
-        out["image_size"] = list(self.image_size)
-        if self.resnet is not None:
-            out["resnet"] = [list(self.resnet[0]), self.resnet[1]]
-        return out
-
-    def architecture(self):
-        """{field: value} of `architecture_fields()` (what a checkpoint of this model holds)."""
-        return {f: getattr(self, f) for f in self.architecture_fields()}
-
-
-#: Fields a checkpoint determines (architecture and numerics), and the numerics alone.
-ARCHITECTURE_FIELDS = ViTConfig.architecture_fields()
-NUMERICS_FIELDS = ViTConfig.numerics_fields()
-#: The fields a row of the architecture table fixes (what the constructors own).
-TABLE_FIELDS = tuple(f for f in ViTConfig.fields() if f in {a.name for a in dataclasses.fields(Architecture)})
-
-
-# === The BiT ResNet's configuration ===
-
-
-def _bit_image_size(size):
-    if size is None:
-        return None, None
-    if isinstance(size, bool):
-        raise ValueError(f"image_size must be an int, (height, width) or None; got {size!r}.")
-    if isinstance(size, int):
-        return size, size
-    try:
-        pair = tuple(None if s is None else int(s) for s in size)
-    except (TypeError, ValueError):
-        raise ValueError(f"image_size must be an int, (height, width) or None; got {size!r}.") from None
-    if len(pair) != 2 or any(s is not None and s < 1 for s in pair):
-        raise ValueError(f"image_size must be an int, (height, width) or None; got {size!r}.")
-    return pair
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class BiTConfig(FieldGroupConfig):
-    """Every argument of `keras_vit.models.BiTResNet`, normalised and validated once (as
-    `ViTConfig` is for the ViTs). `image_size` may hold None dimensions: the network is fully
-    convolutional.
-
-    Example:
-        >>> BiTConfig(image_size=64, block_units=[1, 1], width_factor=0.5).block_units
-        (1, 1)
-    """
-
-    image_size: tuple = _field("architecture", (224, 224), doc="int, (height, width) or None (any size)")
-    block_units: tuple = _field("architecture", (3, 4, 6, 3))
-    width_factor: float = _field("architecture", 1)
-    classes: int = _field("architecture", 1000)
-    num_channels: int = _field("architecture", 3)
-    group_norm_epsilon: float = _field("numerics", BIT_NUMERICS["group_norm_epsilon"])
-    std_conv_epsilon: float = _field("numerics", BIT_NUMERICS["std_conv_epsilon"])
-    std_conv_epsilon_inside_sqrt: bool = _field("numerics", BIT_NUMERICS["std_conv_epsilon_inside_sqrt"])
-    include_top: bool = _field("head", True)
-    pooling: str = _field("head", None)
-    classifier_activation: object = _field("head", "softmax")
-
-    def __post_init__(self):
-        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
-        set_("image_size", _bit_image_size(self.image_size))
-        try:
-            units = tuple(int(u) for u in self.block_units)
-        except (TypeError, ValueError):
-            units = ()
-        if not units or any(u < 1 for u in units):
-            raise ValueError(
-                f"block_units must be one or more positive unit counts, e.g. (3, 4, 6, 3); got {self.block_units!r}."
-            )
-        set_("block_units", units)
-        width = self.width_factor
-        if isinstance(width, float) and width.is_integer():
-            set_("width_factor", int(width))
-        root = 64 * self.width_factor
-        if isinstance(self.width_factor, bool) or root != int(root) or int(root) % 32 or root <= 0:
-            raise ValueError(
-                f"width_factor {self.width_factor} gives a {root}-channel stem; GroupNorm's 32 groups need a multiple "
-                "of 32 (width_factor 0.5, 1, 1.5, 2, ...)."
-            )
-        if self.pooling not in (None, "avg", "gap", "max"):
-            raise ValueError(f"pooling must be one of None, 'avg' (alias 'gap') or 'max'; got {self.pooling!r}.")
-        if self.include_top and (self.classes is None or int(self.classes) < 1):
-            raise ValueError(f"include_top=True needs a positive number of classes; got classes={self.classes!r}.")
-        if self.classes is not None:
-            set_("classes", int(self.classes))
-        set_("num_channels", int(self.num_channels))
-        for key in ("group_norm_epsilon", "std_conv_epsilon"):
-            set_(key, float(getattr(self, key)))
-        for key in ("std_conv_epsilon_inside_sqrt", "include_top"):
-            set_(key, bool(getattr(self, key)))
-
-    @property
-    def stride(self):
-        """Input pixels per position of the final feature map (stem 4, x2 for each later stage)."""
-        return 4 * 2 ** (len(self.block_units) - 1)
-
-    def to_dict(self):
-        """The fields as JSON-friendly values: `BiTResNet.get_config()`'s."""
-        out = {f: getattr(self, f) for f in self.fields()}
-        out["image_size"] = list(self.image_size)
-        out["block_units"] = list(self.block_units)
-        return out
-

@@ -1,11 +1,12 @@
 """What every keras_vit model built from a frozen config class shares: its Keras config round
 trip, the config's fields read as model attributes, and the constructor signature help() shows."""
 
+import dataclasses
 import inspect
 
 import keras
 
-from keras_vit.models.config import KERAS_MODEL_ARGS, check_keywords
+from keras_vit.models.config import FAMILY_KEY, KERAS_MODEL_ARGS, check_keywords
 
 
 def config_from_arguments(config_class, config, kwargs, what, required=()):
@@ -15,11 +16,20 @@ def config_from_arguments(config_class, config, kwargs, what, required=()):
     keywords raise a TypeError with a suggestion.
 
     Example:
-        >>> from keras_vit.models.config import BiTConfig
+        >>> from keras_vit.models.bit_family import BiTConfig
         >>> config_from_arguments(BiTConfig, {"block_units": [1], "name": "m"}, {"width_factor": 0.5}, "f").block_units
         (1,)
     """
-    check_keywords(kwargs, config_class.fields() + KERAS_MODEL_ARGS, what)
+    check_keywords(kwargs, config_class.fields() + KERAS_MODEL_ARGS + (FAMILY_KEY,), what)
+    family = kwargs.pop(FAMILY_KEY, None)
+    if isinstance(config, dict):
+        config = dict(config)
+        family = config.pop(FAMILY_KEY, family)
+    if family is not None and family != config_class.family:
+        raise ValueError(
+            f"{what} builds {config_class.family!r} models; the config names family {family!r}. Build it with "
+            f"that family's model class (keras_vit.models.family.get_family({family!r}).build(**config))."
+        )
     if config is None:
         missing = [f for f in required if f not in kwargs]
         if missing:
@@ -39,6 +49,11 @@ def serialized_activation(activation):
     """`activation` (a name, a callable or None) as a model config keeps it: Keras' serialised
     form ("softmax"; "linear" for None)."""
     return keras.activations.serialize(keras.activations.get(activation))
+
+
+def model_config(model):
+    """A model's `get_config()`: its family, its config's fields, and Keras' name and trainable."""
+    return {FAMILY_KEY: model.config.family, **model.config.to_dict(), "name": model.name, "trainable": model.trainable}
 
 
 def model_from_config(cls, config):
@@ -67,7 +82,7 @@ def expose_config_fields(model_class, config_class):
                 inspect.Parameter.KEYWORD_ONLY,
                 default=inspect.Parameter.empty if f.default is f.default_factory else f.default,
             )
-            for f in config_class.__dataclass_fields__.values()
+            for f in dataclasses.fields(config_class)
         ]
         + [inspect.Parameter(k, inspect.Parameter.KEYWORD_ONLY, default=None) for k in KERAS_MODEL_ARGS[:2]]
         + [inspect.Parameter("trainable", inspect.Parameter.KEYWORD_ONLY, default=True)]

@@ -24,6 +24,7 @@ rounded up. Every convolution pads as TensorFlow's "SAME" does, from the actual 
 
 import dataclasses
 import math
+from typing import ClassVar
 
 from keras_vit.models.config import FieldGroupConfig
 from keras_vit.models.family import IMAGENET_NORMALIZATION
@@ -341,6 +342,8 @@ class EfficientNetConfig(FieldGroupConfig):
         >>> EfficientNetConfig(width_multiplier=4.3, depth_multiplier=5.3).blocks
         88
     """
+
+    family: ClassVar[str] = "efficientnet"
 
     image_size: tuple = _field("architecture", (224, 224))
     width_multiplier: float = _field("architecture", 1.0)

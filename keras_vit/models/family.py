@@ -26,13 +26,16 @@ line each:
    beside a frozen config dataclass. Required fields: `name`, `title`, `model`
    ("module:Class", imported on first use), `config_class`, `architectures` ({constructor
    name: row}; a row has `name`, `paper_name`, `kwargs()` (the model arguments it fixes) and
-   `stride`), `signature` (config keys that only this family's configs hold; a plain config
-   dict holding all of them is this family's) and `flops` (a function or "module:function",
+   `stride`), `signature` (config keys that only this family's configs hold: how a config dict
+   without a `family` key, written before configs named their family, is told apart; see
+   `guess_family`) and `flops` (a function or "module:function",
    `flops(config, (height, width), classes) -> int`). The rest have defaults; see `ModelFamily`.
    The config class is a frozen dataclass with `fields()` and `from_dict(dict)` (validating,
-   raising ValueError/TypeError naming the problem), like `ViTConfig` and `BiTConfig`.
-3. One registry line: the record's "module:ATTRIBUTE" appended to `REGISTRY` below (ViT, the
-   first line, is the fallback for plain dicts that hold no other family's signature).
+   raising ValueError/TypeError naming the problem) and a class attribute `family` (the record's
+   `name`), like `ViTConfig` (keras_vit/models/vit_family.py) and `BiTConfig`
+   (keras_vit/models/bit_family.py). The model's `get_config()` (`config_model.model_config`)
+   writes `family`, so its .keras files and presets name it.
+3. One registry line: the record's "module:ATTRIBUTE" appended to `REGISTRY` below.
 4. Its reader modules in `keras_vit/checkpoints/`, registered as before (one line each in
    `checkpoints/registry.py`); a reader's config dict holds the family's `signature` keys.
 
@@ -46,14 +49,7 @@ import importlib
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
-from keras_vit.models.config import (
-    ARCHITECTURE_FIELDS,
-    BIT_ARCHITECTURES,
-    EXTRA_ARCHITECTURES,
-    ARCHITECTURES,
-    BiTConfig,
-    ViTConfig,
-)
+from keras_vit.models.config import FAMILY_KEY
 
 
 #: (mean, std) per channel of [0, 1] pixels that map them to [-1, 1], the original ViT's input.
@@ -75,6 +71,28 @@ def _as_tuple(value):
 
 
 # === The record ===
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingRules:
+    """How a family's variables lie on a device mesh (`keras_vit.get_layout_map`).
+
+    Attributes:
+        rules: `rules(model_axis) -> [(group, regex, axes), ...]`: every variable's path
+            (`Variable.path`, under any name scope) is matched by exactly one regex, whose `axes`
+            name the mesh axis of each dimension (None: whole). `group` (or None for a replicated
+            variable) names the size the model axis must divide for the split.
+        dims: `dims(config) -> {group: size or None}` of a model config, for the fallback that
+            replicates a whole group whose size the model axis does not divide.
+        groups: {group: what it covers}, for the warning that names a replicated group.
+        outputs: `outputs(data_axis) -> [(regex, axes), ...]` of layer outputs to lay out.
+    """
+
+    rules: Callable
+    dims: Callable
+    groups: Mapping
+    outputs: Callable = lambda data_axis: []
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +139,10 @@ class ModelFamily:
         int8: whether the model has keras_vit's int8 (`quantize("int8")`, remembered in its
             config so a saved int8 model reloads int8), which `export_model(..., int8=True)`
             needs.
+        sharding: the family's `ShardingRules` (or "module:NAME") for `keras_vit.get_layout_map`.
+        patch_resize_refusal: `(checkpoint config) -> str or None`: why `load(patch_size=...)`
+            cannot PI-resize this checkpoint although the family allows it (completing "The
+            checkpoint ..."), or None when it can.
     """
 
     name: str
@@ -151,6 +173,8 @@ class ModelFamily:
     npz_format: Optional[str] = None
     input_normalization: tuple = SIGNED_UNIT_NORMALIZATION
     int8: bool = False
+    sharding: Any = None
+    patch_resize_refusal: Any = None
 
     # --- the model --------------------------------------------------------------------------
 
@@ -233,6 +257,17 @@ class ModelFamily:
     def count_flops(self, config, image_size, classes):
         return int(_resolve(self.flops)(config, image_size, classes))
 
+    def sharding_rules(self):
+        """The family's `ShardingRules`; a ValueError when it has none."""
+        if self.sharding is None:
+            raise ValueError(f"{self.title} models have no sharding rules; get_layout_map cannot lay them out.")
+        return _resolve(self.sharding)
+
+    def patch_resize_refused(self, config):
+        """Why `load(patch_size=...)` cannot PI-resize the checkpoint of `config` (a family that has
+        `patch_resize`), or None."""
+        return None if self.patch_resize_refusal is None else _resolve(self.patch_resize_refusal)(config)
+
     def preset_rows(self):
         """The family's preset rows (see `presets`)."""
         return tuple(_resolve(self.presets))
@@ -250,12 +285,12 @@ class ModelFamily:
 
 # === The registry ===
 
-#: Every family's record, "module:ATTRIBUTE". A new family appends its line. Plain config dicts
-#: are matched against the signatures from the last line up, so ViT, first, takes any config that
-#: holds no other family's signature.
+#: Every family's record, "module:ATTRIBUTE". A new family appends its line. The first line is the
+#: default family (`default_family`): what the CLI builds from JSON arguments that name no family,
+#: and what `get_layout_map` lays out without a config.
 REGISTRY = (
-    "keras_vit.models.family:VIT",
-    "keras_vit.models.family:BIT",
+    "keras_vit.models.vit_family:VIT",
+    "keras_vit.models.bit_family:BIT",
     "keras_vit.models.axial_vit_family:AXIAL_VIT",
     "keras_vit.models.axial_resnet_family:AXIAL_RESNET",
     "keras_vit.models.efficientnet_family:EFFICIENTNET",
@@ -279,6 +314,11 @@ def get_family(name):
     raise ValueError(f"Unknown model family {name!r}; known: {', '.join(f.name for f in families())}.")
 
 
+def default_family():
+    """The first registered family: the one used where nothing names a family (see REGISTRY)."""
+    return families()[0]
+
+
 def all_architectures():
     """{constructor name: row} of every family (and the rows without a constructor)."""
     out = {}
@@ -287,9 +327,37 @@ def all_architectures():
     return out
 
 
+def get_architecture(name):
+    """The architecture row called `name` (constructor name, e.g. "ViTB16", "BiTResNet50x1"), of any
+    model family."""
+    table = all_architectures()
+    if name not in table:
+        import difflib
+
+        close = difflib.get_close_matches(name, list(table), n=3)
+        hint = f" Did you mean {', '.join(close)}?" if close else ""
+        raise ValueError(f"Unknown architecture {name!r}.{hint} Known: {', '.join(table)}.")
+    return table[name]
+
+
 def constructor_names():
     """Every constructor name, family by family in registry order."""
     return [name for f in families() for name in f.architectures]
+
+
+def guess_family(config):
+    """The family of a config dict that does not name one (a file written before configs named
+    their family, or a checkpoint reader's config): matched by the families' `signature` keys,
+    from the last registered family up, so the first family takes any dict no other family's
+    signature matches.
+
+    Raises:
+        ValueError when no family's signature matches.
+    """
+    for family in reversed(families()):
+        if all(key in config for key in family.signature):
+            return family
+    raise ValueError("The config matches no keras_vit model family.")
 
 
 def family_of(thing):
@@ -302,8 +370,9 @@ def family_of(thing):
             architecture row, a constructor name ("ViTB16"), a model class name
             ("VisionTransformer") or a family name ("vit").
 
-    A plain dict is matched by the families' `signature` keys, from the last registered family
-    up; the ViT family, first, takes any dict no other family's signature matches.
+    A config dict names its family in its `family` key (every model's `get_config()` writes
+    it); one without it (a file written before the key existed, a checkpoint reader's config) is
+    matched by `guess_family`.
 
     Raises:
         ValueError for a name, dict or object of no known family.
@@ -329,10 +398,16 @@ def family_of(thing):
                 f"A {thing['class_name']} is no keras_vit model (known: "
                 f"{', '.join(f.class_name for f in families())})."
             )
-        for family in reversed(families()):
-            if all(key in thing for key in family.signature):
-                return family
-        raise ValueError("The config matches no keras_vit model family.")
+        if FAMILY_KEY in thing:
+            name = thing[FAMILY_KEY]
+            for family in families():
+                if family.name == name:
+                    return family
+            raise ValueError(
+                f"The config names family {name!r}, which is no keras_vit model family (known: "
+                f"{', '.join(f.name for f in families())})."
+            )
+        return guess_family(thing)
     for family in families():
         if isinstance(thing, type) and thing.__name__ in (family.class_name, family.config_class.__name__):
             return family
@@ -351,252 +426,3 @@ def family_of(thing):
         except ValueError:
             continue
     raise ValueError(f"A {type(thing).__name__} belongs to no keras_vit model family.")
-
-
-# === ViT (with the R+ViT hybrids) ===
-
-
-def _vit_source_grid(config):
-    from keras_vit.models.config import resnet_stride
-
-    stride = config["patch_size"] * resnet_stride(config.get("resnet"))
-    size = config["image_size"]
-    h, w = (size, size) if isinstance(size, int) else size
-    return h // stride, w // stride
-
-
-def _vit_describe(config):
-    text = (f"hidden {config['hidden_size']}, {config['num_layers']} layers, {config['num_heads']} heads, "
-            f"patch {config['patch_size']}")
-    return text + (f", ResNet {tuple(config['resnet'][0])}" if config.get("resnet") else "")
-
-
-def _vit_to_checkpoint(model_config):
-    config = {k: model_config[k] for k in ARCHITECTURE_FIELDS if k in model_config}
-    size = config["image_size"]
-    config["image_size"] = (size, size) if isinstance(size, int) else tuple(size)
-    if config.get("resnet") is not None:
-        config["resnet"] = (tuple(config["resnet"][0]), config["resnet"][1])
-    include_top = model_config.get("include_top", True)
-    if not include_top:
-        config["classes"] = None
-    if not (include_top or model_config.get("pooling") is not None):
-        config["representation_size"] = None
-    return config
-
-
-def _vit_from_checkpoint(config):
-    kwargs = dict(config)
-    kwargs["include_top"] = config.get("classes") is not None
-    kwargs["classes"] = config.get("classes") or 1000
-    kwargs["pooling"] = None if kwargs["include_top"] else (
-        config["classifier"] if config.get("representation_size") else None)
-    return kwargs
-
-
-def _vit_card(config):
-    arch = (f"hidden {config['hidden_size']}, {config['num_layers']} layers, {config['num_heads']} heads, "
-            f"MLP {config['mlp_dim']}, patch {config['patch_size']}")
-    if config.get("resnet"):
-        arch += f", BiT ResNet stages {tuple(config['resnet'][0])} width x{config['resnet'][1]}"
-    if config.get("classifier") == "gap":
-        arch += ", global average pooling"
-    numerics = (f"LayerNorm eps {config['layer_norm_epsilon']:g}, GELU "
-                f"{'tanh approximation' if config['gelu_approximate'] else 'exact (erf)'}, position-embedding "
-                f"resize \"{config['position_embedding_resize']}\"")
-    intro = ("Vision Transformer weights for [keras_vit](https://github.com/) (Keras 3: JAX, TensorFlow,\n"
-             "PyTorch), from \"An Image is Worth 16x16 Words\" (Dosovitskiy et al., ICLR 2021).")
-    return ("vision-transformer",), intro, [("architecture", arch), ("numerics", numerics)]
-
-
-VIT_DOC = """Instantiates the {paper_name} architecture{hybrid}.
-
-Reference: "An Image is Worth 16x16 Words: Transformers for Image Recognition at Scale"
-(Dosovitskiy et al., ICLR 2021). Hidden size {hidden_size}, {num_layers} layers, {num_heads} heads,
-MLP {mlp_dim}, {stride}x{stride} input pixels per token.
-
-Inputs are channels-last images scaled to [-1, 1] (see `keras_vit.preprocess_input`).
-
-Args:
-    include_top: whether to end in the classification head.
-    weights: None (random initialisation), a preset tag (e.g. "augreg_in21k_ft_in1k",
-        "augreg_in21k", "orig_in21k"; aliases "imagenet" and "imagenet21k"; see
-        `keras_vit.list_presets("{name}")`), a local checkpoint path, or "hf://owner/repo".
-    input_tensor: optional Keras tensor to use as the image input.
-    input_shape: (height, width, 3); default (224, 224, 3). Any size that {stride} divides,
-        square or not; pretrained position embeddings are resized to it. (None, None, 3)
-        builds a model for any such size at run time: its position embeddings are
-        interpolated inside the graph to each batch's grid, with the weights' own rule.
-    pooling: with include_top=False: None returns the token sequence after the final
-        LayerNorm; "token", "gap"/"avg" or "max" pool it to (batch, {hidden_size}).
-    classes: classes of the head. With pretrained weights, a value other than the checkpoint's
-        attaches a fresh zero-initialised head.
-    classifier_activation: activation of the head; None returns logits.
-    name: model name.
-    **overrides: other `keras_vit.VisionTransformer` arguments (dropout_rate,
-        attention_dropout_rate, representation_size, numerics fields, ...). `patch_size`
-        with pretrained weights runs them at another patch size (FlexiViT's PI-resize of the
-        patch embedding; see `keras_vit.load_checkpoint`).
-
-Returns:
-    A `keras_vit.VisionTransformer` (a `keras.Model`).
-
-Example:
-    >>> model = keras_vit.{name}(weights=None, input_shape=(224, 224, 3))
-"""
-
-
-def _vit_doc_fields(row):
-    return dict(hybrid=" (ViT on a BiT ResNet)" if row.resnet is not None else "")
-
-
-def _positive_int(config, key, source, default=None):
-    from keras_vit.errors import CheckpointError
-
-    value = config.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise CheckpointError(f"{source}: {key} is {str(value)[:40]!r}; expected a positive integer.")
-    return value
-
-
-def _vit_weights_lower_bound(config, source):
-    """The fewest bytes the weights of a ViT `config` occupy: the encoder's matmuls, the position
-    embedding, the patch embedding and the head at one byte per parameter (int8 kernels are the
-    smallest stored form). Malformed sizes raise a CheckpointError."""
-    from keras_vit.errors import CheckpointError
-    from keras_vit.models.config import resnet_stride
-
-    hidden, layers, mlp, patch = (_positive_int(config, k, source)
-                                  for k in ("hidden_size", "num_layers", "mlp_dim", "patch_size"))
-    _positive_int(config, "num_heads", source)
-    channels = _positive_int(config, "num_channels", source, default=3)
-    size = config.get("image_size", 224)
-    size = [size, size] if isinstance(size, int) and not isinstance(size, bool) else size
-    if not isinstance(size, (list, tuple)) or len(size) != 2 or not all(
-        isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in size
-    ):
-        raise CheckpointError(f"{source}: image_size is {str(size)[:40]!r}; expected a positive int or [height, width].")
-    resnet = config.get("resnet")
-    if resnet is not None:
-        if not (isinstance(resnet, (list, tuple)) and len(resnet) == 2 and isinstance(resnet[0], (list, tuple))
-                and all(isinstance(u, int) and not isinstance(u, bool) and 0 <= u <= 64 for u in resnet[0])
-                and len(resnet[0]) <= 8 and isinstance(resnet[1], (int, float)) and not isinstance(resnet[1], bool)
-                and 0 < resnet[1] <= 16):
-            raise CheckpointError(f"{source}: resnet is {str(resnet)[:60]!r}; expected [[units per stage], width].")
-    stride = patch * resnet_stride(resnet)
-    tokens = (size[0] // stride) * (size[1] // stride) + 1
-    params = layers * (4 * hidden * hidden + 2 * hidden * mlp) + tokens * hidden + patch * patch * channels * hidden
-    if config.get("include_top", True):
-        params += _positive_int(config, "classes", source, default=1000) * hidden
-    return params
-
-
-VIT = ModelFamily(
-    name="vit",
-    title="Vision Transformer",
-    model="keras_vit.models.vit:VisionTransformer",
-    config_class=ViTConfig,
-    architectures=ARCHITECTURES,
-    extra_architectures=EXTRA_ARCHITECTURES,
-    signature=("patch_size", "hidden_size"),
-    flops="keras_vit.flops:vit_flops",
-    presets="keras_vit.presets:VIT_PRESET_ROWS",
-    head="head/",
-    optional_weights=("head/", "pre_logits/"),
-    resizable_weights=("Transformer/posembed_input/", "embedding/kernel", "head/"),
-    features_pooling=None,
-    patch_resize=True,
-    source_grid=_vit_source_grid,
-    dynamic_size="flag",
-    describe=_vit_describe,
-    card=_vit_card,
-    weights_lower_bound=_vit_weights_lower_bound,
-    to_checkpoint=_vit_to_checkpoint,
-    from_checkpoint=_vit_from_checkpoint,
-    constructor_doc=VIT_DOC,
-    doc_fields=_vit_doc_fields,
-    constructor_owned=("dynamic_image_size",),
-    row_overridable=("classifier", "patch_size"),  # a gap variant; FlexiViT's other patch sizes
-    npz_format="npz",
-    int8=True,
-)
-
-
-# === BiT ResNet-v2 (the paper's CNN baselines) ===
-
-
-def _bit_describe(config):
-    return f"BiT ResNet units {tuple(config['block_units'])}, width x{config.get('width_factor')}"
-
-
-def _bit_card(config):
-    intro = ("BiT ResNet-v2 weights for keras_vit (Keras 3: JAX, TensorFlow, PyTorch), the CNN baselines of\n"
-             "\"An Image is Worth 16x16 Words\" (Dosovitskiy et al., ICLR 2021) from \"Big Transfer (BiT)\"\n"
-             "(Kolesnikov et al., 2020).")
-    rows = [
-        ("architecture", f"BiT ResNet-v2, units per stage {tuple(config['block_units'])}, width x{config['width_factor']}"),
-        ("numerics", f"GroupNorm eps {config['group_norm_epsilon']:g}, weight standardisation eps "
-                     f"{config['std_conv_epsilon']:g}"),
-    ]
-    return ("bit", "resnet"), intro, rows
-
-
-def _bit_doc_fields(row):
-    return dict(paper_name=row.paper_name.replace(" (BiT)", ""),
-                unreleased="" if row.timm_name else " Its weights were never released: weights=None only.")
-
-
-BIT_DOC = """Instantiates the BiT {paper_name} architecture, one of the paper's CNN baselines.
-
-Reference: "Big Transfer (BiT): General Visual Representation Learning" (Kolesnikov et al.,
-ECCV 2020), compared against in "An Image is Worth 16x16 Words" (Dosovitskiy et al., ICLR 2021).
-A pre-activation ResNet-v2 with GroupNorm and weight-standardised convolutions: units per stage
-{block_units}, width x{width_factor}.{unreleased}
-
-Inputs are channels-last images scaled to [-1, 1] (see `keras_vit.preprocess_input`).
-
-Args:
-    include_top: whether to end in the classification head (GN+ReLU, average pool, 1x1 conv).
-    weights: None (random initialisation), a preset tag (see `keras_vit.list_presets("{name}")`;
-        aliases "imagenet" and "imagenet21k"), a local checkpoint path (a timm folder or
-        .safetensors, a BiT .npz, a Keras preset), or "hf://owner/repo".
-    input_tensor: optional Keras tensor to use as the image input.
-    input_shape: (height, width, 3); default (224, 224, 3). Any size, also (None, None, 3): the
-        network is fully convolutional.
-    pooling: with include_top=False: None returns the (batch, h, w, channels) features; "avg" or
-        "max" pool them to (batch, channels).
-    classes: classes of the head. With pretrained weights, a value other than the checkpoint's
-        attaches a fresh zero-initialised head.
-    classifier_activation: activation of the head; None returns logits.
-    name: model name.
-    **overrides: other `keras_vit.models.BiTResNet` arguments (numerics fields, dtype).
-
-Returns:
-    A `keras_vit.models.BiTResNet` (a `keras.Model`).
-
-Example:
-    >>> model = keras_vit.{name}(weights=None, input_shape=(224, 224, 3))
-"""
-
-BIT = ModelFamily(
-    name="bit",
-    title="BiT ResNet-v2",
-    model="keras_vit.models.bit:BiTResNet",
-    config_class=BiTConfig,
-    architectures=BIT_ARCHITECTURES,
-    signature=("block_units",),
-    flops="keras_vit.flops:bit_flops",
-    presets="keras_vit.presets:BIT_PRESET_ROWS",
-    head="resnet/head/",
-    optional_weights=("resnet/head/",),
-    resizable_weights=("resnet/head/",),
-    features_pooling="avg",
-    patch_resize=False,
-    source_grid=None,
-    dynamic_size="native",
-    describe=_bit_describe,
-    card=_bit_card,
-    constructor_doc=BIT_DOC,
-    doc_fields=_bit_doc_fields,
-    npz_format="bit_npz",
-)

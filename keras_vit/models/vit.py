@@ -11,8 +11,8 @@ from keras_vit.layers.position import PositionEmbedding, PositionEmbedding2D, Si
 from keras_vit.layers.quantized import Dense
 from keras_vit.layers.resnet import GroupNorm, MaxPoolSame, ResNetStage, StdConv2D
 from keras_vit.layers.transformer import ClassToken, EncoderBlock, PatchEmbedding, TokenPooling
-from keras_vit.models.config import ViTConfig
-from keras_vit.models.config_model import config_from_arguments, expose_config_fields, model_from_config
+from keras_vit.models.vit_family import ViTConfig
+from keras_vit.models.config_model import config_from_arguments, expose_config_fields, model_config, model_from_config
 from keras_vit.models.export_method import DeploymentExport
 
 _POSITION_LAYERS = {
@@ -109,7 +109,7 @@ class VisionTransformer(DeploymentExport, TraceTrainStepOnce, TorchOnBatchInputs
 
     A functional model: its layers carry the original Flax module names, and `get_config()`
     returns exactly the arguments below, so a saved model rebuilds itself. The arguments are the
-    fields of `keras_vit.models.config.ViTConfig` (normalised and validated there; `model.config`
+    fields of `keras_vit.models.vit_family.ViTConfig` (normalised and validated there; `model.config`
     is that object); a ViTConfig may also be passed as the only positional argument. Unknown
     keyword arguments raise a TypeError with a suggestion.
 
@@ -223,7 +223,7 @@ class VisionTransformer(DeploymentExport, TraceTrainStepOnce, TorchOnBatchInputs
         return [self.get_layer(f"encoderblock_{i}") for i in range(self.num_layers)]
 
     def get_config(self):
-        return {**self.config.to_dict(), "name": self.name, "trainable": self.trainable}
+        return model_config(self)
 
     def quantize(self, mode=None, config=None, filters=None, **kwargs):
         """Keras' `Model.quantize`, remembered in the model's config so that a saved quantized

@@ -1,0 +1,930 @@
+"""The Vision Transformer family (with the R+ViT hybrids): its config class and architecture
+table, FLOP count, preset rows, config inference from a canonical weight tree, sharding rules and
+family record.
+
+Every constructor, converter, test and benchmark reads the table here; nothing else states a
+ViT's width, depth or head count. A ViT variant (a pooling, register tokens, layer scale) is a
+field of `ViTConfig` and a layer of `keras_vit.models.vit`, registered nowhere else.
+"""
+
+import dataclasses
+import re
+from typing import ClassVar
+
+from keras_vit.errors import CheckpointError
+from keras_vit.models.bit_family import conv_flops, count_units, resnet_flops, width_factor
+from keras_vit.models.config import NUMERICS, RESIZE_RULES, FieldGroupConfig, as_pair, config_field, suggest
+from keras_vit.models.family import ModelFamily, ShardingRules
+
+# === Architectures ===
+
+
+@dataclasses.dataclass(frozen=True)
+class Architecture:
+    """One row of the table. `resnet` is (stage_units, width_factor) for hybrids."""
+
+    name: str  # the constructor's name, e.g. "ViTB16"
+    paper_name: str  # e.g. "ViT-B/16"
+    hidden_size: int
+    mlp_dim: int
+    num_heads: int
+    num_layers: int
+    patch_size: int
+    resnet: tuple = None
+    classifier: str = "token"
+    timm_name: str = None  # timm's architecture name at 224, e.g. "vit_base_patch16_224"
+
+    def kwargs(self):
+        """The VisionTransformer keyword arguments of this architecture."""
+        out = {f: getattr(self, f) for f in TABLE_FIELDS}
+        if out["resnet"] is None:
+            del out["resnet"]
+        return out
+
+    @property
+    def stride(self):
+        """Input pixels per token along each axis (patch times the ResNet's stride)."""
+        return self.patch_size * resnet_stride(self.resnet)
+
+
+def resnet_stride(resnet):
+    """Total downsampling of the hybrid ResNet: 4 for the root, x2 for every stage after the first."""
+    if resnet is None:
+        return 1
+    stages = tuple(resnet[0])
+    return 4 * 2 ** max(len(stages) - 1, 0)
+
+
+_TI = dict(hidden_size=192, mlp_dim=768, num_heads=3, num_layers=12)
+_S = dict(hidden_size=384, mlp_dim=1536, num_heads=6, num_layers=12)
+_B = dict(hidden_size=768, mlp_dim=3072, num_heads=12, num_layers=12)
+_L = dict(hidden_size=1024, mlp_dim=4096, num_heads=16, num_layers=24)
+_H = dict(hidden_size=1280, mlp_dim=5120, num_heads=16, num_layers=32)
+
+ARCHITECTURES = {
+    a.name: a
+    for a in [
+        Architecture("ViTTi16", "ViT-Ti/16", patch_size=16, timm_name="vit_tiny_patch16_224", **_TI),
+        Architecture("ViTS16", "ViT-S/16", patch_size=16, timm_name="vit_small_patch16_224", **_S),
+        Architecture("ViTS32", "ViT-S/32", patch_size=32, timm_name="vit_small_patch32_224", **_S),
+        Architecture("ViTB8", "ViT-B/8", patch_size=8, timm_name="vit_base_patch8_224", **_B),
+        Architecture("ViTB16", "ViT-B/16", patch_size=16, timm_name="vit_base_patch16_224", **_B),
+        Architecture("ViTB32", "ViT-B/32", patch_size=32, timm_name="vit_base_patch32_224", **_B),
+        Architecture("ViTL16", "ViT-L/16", patch_size=16, timm_name="vit_large_patch16_224", **_L),
+        Architecture("ViTL32", "ViT-L/32", patch_size=32, timm_name="vit_large_patch32_224", **_L),
+        Architecture("ViTH14", "ViT-H/14", patch_size=14, timm_name="vit_huge_patch14_224", **_H),
+        Architecture(
+            "RViTTi16", "R+ViT-Ti/16", patch_size=8, resnet=((), 1), timm_name="vit_tiny_r_s16_p8_224", **_TI
+        ),
+        Architecture(
+            "R26ViTS32", "R26+ViT-S/32", patch_size=1, resnet=((2, 2, 2, 2), 1),
+            timm_name="vit_small_r26_s32_224", **_S,
+        ),
+        Architecture(
+            "R26ViTB32", "R26+ViT-B/32", patch_size=1, resnet=((2, 2, 2, 2), 1), timm_name="vit_base_r26_s32_224", **_B
+        ),
+        Architecture(
+            "R50ViTB16", "R50+ViT-B/16", patch_size=1, resnet=((3, 4, 9), 1), timm_name="vit_base_r50_s16_224", **_B
+        ),
+        Architecture("R50ViTB32", "R50+ViT-B/32", patch_size=1, resnet=((3, 4, 6, 3), 1), **_B),
+        Architecture("R50ViTL16", "R50+ViT-L/16", patch_size=1, resnet=((3, 4, 9), 1), **_L),
+        Architecture(
+            "R50ViTL32", "R50+ViT-L/32", patch_size=1, resnet=((3, 4, 6, 3), 1), timm_name="vit_large_r50_s32_224", **_L
+        ),
+    ]
+}
+
+#: Architectures that exist upstream but have no constructor of their own (built with
+#: VisionTransformer(**architecture.kwargs())).
+EXTRA_ARCHITECTURES = {
+    "ViTB16Gap": Architecture(
+        "ViTB16Gap", "ViT-B/16 (gap)", patch_size=16, classifier="gap", timm_name="vit_base_patch16_gap_224",
+        hidden_size=768, mlp_dim=3072, num_heads=16, num_layers=12,
+    ),
+}
+
+
+# === The model's configuration ===
+
+#: The position embeddings a VisionTransformer can use (paper, Appendix D.4; big_vision).
+POSITION_EMBEDDINGS = ("learned", "none", "learned_2d", "relative", "sincos2d")
+#: How the model reads out its tokens: "token" (class token), "gap" (average), "map" (attention
+#: pooling), "first" (the first token, no class token: big_vision's pool_type "0") and "none" (no
+#: pooling: the head applies to every token, big_vision's pool_type "none").
+CLASSIFIERS = ("token", "gap", "map", "first", "none")
+POOLINGS = (None, "token", "gap", "avg", "max", "map", "first")
+
+
+def normalise_resnet(resnet):
+    """None, or (stage_units, width_factor) as (tuple of ints, int-or-float)."""
+    if resnet is None:
+        return None
+    try:
+        units, width = resnet
+        units = tuple(int(u) for u in units)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"resnet must be (stage_units, width_factor), e.g. ((3, 4, 9), 1) or ((), 1); got {resnet!r}."
+        ) from None
+    if isinstance(width, float) and width.is_integer():
+        width = int(width)
+    if not width > 0 or any(u < 1 for u in units):
+        raise ValueError(f"resnet needs positive stage units and width factor; got {resnet!r}.")
+    return units, width
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ViTConfig(FieldGroupConfig):
+    """Every argument of `keras_vit.VisionTransformer`, normalised and validated once.
+
+    Sizes are normalised here (an int `image_size` becomes (height, width), `resnet` becomes
+    (tuple(stage_units), width_factor)) and impossible combinations raise a ValueError that
+    names the problem and the fix. `VisionTransformer`, its `get_config`, the constructors and
+    the checkpoint code all derive from this class.
+
+    Field groups (`ViTConfig.fields(group)`):
+        "architecture": what a checkpoint determines besides the numerics (image_size is the
+            grid the weights were laid out on);
+        "numerics": the weights' source framework's numerics (see NUMERICS);
+        "head": the caller's choices about the top of the model;
+        "training": regularisation, and `remat` (encoder blocks recomputed in the backward pass);
+        "state": quantization (set by `VisionTransformer.quantize`);
+        "input": dynamic_image_size (images of any size at run time; `image_size` is then the
+            size the position embeddings are laid out on, and they follow each batch's grid).
+
+    Example:
+        >>> config = ViTConfig(image_size=32, patch_size=8, hidden_size=16, num_layers=2,
+        ...                    num_heads=2, mlp_dim=32)
+        >>> config.image_size, config.grid_size
+        ((32, 32), (4, 4))
+    """
+
+    family: ClassVar[str] = "vit"
+
+    image_size: tuple = config_field("architecture", doc="int or (height, width) of the input images")
+    patch_size: int = config_field("architecture")
+    hidden_size: int = config_field("architecture")
+    num_layers: int = config_field("architecture")
+    num_heads: int = config_field("architecture")
+    mlp_dim: int = config_field("architecture")
+    classes: int = config_field("architecture", 1000)
+    classifier: str = config_field("architecture", "token")
+    representation_size: int = config_field("architecture", None)
+    resnet: tuple = config_field("architecture", None)
+    position_embedding: str = config_field("architecture", "learned")
+    class_token_position_embedding: bool = config_field(
+        "architecture", True,
+        doc="whether the class token gets a position embedding (the original) or not (big_vision)",
+    )
+    num_channels: int = config_field("architecture", 3)
+    layer_norm_epsilon: float = config_field("numerics", NUMERICS["original"]["layer_norm_epsilon"])
+    gelu_approximate: bool = config_field("numerics", NUMERICS["original"]["gelu_approximate"])
+    group_norm_epsilon: float = config_field("numerics", NUMERICS["original"]["group_norm_epsilon"])
+    std_conv_epsilon: float = config_field("numerics", NUMERICS["original"]["std_conv_epsilon"])
+    std_conv_epsilon_inside_sqrt: bool = config_field("numerics", NUMERICS["original"]["std_conv_epsilon_inside_sqrt"])
+    position_embedding_resize: str = config_field("numerics", NUMERICS["original"]["position_embedding_resize"])
+    include_top: bool = config_field("head", True)
+    pooling: str = config_field("head", None)
+    classifier_activation: object = config_field("head", "softmax")
+    dropout_rate: float = config_field("training", 0.0)
+    attention_dropout_rate: float = config_field("training", 0.0)
+    remat: bool = config_field(
+        "training", False, doc="recompute each encoder block in the backward pass (less memory, ~1/3 more compute)"
+    )
+    quantization: object = config_field("state", None)
+    dynamic_image_size: bool = config_field(
+        "input", False, doc="images of any size at run time; image_size is the one the embeddings are laid out on"
+    )
+
+    def __post_init__(self):
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
+        set_("image_size", as_pair(self.image_size))
+        set_("resnet", normalise_resnet(self.resnet))
+        for key in ("patch_size", "hidden_size", "num_layers", "num_heads", "mlp_dim", "num_channels"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int,)) and not hasattr(value, "__index__"):
+                raise ValueError(f"{key} must be a positive int; got {value!r}.")
+            if int(value) < 1:
+                raise ValueError(f"{key} must be a positive int; got {value!r}.")
+            set_(key, int(value))
+        for key in ("classes", "representation_size"):
+            value = getattr(self, key)
+            if value is not None:
+                if int(value) < 1:
+                    raise ValueError(f"{key} must be a positive int or None; got {value!r}.")
+                set_(key, int(value))
+        for key in ("dropout_rate", "attention_dropout_rate"):
+            value = float(getattr(self, key))
+            if not 0.0 <= value < 1.0:
+                raise ValueError(f"{key} must be in [0, 1); got {value!r}.")
+            set_(key, value)
+        for key in ("layer_norm_epsilon", "group_norm_epsilon", "std_conv_epsilon"):
+            set_(key, float(getattr(self, key)))
+        flags = ("gelu_approximate", "std_conv_epsilon_inside_sqrt", "include_top", "class_token_position_embedding",
+                 "dynamic_image_size", "remat")
+        for key in flags:
+            set_(key, bool(getattr(self, key)))
+        self._check_choice(
+            "classifier", CLASSIFIERS,
+            "'token' (class token), 'gap' (global average pooling), 'map' (attention pooling), 'first' (the "
+            "first token, no class token) or 'none' (no pooling: the head applies to every token)",
+        )
+        self._check_choice("position_embedding", POSITION_EMBEDDINGS)
+        self._check_choice("position_embedding_resize", RESIZE_RULES)
+        if self.pooling not in POOLINGS:
+            raise ValueError(
+                f"pooling must be one of None, 'token', 'gap', 'avg', 'max', 'map' or 'first'; got {self.pooling!r}."
+            )
+        if self.pooling == "token" and self.classifier != "token":
+            raise ValueError(
+                f"pooling='token' needs a class token, but this model has classifier={self.classifier!r} (no class "
+                "token). Use pooling='gap'."
+            )
+        if self.pooling == "map" and self.classifier != "map":
+            raise ValueError("pooling='map' uses the MAP head of a classifier='map' model; use 'token' or 'gap'.")
+        if self.include_top and self.classes is None:
+            raise ValueError("include_top=True needs a positive number of classes; got classes=None.")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not divisible by num_heads {self.num_heads}; choose a head "
+                "count that divides the hidden size."
+            )
+        need = {"learned_2d": 2, "sincos2d": 4}.get(self.position_embedding)
+        if need and (self.hidden_size % need or (need == 4 and self.hidden_size < 8)):
+            raise ValueError(
+                f"position_embedding={self.position_embedding!r} splits the hidden size into {need} equal parts"
+                + (" of at least 2 frequencies" if need == 4 else "")
+                + f"; hidden_size {self.hidden_size} does not allow it. Use a multiple of {need}"
+                + (" (at least 8)" if need == 4 else "")
+                + "."
+            )
+        if self.dynamic_image_size and self.position_embedding == "relative":
+            raise ValueError(
+                "dynamic_image_size=True needs position embeddings that follow the patch grid; relative ones "
+                "cannot: they are learned per offset in the flattened token sequence, and on another grid the same "
+                "offset joins other patch pairs. Use a fixed image_size, or a 'learned', 'learned_2d' or "
+                "'sincos2d' position embedding."
+            )
+        stride = self.stride
+        for axis, size in zip(("height", "width"), self.image_size):
+            if size % stride or size < stride:
+                lower, upper = (size // stride) * stride, (size // stride + 1) * stride
+                what = f"patch size {self.patch_size}" + (
+                    f" times the ResNet stride {resnet_stride(self.resnet)}" if self.resnet is not None else ""
+                )
+                examples = f"{lower} or {upper}" if lower else f"{upper}"
+                raise ValueError(
+                    f"Image {axis} {size} is not divisible by the {what} (= {stride}). "
+                    f"Resize the images to a multiple of {stride}, e.g. {examples}."
+                )
+
+    def _check_choice(self, key, choices, described=None):
+        value = getattr(self, key)
+        if value not in choices:
+            described = described or "one of " + ", ".join(repr(c) for c in choices)
+            raise ValueError(f"{key} must be {described}; got {value!r}{suggest(str(value), choices)}.")
+
+    # --- derived sizes --------------------------------------------------------------------------
+
+    @property
+    def stride(self):
+        """Input pixels per token along each axis (patch times the hybrid ResNet's stride)."""
+        return self.patch_size * resnet_stride(self.resnet)
+
+    @property
+    def grid_size(self):
+        """(rows, cols) of the patch grid."""
+        return self.image_size[0] // self.stride, self.image_size[1] // self.stride
+
+    @property
+    def num_prefix_tokens(self):
+        """Tokens in front of the patch tokens (1 for the class token)."""
+        return 1 if self.classifier == "token" else 0
+
+    @property
+    def num_position_prefix_tokens(self):
+        """Prefix tokens the position embedding covers: the class token's row exists only with
+        `class_token_position_embedding` (big_vision adds the embedding to the patch grid alone)."""
+        return self.num_prefix_tokens if self.class_token_position_embedding else 0
+
+    @property
+    def num_tokens(self):
+        return self.num_prefix_tokens + self.grid_size[0] * self.grid_size[1]
+
+    # --- field lists ----------------------------------------------------------------------------
+
+    @classmethod
+    def numerics_fields(cls):
+        """The fields that hold a source's numerics (the keys of NUMERICS[source])."""
+        return cls.fields("numerics")
+
+    # --- conversion -----------------------------------------------------------------------------
+
+    def to_dict(self):
+        """The fields as JSON-friendly values (lists for tuples): `VisionTransformer.get_config()`'s."""
+        out = {f: getattr(self, f) for f in self.fields()}
+        out["image_size"] = list(self.image_size)
+        if self.resnet is not None:
+            out["resnet"] = [list(self.resnet[0]), self.resnet[1]]
+        return out
+
+    def architecture(self):
+        """{field: value} of `architecture_fields()` (what a checkpoint of this model holds)."""
+        return {f: getattr(self, f) for f in self.architecture_fields()}
+
+
+#: Fields a checkpoint determines (architecture and numerics), and the numerics alone.
+ARCHITECTURE_FIELDS = ViTConfig.architecture_fields()
+NUMERICS_FIELDS = ViTConfig.numerics_fields()
+#: The fields a row of the architecture table fixes (what the constructors own).
+TABLE_FIELDS = tuple(f for f in ViTConfig.fields() if f in {a.name for a in dataclasses.fields(Architecture)})
+
+# === Vision Transformers ===
+
+
+def attention_flops(tokens, hidden, mlp_dim, relative=False):
+    """One pre-LN Transformer block over `tokens` tokens: q/k/v and out projections, QK^T, AV and
+    the MLP; with `relative`, the logits of every query against the 2 * tokens - 1 offset
+    embeddings (the paper's 1-D relative attention)."""
+    t, d, m = tokens, hidden, mlp_dim
+    total = (
+        2 * t * d * 3 * d  # query, key, value
+        + 2 * t * t * d  # QK^T
+        + 2 * t * t * d  # AV
+        + 2 * t * d * d  # out projection
+        + 2 * 2 * t * d * m  # MLP
+    )
+    if relative:
+        total += 2 * t * (2 * t - 1) * d  # q . r[offset] for every offset
+    return total
+
+
+def map_head_flops(tokens, hidden, mlp_dim):
+    """big_vision's MAP head: one learned probe attends over `tokens` tokens (its query and out
+    projections for one token, key and value for all), then an MLP on the probe."""
+    t, d, m = tokens, hidden, mlp_dim
+    return 2 * d * d + 2 * 2 * t * d * d + 2 * t * d + 2 * t * d + 2 * d * d + 2 * 2 * d * m
+
+
+def vit_flops(config, image_size, classes):
+    """Forward FLOPs of a VisionTransformer `config` (its arguments) at `image_size` (h, w)."""
+    h, w = image_size
+    stride = config["patch_size"] * resnet_stride(config.get("resnet"))
+    if h % stride or w % stride:
+        raise ValueError(f"Image size {(h, w)} is not divisible by the architecture's stride {stride}.")
+    channels = config.get("num_channels", 3)
+    total = 0
+    resnet = config.get("resnet")
+    if resnet is not None:
+        units, width_factor = resnet
+        trunk, (h, w, channels) = resnet_flops(h, w, tuple(units), width_factor, channels, preact=False)
+        total += trunk
+    p, d = config["patch_size"], config["hidden_size"]
+    gh, gw = h // p, w // p
+    tokens = gh * gw
+    total += conv_flops(gh, gw, p, channels, d)  # patch embedding
+    classifier = config.get("classifier", "token")
+    t = tokens + (1 if classifier == "token" else 0)
+    m = config["mlp_dim"]
+    relative = config.get("position_embedding") == "relative"
+    total += config["num_layers"] * attention_flops(t, d, m, relative)
+    # The read-out runs with a head, or when a headless model pools (pooling= given).
+    if not (classes or config.get("pooling") is not None):
+        return total
+    mode = {None: classifier, "avg": "gap"}.get(config.get("pooling"), config.get("pooling"))
+    if mode == "map":
+        total += map_head_flops(t, d, m)
+    rep = config.get("representation_size")
+    heads = t if mode == "none" else 1  # "none": pre_logits and the head on every token
+    if rep:
+        total += heads * 2 * d * rep
+        d = rep
+    if classes:
+        total += heads * 2 * d * classes
+    return total
+
+
+# === Config inference from a canonical weight tree ===
+
+_BLOCK = re.compile(r"^Transformer/encoderblock_(\d+)/")
+_UNIT = re.compile(r"^block(\d+)/unit(\d+)/")
+_QUERY = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/kernel"
+_POS = "Transformer/posembed_input/pos_embedding"
+
+
+def _require(tree, key, source):
+    if key not in tree:
+        raise CheckpointError(f"{source}: missing weight {key!r}; this is not a complete ViT checkpoint.")
+    return tree[key]
+
+
+def infer_resnet(tree, source="checkpoint"):
+    """(stage_units, width_factor) of the hybrid ResNet in `tree`, or None for a plain ViT."""
+    if "conv_root/kernel" not in tree:
+        return None
+    width = width_factor(tree["conv_root/kernel"].shape[-1])
+    units = count_units(tree, _UNIT)
+    if units and sorted(units) != list(range(1, len(units) + 1)):
+        raise CheckpointError(f"{source}: ResNet stages {sorted(units)} are not numbered 1..{len(units)}.")
+    return tuple(units[s] for s in sorted(units)), width
+
+
+def infer_config(tree, numerics, *, source="checkpoint", image_size=None, num_heads=None, num_channels=None,
+                 class_token_position_embedding=True, position_embedding="learned"):
+    """VisionTransformer kwargs of the canonical `tree`, plus the `numerics` (a NUMERICS row or dict).
+
+    `image_size` (height, width) is the checkpoint's resolution when its config states one;
+    otherwise the position-embedding grid is taken as square. `num_heads` is needed only when
+    the tree cannot tell (it always can: the query kernel is (hidden, heads, head_dim)).
+    `class_token_position_embedding=False` says the stored embedding covers the patch grid
+    alone (big_vision's layout); a `position_embedding` without weights ("sincos2d") leaves
+    the resolution to `image_size` (default: the multiple of the patch nearest 224).
+    """
+    embed = _require(tree, "embedding/kernel", source)
+    if embed.ndim != 4 or embed.shape[0] != embed.shape[1]:
+        raise CheckpointError(f"{source}: embedding/kernel has shape {embed.shape}; expected (patch, patch, in, hidden).")
+    patch, hidden = int(embed.shape[0]), int(embed.shape[-1])
+    layers = sorted({int(m.group(1)) for m in map(_BLOCK.match, tree) if m})
+    if not layers or layers != list(range(len(layers))):
+        raise CheckpointError(f"{source}: encoder blocks {layers} are not numbered 0..N-1.")
+    query = _require(tree, _QUERY, source)
+    heads = int(query.shape[1]) if query.ndim == 3 else num_heads
+    mlp = int(_require(tree, "Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel", source).shape[-1])
+    classifier = "token" if "cls" in tree else "map" if "MAPHead_0/probe" in tree else "gap"
+    prefix = 1 if classifier == "token" and class_token_position_embedding else 0
+    resnet = infer_resnet(tree, source)
+    stride = patch * resnet_stride(resnet)
+    tokens = None
+    if position_embedding == "learned":
+        tokens = int(_require(tree, _POS, source).shape[-2]) - prefix
+    if image_size is not None:
+        h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(int(s) for s in image_size)
+        if min(h, w) < stride or (tokens is not None and (h // stride) * (w // stride) != tokens):
+            # The stated size does not fit the stored grid: trust the weights.
+            image_size = None
+    if image_size is None and tokens is None:
+        h = w = max(1, round(224 / stride)) * stride
+    elif image_size is None:
+        side = int(round(tokens**0.5))
+        if side * side != tokens:
+            raise CheckpointError(
+                f"{source}: the position embedding holds {tokens} patch tokens, not a square grid, and the "
+                "checkpoint states no image size."
+            )
+        h = w = side * stride
+    config = dict(
+        image_size=(h, w),
+        patch_size=patch,
+        hidden_size=hidden,
+        num_layers=len(layers),
+        num_heads=heads,
+        mlp_dim=mlp,
+        classes=int(tree["head/kernel"].shape[-1]) if "head/kernel" in tree else None,
+        classifier=classifier,
+        representation_size=int(tree["pre_logits/kernel"].shape[-1]) if "pre_logits/kernel" in tree else None,
+        resnet=resnet,
+        num_channels=int(num_channels or (tree["conv_root/kernel"] if resnet else embed).shape[2]),
+    )
+    if position_embedding != "learned":
+        config["position_embedding"] = position_embedding
+    if not class_token_position_embedding:
+        config["class_token_position_embedding"] = False
+    config.update({k: numerics[k] for k in NUMERICS_FIELDS})
+    return config
+
+
+def source_grid(config):
+    """The (rows, cols) position-embedding grid of a checkpoint config."""
+    stride = config["patch_size"] * resnet_stride(config.get("resnet"))
+    h, w = config["image_size"] if not isinstance(config["image_size"], int) else (config["image_size"],) * 2
+    return h // stride, w // stride
+
+
+def heads_from_table(hidden, layers, mlp, classifier, resnet, source="checkpoint"):
+    """The head count of the architecture-table row whose shapes match (for files that store
+    attention as stacked qkv matrices and carry no config stating it)."""
+    rows = [
+        a
+        for a in {**ARCHITECTURES, **EXTRA_ARCHITECTURES}.values()
+        if (a.hidden_size, a.num_layers, a.mlp_dim, a.classifier) == (hidden, layers, mlp, classifier)
+        and (a.resnet is None) == (resnet is None)
+    ]
+    heads = {a.num_heads for a in rows}
+    if len(heads) != 1:
+        raise CheckpointError(
+            f"{source}: the number of attention heads is not stored in the weights (hidden {hidden}, "
+            f"{layers} layers, MLP {mlp}, classifier {classifier!r}) and no known architecture matches. "
+            "Put a config.json next to the weights naming it (timm: 'architecture' and "
+            "'model_args': {'num_heads': ...}; transformers: 'num_attention_heads')."
+        )
+    return heads.pop()
+
+
+# === Preset rows ===
+
+_GS = "gs://vit_models/"
+
+# (constructor, tag, resolution, classes, top-1, repository, original .npz under gs://vit_models/)
+_TIMM_ROWS = [
+    # ViT-Ti/16
+    ("ViTTi16", "augreg_in21k_ft_in1k", 224, 1000, 75.454, "timm/vit_tiny_patch16_224.augreg_in21k_ft_in1k",
+     'augreg/Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_224.npz'),
+    ("ViTTi16", "augreg_in21k_ft_in1k", 384, 1000, 78.424, "timm/vit_tiny_patch16_384.augreg_in21k_ft_in1k",
+     'augreg/Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_384.npz'),
+    ("ViTTi16", "augreg_in21k", 224, 21843, None, "timm/vit_tiny_patch16_224.augreg_in21k",
+     'augreg/Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0.npz'),
+    # ViT-S/16
+    ("ViTS16", "augreg_in21k_ft_in1k", 224, 1000, 81.384, "timm/vit_small_patch16_224.augreg_in21k_ft_in1k",
+     'augreg/S_16-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_224.npz'),
+    ("ViTS16", "augreg_in21k_ft_in1k", 384, 1000, 83.802, "timm/vit_small_patch16_384.augreg_in21k_ft_in1k",
+     'augreg/S_16-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_384.npz'),
+    ("ViTS16", "augreg_in1k", 224, 1000, 78.846, "timm/vit_small_patch16_224.augreg_in1k",
+     'augreg/S_16-i1k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.01-res_224.npz'),
+    ("ViTS16", "augreg_in1k", 384, 1000, 81.116, "timm/vit_small_patch16_384.augreg_in1k",
+     'augreg/S_16-i1k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.01-res_384.npz'),
+    ("ViTS16", "augreg_in21k", 224, 21843, None, "timm/vit_small_patch16_224.augreg_in21k",
+     'augreg/S_16-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0.npz'),
+    # ViT-S/32
+    ("ViTS32", "augreg_in21k_ft_in1k", 224, 1000, 75.994, "timm/vit_small_patch32_224.augreg_in21k_ft_in1k",
+     'augreg/S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_224.npz'),
+    ("ViTS32", "augreg_in21k_ft_in1k", 384, 1000, 80.486, "timm/vit_small_patch32_384.augreg_in21k_ft_in1k",
+     'augreg/S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_384.npz'),
+    ("ViTS32", "augreg_in21k", 224, 21843, None, "timm/vit_small_patch32_224.augreg_in21k",
+     'augreg/S_32-i21k-300ep-lr_0.001-aug_light1-wd_0.03-do_0.0-sd_0.0.npz'),
+    # ViT-B/8
+    ("ViTB8", "augreg2_in21k_ft_in1k", 224, 1000, 86.218, "timm/vit_base_patch8_224.augreg2_in21k_ft_in1k", None),
+    ("ViTB8", "augreg_in21k_ft_in1k", 224, 1000, 85.798, "timm/vit_base_patch8_224.augreg_in21k_ft_in1k",
+     'augreg/B_8-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.01-res_224.npz'),
+    ("ViTB8", "augreg_in21k", 224, 21843, None, "timm/vit_base_patch8_224.augreg_in21k",
+     'augreg/B_8-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0.npz'),
+    # ViT-B/16
+    ("ViTB16", "augreg2_in21k_ft_in1k", 224, 1000, 85.096, "timm/vit_base_patch16_224.augreg2_in21k_ft_in1k", None),
+    ("ViTB16", "augreg_in21k_ft_in1k", 224, 1000, 84.532, "timm/vit_base_patch16_224.augreg_in21k_ft_in1k",
+     'augreg/B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.01-res_224.npz'),
+    ("ViTB16", "augreg_in21k_ft_in1k", 384, 1000, 85.996, "timm/vit_base_patch16_384.augreg_in21k_ft_in1k",
+     'augreg/B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.01-res_384.npz'),
+    ("ViTB16", "orig_in21k_ft_in1k", 224, 1000, 81.786, "timm/vit_base_patch16_224.orig_in21k_ft_in1k", 'imagenet21k+imagenet2012/ViT-B_16-224.npz'),
+    ("ViTB16", "orig_in21k_ft_in1k", 384, 1000, 84.2, "timm/vit_base_patch16_384.orig_in21k_ft_in1k", 'imagenet21k+imagenet2012/ViT-B_16.npz'),
+    ("ViTB16", "augreg_in1k", 224, 1000, 79.154, "timm/vit_base_patch16_224.augreg_in1k",
+     'augreg/B_16-i1k-300ep-lr_0.001-aug_strong2-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_224.npz'),
+    ("ViTB16", "augreg_in1k", 384, 1000, 81.102, "timm/vit_base_patch16_384.augreg_in1k",
+     'augreg/B_16-i1k-300ep-lr_0.001-aug_strong2-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_384.npz'),
+    ("ViTB16", "sam_in1k", 224, 1000, 80.244, "timm/vit_base_patch16_224.sam_in1k", 'sam/ViT-B_16.npz'),
+    ("ViTB16", "augreg_in21k", 224, 21843, None, "timm/vit_base_patch16_224.augreg_in21k",
+     'augreg/B_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.0-sd_0.0.npz'),
+    ("ViTB16", "orig_in21k", 224, 0, None, "timm/vit_base_patch16_224.orig_in21k", 'imagenet21k/ViT-B_16.npz'),
+    # ViT-B/32
+    ("ViTB32", "augreg_in21k_ft_in1k", 224, 1000, 80.716, "timm/vit_base_patch32_224.augreg_in21k_ft_in1k",
+     'augreg/B_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_224.npz'),
+    ("ViTB32", "augreg_in21k_ft_in1k", 384, 1000, 83.35, "timm/vit_base_patch32_384.augreg_in21k_ft_in1k",
+     'augreg/B_32-i21k-300ep-lr_0.001-aug_light1-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_384.npz'),
+    ("ViTB32", "augreg_in1k", 224, 1000, 74.894, "timm/vit_base_patch32_224.augreg_in1k",
+     'augreg/B_32-i1k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_224.npz'),
+    ("ViTB32", "augreg_in1k", 384, 1000, 78.752, "timm/vit_base_patch32_384.augreg_in1k",
+     'augreg/B_32-i1k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_384.npz'),
+    ("ViTB32", "sam_in1k", 224, 1000, 73.694, "timm/vit_base_patch32_224.sam_in1k", 'sam/ViT-B_32.npz'),
+    ("ViTB32", "augreg_in21k", 224, 21843, None, "timm/vit_base_patch32_224.augreg_in21k",
+     'augreg/B_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.03-do_0.0-sd_0.0.npz'),
+    ("ViTB32", "orig_in21k", 224, 0, None, "timm/vit_base_patch32_224.orig_in21k", 'imagenet21k/ViT-B_32.npz'),
+    # ViT-L/16
+    ("ViTL16", "augreg_in21k_ft_in1k", 224, 1000, 85.834, "timm/vit_large_patch16_224.augreg_in21k_ft_in1k",
+     'augreg/L_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_224.npz'),
+    ("ViTL16", "augreg_in21k_ft_in1k", 384, 1000, 87.084, "timm/vit_large_patch16_384.augreg_in21k_ft_in1k",
+     'augreg/L_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_384.npz'),
+    ("ViTL16", "augreg_in21k", 224, 21843, None, "timm/vit_large_patch16_224.augreg_in21k",
+     'augreg/L_16-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1.npz'),
+    ("ViTL16", "orig_in21k", 224, 0, None, "timm/vit_large_patch16_224.orig_in21k", 'imagenet21k/ViT-L_16.npz'),
+    # ViT-L/32
+    ("ViTL32", "orig_in21k_ft_in1k", 384, 1000, 81.51, "timm/vit_large_patch32_384.orig_in21k_ft_in1k", 'imagenet21k+imagenet2012/ViT-L_32.npz'),
+    ("ViTL32", "orig_in21k", 224, 0, None, "timm/vit_large_patch32_224.orig_in21k", 'imagenet21k/ViT-L_32.npz'),
+    # ViT-H/14
+    ("ViTH14", "orig_in21k", 224, 0, None, "timm/vit_huge_patch14_224.orig_in21k", 'imagenet21k/ViT-H_14.npz'),
+    # R+ViT-Ti/16
+    ("RViTTi16", "augreg_in21k_ft_in1k", 224, 1000, 71.798, "timm/vit_tiny_r_s16_p8_224.augreg_in21k_ft_in1k",
+     'augreg/R_Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_224.npz'),
+    ("RViTTi16", "augreg_in21k_ft_in1k", 384, 1000, 75.962, "timm/vit_tiny_r_s16_p8_384.augreg_in21k_ft_in1k",
+     'augreg/R_Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_384.npz'),
+    ("RViTTi16", "augreg_in21k", 224, 21843, None, "timm/vit_tiny_r_s16_p8_224.augreg_in21k",
+     'augreg/R_Ti_16-i21k-300ep-lr_0.001-aug_none-wd_0.03-do_0.0-sd_0.0.npz'),
+    # R26+ViT-S/32
+    ("R26ViTS32", "augreg_in21k_ft_in1k", 224, 1000, 81.864, "timm/vit_small_r26_s32_224.augreg_in21k_ft_in1k",
+     'augreg/R26_S_32-i21k-300ep-lr_0.001-aug_light0-wd_0.03-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.03-res_224.npz'),
+    ("R26ViTS32", "augreg_in21k_ft_in1k", 384, 1000, 84.048, "timm/vit_small_r26_s32_384.augreg_in21k_ft_in1k",
+     'augreg/R26_S_32-i21k-300ep-lr_0.001-aug_medium2-wd_0.03-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.03-res_384.npz'),
+    ("R26ViTS32", "augreg_in21k", 224, 21843, None, "timm/vit_small_r26_s32_224.augreg_in21k",
+     'augreg/R26_S_32-i21k-300ep-lr_0.001-aug_medium2-wd_0.03-do_0.0-sd_0.0.npz'),
+    # R50+ViT-B/16
+    ("R50ViTB16", "orig_in21k_ft_in1k", 384, 1000, 84.976, "timm/vit_base_r50_s16_384.orig_in21k_ft_in1k", 'imagenet21k+imagenet2012/R50+ViT-B_16.npz'),
+    ("R50ViTB16", "orig_in21k", 224, 0, None, "timm/vit_base_r50_s16_224.orig_in21k", 'imagenet21k/R50+ViT-B_16.npz'),
+    # R50+ViT-L/32
+    ("R50ViTL32", "augreg_in21k_ft_in1k", 224, 1000, 84.422, "timm/vit_large_r50_s32_224.augreg_in21k_ft_in1k",
+     'augreg/R50_L_32-i21k-300ep-lr_0.001-aug_medium1-wd_0.1-do_0.1-sd_0.1--imagenet2012-steps_20k-lr_0.01-res_224.npz'),
+    ("R50ViTL32", "augreg_in21k_ft_in1k", 384, 1000, 86.182, "timm/vit_large_r50_s32_384.augreg_in21k_ft_in1k",
+     'augreg/R50_L_32-i21k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.0-sd_0.0--imagenet2012-steps_20k-lr_0.01-res_384.npz'),
+    ("R50ViTL32", "augreg_in21k", 224, 21843, None, "timm/vit_large_r50_s32_224.augreg_in21k",
+     'augreg/R50_L_32-i21k-300ep-lr_0.001-aug_medium2-wd_0.1-do_0.0-sd_0.0.npz'),
+]
+
+# The transformers conversions of the original checkpoints (google/vit-*): the same weights as
+# the orig_* rows, in transformers' layout and numerics (LayerNorm epsilon 1e-12). The in21k
+# ones keep the original `pre_logits` (transformers' pooler) and have no head.
+_TRANSFORMERS_ROWS = [
+    ("ViTB16", "google_in21k_ft_in1k", 224, 1000, None, "google/vit-base-patch16-224", "imagenet21k+imagenet2012/ViT-B_16-224.npz"),
+    ("ViTB16", "google_in21k_ft_in1k", 384, 1000, None, "google/vit-base-patch16-384", "imagenet21k+imagenet2012/ViT-B_16.npz"),
+    ("ViTB16", "google_in21k", 224, 0, None, "google/vit-base-patch16-224-in21k", "imagenet21k/ViT-B_16.npz"),
+    ("ViTB32", "google_in21k_ft_in1k", 384, 1000, None, "google/vit-base-patch32-384", "imagenet21k+imagenet2012/ViT-B_32.npz"),
+    ("ViTB32", "google_in21k", 224, 0, None, "google/vit-base-patch32-224-in21k", "imagenet21k/ViT-B_32.npz"),
+    ("ViTL16", "google_in21k_ft_in1k", 224, 1000, None, "google/vit-large-patch16-224", "imagenet21k+imagenet2012/ViT-L_16-224.npz"),
+    ("ViTL16", "google_in21k_ft_in1k", 384, 1000, None, "google/vit-large-patch16-384", "imagenet21k+imagenet2012/ViT-L_16.npz"),
+    ("ViTL16", "google_in21k", 224, 0, None, "google/vit-large-patch16-224-in21k", "imagenet21k/ViT-L_16.npz"),
+    ("ViTL32", "google_in21k_ft_in1k", 384, 1000, None, "google/vit-large-patch32-384", "imagenet21k+imagenet2012/ViT-L_32.npz"),
+    ("ViTL32", "google_in21k", 224, 0, None, "google/vit-large-patch32-224-in21k", "imagenet21k/ViT-L_32.npz"),
+    ("ViTH14", "google_in21k", 224, 0, None, "google/vit-huge-patch14-224-in21k", "imagenet21k/ViT-H_14.npz"),
+]
+
+#: Each family's preset rows (`ModelFamily.presets`): (constructor, tag, resolution, classes,
+#: top-1, Hub repository, original file or None, source).
+VIT_PRESET_ROWS = tuple(
+    (a, t, r, c, top1, repo, _GS + orig if orig else None, source)
+    for rows, source in ((_TIMM_ROWS, "timm"), (_TRANSFORMERS_ROWS, "transformers"))
+    for a, t, r, c, top1, repo, orig in rows
+)
+
+
+# === Sharding rules (`keras_vit.get_layout_map`) ===
+#
+# The tensor-parallel ("Megatron") layout on the mesh's model axis. Each sublayer of an encoder
+# block costs one all-reduce over the model axis per pass:
+#
+# - attention: query/key/value kernels (hidden, heads, head_dim) are split along heads (their
+#   biases (heads, head_dim) likewise), so every device attends with whole heads of its own; the
+#   out kernel (heads, head_dim, hidden) is split along its rows (heads) and its partial sums are
+#   all-reduced; the out bias is replicated (added once, after the sum);
+# - MLP: Dense_0 (hidden, mlp) by columns with its bias, GELU on the local slice, Dense_1
+#   (mlp, hidden) by rows, one all-reduce; Dense_1's bias replicated;
+# - embeddings: the patch-embedding kernel and bias, the class token and the position embedding
+#   are split along hidden. A conv's output channels are independent, so each device computes its
+#   slice of every token with no communication; the sequence is gathered by the first block;
+# - pre_logits by columns and head by rows (input features): a column/row pair needs one
+#   all-reduce of (batch, classes) and works for any class count (21843 is odd);
+# - the hybrids' BiT ResNet (conv_root, gn_root, block*/unit*) is replicated on purpose: it works
+#   on large spatial activations with few parameters (ResNet-50 stages are < 8% of R50+ViT-L), and
+#   splitting output channels would all-gather (batch, height, width, channels) before every conv;
+#   data parallelism over the batch axis scales it instead;
+# - LayerNorm / GroupNorm scales and biases are replicated (tiny, needed whole by every device);
+# - the output of each block's two residual branches (attention, MLP) is laid out
+#   (batch, None, None): split over the data axis, whole on the model axis, which states where the
+#   all-reduce of each sublayer lands and keeps the batch on the data axis. (XLA may still choose
+#   to do the residual add and LayerNorm split on hidden, adding an all-gather per sublayer; the
+#   CPU compiler does, see docs/TPU.md.)
+#
+# Keys are regular expressions on `Variable.path` (`encoderblock_3/MlpBlock_3/Dense_1/kernel`,
+# ...), optionally under any name scope: the paths are the layer names of the original checkpoints.
+
+# Any name scope may precede the model's own paths (a model built inside another scope).
+_SCOPE = r"(?:.*/)?"
+_ENCODER_BLOCK = _SCOPE + r"encoderblock_\d+/"
+_ATTENTION = _ENCODER_BLOCK + r"MultiHeadDotProductAttention_1/"
+_MLP = _ENCODER_BLOCK + r"MlpBlock_3/"
+
+
+def _sharding_rules(m):
+    """(group, regex, axes) of every ViT variable, with `m` the model axis name.
+
+    `group` names the dimension a sharded rule needs divisible: the fallback replicates a whole
+    group at once so that no sublayer is left half-split.
+    """
+    return [
+        # Attention: split along heads (columns of q/k/v), rows of out.
+        ("heads", _ATTENTION + r"(?:query|key|value)_kernel", (None, m, None)),
+        ("heads", _ATTENTION + r"(?:query|key|value)_bias", (m, None)),
+        ("heads", _ATTENTION + r"out_kernel", (m, None, None)),
+        (None, _ATTENTION + r"out_bias", (None,)),
+        # MLP: Dense_0 by columns, Dense_1 by rows.
+        ("mlp_dim", _MLP + r"Dense_0/kernel", (None, m)),
+        ("mlp_dim", _MLP + r"Dense_0/bias", (m,)),
+        ("mlp_dim", _MLP + r"Dense_1/kernel", (m, None)),
+        (None, _MLP + r"Dense_1/bias", (None,)),
+        # Norms: replicated.
+        (None, _ENCODER_BLOCK + r"LayerNorm_[02]/(?:gamma|beta)", (None,)),
+        (None, _SCOPE + r"encoder_norm/(?:gamma|beta)", (None,)),
+        # Embeddings: split along hidden (the conv's output channels).
+        ("hidden_size", _SCOPE + r"embedding/kernel", (None, None, None, m)),
+        ("hidden_size", _SCOPE + r"embedding/bias", (m,)),
+        ("hidden_size", _SCOPE + r"cls/cls", (None, None, m)),
+        ("hidden_size", _SCOPE + r"posembed_input/pos_embedding", (None, None, m)),
+        # Classifier: pre_logits by columns, head by rows.
+        ("representation_size", _SCOPE + r"pre_logits/kernel", (None, m)),
+        ("representation_size", _SCOPE + r"pre_logits/bias", (m,)),
+        ("head_input", _SCOPE + r"head/kernel", (m, None)),
+        (None, _SCOPE + r"head/bias", (None,)),
+        # Hybrid BiT ResNet: replicated (see above).
+        (None, _SCOPE + r"conv_root/kernel", (None, None, None, None)),
+        (None, _SCOPE + r"gn_root/(?:scale|bias)", (None,)),
+        (None, _SCOPE + r"block\d+/unit\d+/conv(?:1|2|3|_proj)/kernel", (None, None, None, None)),
+        (None, _SCOPE + r"block\d+/unit\d+/gn(?:1|2|3|_proj)/(?:scale|bias)", (None,)),
+    ]
+
+
+def _sharding_outputs(data_axis):
+    """The two residual branches of every block (attention after its dropout layer, the MLP
+    block): batch-split, whole on the model axis. This places the sublayers' all-reduce (the
+    partial sums of the out / Dense_1 row splits) and keeps the residual stream data-parallel.
+    Both are single (batch, tokens, hidden) tensors whatever the call's options."""
+    return [(_ENCODER_BLOCK + branch + "/output", (data_axis, None, None)) for branch in ("dropout", "MlpBlock_3")]
+
+
+def _sharding_dims(config):
+    """The sizes the fallback rule checks: heads, mlp_dim, hidden, representation, head input."""
+    missing = [k for k in ("hidden_size", "num_heads", "mlp_dim") if k not in config]
+    if missing:
+        raise ValueError(f"config lacks {missing}; pass a VisionTransformer config (model.get_config()).")
+    hidden = int(config["hidden_size"])
+    representation = config.get("representation_size")
+    return {
+        "heads": int(config["num_heads"]),
+        "mlp_dim": int(config["mlp_dim"]),
+        "hidden_size": hidden,
+        "representation_size": None if representation is None else int(representation),
+        "head_input": hidden if representation is None else int(representation),
+    }
+
+
+VIT_SHARDING = ShardingRules(
+    rules=_sharding_rules,
+    dims=_sharding_dims,
+    groups={
+        "heads": "attention (query/key/value/out kernels and biases)",
+        "mlp_dim": "MLP (Dense_0 and Dense_1)",
+        "hidden_size": "embeddings (embedding kernel/bias, class token, position embedding)",
+        "representation_size": "pre_logits",
+        "head_input": "head kernel",
+    },
+    outputs=_sharding_outputs,
+)
+
+
+# === ViT (with the R+ViT hybrids) ===
+
+
+def _vit_describe(config):
+    text = (f"hidden {config['hidden_size']}, {config['num_layers']} layers, {config['num_heads']} heads, "
+            f"patch {config['patch_size']}")
+    return text + (f", ResNet {tuple(config['resnet'][0])}" if config.get("resnet") else "")
+
+
+def _patch_resize_refusal(config):
+    """Why `load(patch_size=...)` cannot PI-resize this checkpoint's patch embedding, or None."""
+    if config.get("resnet") is None:
+        return None
+    return ("is an R+ViT hybrid: its patch embedding reads ResNet features, not pixels. "
+            "PI-resize keeps a token's response to a resized image patch, but the features of a resized image "
+            "are not a resized copy of the features (the ResNet's stride and receptive field are fixed), so the "
+            "resized kernel would not approximate the trained model. Change the image size instead (image_size=).")
+
+
+def _vit_to_checkpoint(model_config):
+    config = {k: model_config[k] for k in ARCHITECTURE_FIELDS if k in model_config}
+    size = config["image_size"]
+    config["image_size"] = (size, size) if isinstance(size, int) else tuple(size)
+    if config.get("resnet") is not None:
+        config["resnet"] = (tuple(config["resnet"][0]), config["resnet"][1])
+    include_top = model_config.get("include_top", True)
+    if not include_top:
+        config["classes"] = None
+    if not (include_top or model_config.get("pooling") is not None):
+        config["representation_size"] = None
+    return config
+
+
+def _vit_from_checkpoint(config):
+    kwargs = dict(config)
+    kwargs["include_top"] = config.get("classes") is not None
+    kwargs["classes"] = config.get("classes") or 1000
+    kwargs["pooling"] = None if kwargs["include_top"] else (
+        config["classifier"] if config.get("representation_size") else None)
+    return kwargs
+
+
+def _vit_card(config):
+    arch = (f"hidden {config['hidden_size']}, {config['num_layers']} layers, {config['num_heads']} heads, "
+            f"MLP {config['mlp_dim']}, patch {config['patch_size']}")
+    if config.get("resnet"):
+        arch += f", BiT ResNet stages {tuple(config['resnet'][0])} width x{config['resnet'][1]}"
+    if config.get("classifier") == "gap":
+        arch += ", global average pooling"
+    numerics = (f"LayerNorm eps {config['layer_norm_epsilon']:g}, GELU "
+                f"{'tanh approximation' if config['gelu_approximate'] else 'exact (erf)'}, position-embedding "
+                f"resize \"{config['position_embedding_resize']}\"")
+    intro = ("Vision Transformer weights for [keras_vit](https://github.com/) (Keras 3: JAX, TensorFlow,\n"
+             "PyTorch), from \"An Image is Worth 16x16 Words\" (Dosovitskiy et al., ICLR 2021).")
+    return ("vision-transformer",), intro, [("architecture", arch), ("numerics", numerics)]
+
+
+VIT_DOC = """Instantiates the {paper_name} architecture{hybrid}.
+
+Reference: "An Image is Worth 16x16 Words: Transformers for Image Recognition at Scale"
+(Dosovitskiy et al., ICLR 2021). Hidden size {hidden_size}, {num_layers} layers, {num_heads} heads,
+MLP {mlp_dim}, {stride}x{stride} input pixels per token.
+
+Inputs are channels-last images scaled to [-1, 1] (see `keras_vit.preprocess_input`).
+
+Args:
+    include_top: whether to end in the classification head.
+    weights: None (random initialisation), a preset tag (e.g. "augreg_in21k_ft_in1k",
+        "augreg_in21k", "orig_in21k"; aliases "imagenet" and "imagenet21k"; see
+        `keras_vit.list_presets("{name}")`), a local checkpoint path, or "hf://owner/repo".
+    input_tensor: optional Keras tensor to use as the image input.
+    input_shape: (height, width, 3); default (224, 224, 3). Any size that {stride} divides,
+        square or not; pretrained position embeddings are resized to it. (None, None, 3)
+        builds a model for any such size at run time: its position embeddings are
+        interpolated inside the graph to each batch's grid, with the weights' own rule.
+    pooling: with include_top=False: None returns the token sequence after the final
+        LayerNorm; "token", "gap"/"avg" or "max" pool it to (batch, {hidden_size}).
+    classes: classes of the head. With pretrained weights, a value other than the checkpoint's
+        attaches a fresh zero-initialised head.
+    classifier_activation: activation of the head; None returns logits.
+    name: model name.
+    **overrides: other `keras_vit.VisionTransformer` arguments (dropout_rate,
+        attention_dropout_rate, representation_size, numerics fields, ...). `patch_size`
+        with pretrained weights runs them at another patch size (FlexiViT's PI-resize of the
+        patch embedding; see `keras_vit.load_checkpoint`).
+
+Returns:
+    A `keras_vit.VisionTransformer` (a `keras.Model`).
+
+Example:
+    >>> model = keras_vit.{name}(weights=None, input_shape=(224, 224, 3))
+"""
+
+
+def _vit_doc_fields(row):
+    return dict(hybrid=" (ViT on a BiT ResNet)" if row.resnet is not None else "")
+
+
+def _positive_int(config, key, source, default=None):
+    value = config.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise CheckpointError(f"{source}: {key} is {str(value)[:40]!r}; expected a positive integer.")
+    return value
+
+
+def _vit_weights_lower_bound(config, source):
+    """The fewest bytes the weights of a ViT `config` occupy: the encoder's matmuls, the position
+    embedding, the patch embedding and the head at one byte per parameter (int8 kernels are the
+    smallest stored form). Malformed sizes raise a CheckpointError."""
+    hidden, layers, mlp, patch = (_positive_int(config, k, source)
+                                  for k in ("hidden_size", "num_layers", "mlp_dim", "patch_size"))
+    _positive_int(config, "num_heads", source)
+    channels = _positive_int(config, "num_channels", source, default=3)
+    size = config.get("image_size", 224)
+    size = [size, size] if isinstance(size, int) and not isinstance(size, bool) else size
+    if not isinstance(size, (list, tuple)) or len(size) != 2 or not all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in size
+    ):
+        raise CheckpointError(f"{source}: image_size is {str(size)[:40]!r}; expected a positive int or [height, width].")
+    resnet = config.get("resnet")
+    if resnet is not None:
+        if not (isinstance(resnet, (list, tuple)) and len(resnet) == 2 and isinstance(resnet[0], (list, tuple))
+                and all(isinstance(u, int) and not isinstance(u, bool) and 0 <= u <= 64 for u in resnet[0])
+                and len(resnet[0]) <= 8 and isinstance(resnet[1], (int, float)) and not isinstance(resnet[1], bool)
+                and 0 < resnet[1] <= 16):
+            raise CheckpointError(f"{source}: resnet is {str(resnet)[:60]!r}; expected [[units per stage], width].")
+    stride = patch * resnet_stride(resnet)
+    tokens = (size[0] // stride) * (size[1] // stride) + 1
+    params = layers * (4 * hidden * hidden + 2 * hidden * mlp) + tokens * hidden + patch * patch * channels * hidden
+    if config.get("include_top", True):
+        params += _positive_int(config, "classes", source, default=1000) * hidden
+    return params
+
+
+VIT = ModelFamily(
+    name="vit",
+    title="Vision Transformer",
+    model="keras_vit.models.vit:VisionTransformer",
+    config_class=ViTConfig,
+    architectures=ARCHITECTURES,
+    extra_architectures=EXTRA_ARCHITECTURES,
+    signature=("patch_size", "hidden_size"),
+    flops=vit_flops,
+    presets=VIT_PRESET_ROWS,
+    head="head/",
+    optional_weights=("head/", "pre_logits/"),
+    resizable_weights=("Transformer/posembed_input/", "embedding/kernel", "head/"),
+    features_pooling=None,
+    patch_resize=True,
+    source_grid=source_grid,
+    dynamic_size="flag",
+    describe=_vit_describe,
+    card=_vit_card,
+    weights_lower_bound=_vit_weights_lower_bound,
+    to_checkpoint=_vit_to_checkpoint,
+    from_checkpoint=_vit_from_checkpoint,
+    constructor_doc=VIT_DOC,
+    doc_fields=_vit_doc_fields,
+    constructor_owned=("dynamic_image_size",),
+    row_overridable=("classifier", "patch_size"),  # a gap variant; FlexiViT's other patch sizes
+    npz_format="npz",
+    int8=True,
+    sharding=VIT_SHARDING,
+    patch_resize_refusal=_patch_resize_refusal,
+)
