@@ -14,6 +14,7 @@ the original's checkpoints load at 224 px; other sizes are refused when the weig
 import dataclasses
 
 from keras_vit.models.config import FieldGroupConfig
+from keras_vit.models.transfer import Transfer
 
 #: PyTorch's BatchNorm epsilon, which every norm of the original uses.
 BATCH_NORM_EPSILON = 1e-5
@@ -341,6 +342,9 @@ def _make_record():
         weights_lower_bound=_weights_lower_bound,
         constructor_doc=DOC,
         input_normalization=IMAGENET_NORMALIZATION,  # the original's (torchvision's) ImageNet mean and std
+        # Its attention spans (and their relative embeddings) are fixed by the image size: it
+        # fine-tunes at its checkpoint's resolution.
+        transfer=Transfer(resizable=False, features=("avgpool",)),
     )
 
 

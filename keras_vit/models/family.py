@@ -54,6 +54,7 @@ from keras_vit.models.config import (
     BiTConfig,
     ViTConfig,
 )
+from keras_vit.models.transfer import Transfer
 
 
 #: (mean, std) per channel of [0, 1] pixels that map them to [-1, 1], the original ViT's input.
@@ -121,6 +122,9 @@ class ModelFamily:
         int8: whether the model has keras_vit's int8 (`quantize("int8")`, remembered in its
             config so a saved int8 model reloads int8), which `export_model(..., int8=True)`
             needs.
+        transfer: what fine-tuning and few-shot features mean for the family (a
+            `keras_vit.models.transfer.Transfer`: the fine-tuned model's settings, whether its
+            input may change size, its default resolution, its feature layers).
     """
 
     name: str
@@ -151,6 +155,7 @@ class ModelFamily:
     npz_format: Optional[str] = None
     input_normalization: tuple = SIGNED_UNIT_NORMALIZATION
     int8: bool = False
+    transfer: Transfer = Transfer()
 
     # --- the model --------------------------------------------------------------------------
 
@@ -519,6 +524,10 @@ VIT = ModelFamily(
     row_overridable=("classifier", "patch_size"),  # a gap variant; FlexiViT's other patch sizes
     npz_format="npz",
     int8=True,
+    # --- transfer: dropout 0, the model's remat; position embeddings follow any input size ---
+    transfer=Transfer(settings="keras_vit.models.transfer:dropout_free_settings",
+                      options=("dropout_rate", "attention_dropout_rate", "remat")),
+    # --- end of transfer ---
 )
 
 
@@ -599,4 +608,7 @@ BIT = ModelFamily(
     constructor_doc=BIT_DOC,
     doc_fields=_bit_doc_fields,
     npz_format="bit_npz",
+    # --- transfer: BiT-HyperRule (zero head, 128 px below 96x96 images, else 480); fully convolutional ---
+    transfer=Transfer(resolution="keras_vit.models.transfer:bit_hyperrule_resolution", features=("pool",)),
+    # --- end of transfer ---
 )
