@@ -114,11 +114,11 @@ def test_finetuning_resizes_where_the_family_allows_it(family):
 
 def test_each_family_declares_its_settings(family):
     name, source, _ = family
-    if name in ("vit", "r_vit", "axial_vit"):  # the transformers fine-tune without dropout
-        dropped = TINY[name](SIZE, dropout_rate=0.1, attention_dropout_rate=0.1)
+    if name in ("vit", "r_vit", "axial_vit"):  # the transformers fine-tune without dropout, with their remat
+        dropped = TINY[name](SIZE, dropout_rate=0.1, attention_dropout_rate=0.1, remat=True)
         dropped.set_weights(source.get_weights())
         config = training.for_finetuning(dropped, classes=3).get_config()
-        assert config["dropout_rate"] == 0.0 and config["attention_dropout_rate"] == 0.0
+        assert config["dropout_rate"] == 0.0 and config["attention_dropout_rate"] == 0.0 and config["remat"] is True
         assert training.for_finetuning(dropped, classes=3, dropout_rate=0.2).get_config()["dropout_rate"] == 0.2
     elif name == "efficientnet":  # its own dropout
         own = TINY[name](SIZE, dropout_rate=0.35, drop_path_rate=0.1)
