@@ -409,6 +409,11 @@ def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, cl
             if source is None:
                 raise
             raise WeightTreeError(f"{source}: {err}") from None  # which checkpoint did not fit
+    # A fresh head is zero in every family, also where its layers are plain Keras ones that
+    # skip_random_init does not reach (an AxialResNet's `fc`).
+    for key, variable in weight_variables(model).items():
+        if key.startswith(plan.allow_missing):
+            variable.assign(keras.ops.zeros(variable.shape, variable.dtype))
     return model
 
 

@@ -201,7 +201,7 @@ def test_for_finetuning_copies_weights_resizes_and_resets_head():
     keep = training.for_finetuning(base, classes=3, keep_representation=True, classifier_activation=None)
     np.testing.assert_array_equal(keras_vit.get_weight_tree(keep)["pre_logits/kernel"], src["pre_logits/kernel"])
     assert keep.classifier_activation == "linear"
-    with pytest.raises(TypeError, match="VisionTransformer"):
+    with pytest.raises(TypeError, match="needs a keras_vit model or a weights source, got Sequential"):
         training.for_finetuning(keras.Sequential([keras.layers.Dense(2)]), classes=2)
 
 

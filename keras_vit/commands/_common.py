@@ -401,8 +401,8 @@ def add_model_args(parser, *, source=True, default_arch=None, square_reason=None
                            help="a preset name, e.g. ViTB16.augreg2_in21k_ft_in1k (keras-vit presets lists them)")
         group.add_argument(
             "--arch", default=default_arch,
-            help="architecture: a constructor name (ViTB16, ViTTi16, R50ViTB16, ...) or VisionTransformer "
-            "arguments as JSON (inline or a .json file), e.g. '{\"patch_size\": 4, \"hidden_size\": 64, "
+            help="architecture: a constructor name (ViTB16, R50ViTB16, BiTResNet50x1, AxialViTB16, AxialResNet26S, "
+            "EfficientNetB0, ...) or a model's arguments as JSON (inline or a .json file), e.g. '{\"patch_size\": 4, \"hidden_size\": 64, "
             "\"num_layers\": 4, \"num_heads\": 4, \"mlp_dim\": 128}'"
             + (f" (default: {default_arch})" if default_arch else ""),
         )
@@ -679,17 +679,17 @@ def check_model_args(args, *, needs_weights=False, default_arch=None, default_im
             "--weights PATH (a checkpoint or run folder), or --preset NAME."
         )
     if arch and not _is_json_arch(arch):
-        from keras_vit.models.family import default_family  # the tables only: no Keras
+        from keras_vit.models.family import constructor_names  # the tables only: no Keras
 
-        family = default_family()
-        if arch.strip() not in family.architectures:
+        names = constructor_names()
+        if arch.strip() not in names:
             import difflib
 
-            close = difflib.get_close_matches(arch.strip(), list(family.architectures), n=3)
+            close = difflib.get_close_matches(arch.strip(), names, n=3)
             hint = f" Did you mean {' or '.join(close)}?" if close else ""
             raise ValueError(
-                f"Unknown --arch {arch!r}.{hint} Choose a constructor ({', '.join(family.architectures)}) or pass "
-                f"{family.class_name} arguments as JSON."
+                f"Unknown --arch {arch!r}.{hint} Choose a constructor ({', '.join(names)}) or pass "
+                "a model's arguments as JSON."
             )
     if weights is not None and arch and _is_json_arch(arch):
         raise ValueError(
@@ -760,12 +760,18 @@ def build_fresh_model(arch, image_size, classes):
     return constructor(arch.strip())(weights=None, input_shape=(*image_hw(image_size), 3), classes=classes)
 
 
-def model_for_task(args, image_size, classes):
-    """The model to fine-tune: --weights/--preset re-made by for_finetuning (position embeddings
-    resized to `image_size`, a zero head of `classes`), or a fresh --arch model."""
+def model_for_task(args, image_size, classes, data_size=None):
+    """The model to fine-tune: --weights/--preset re-made by for_finetuning (resized to
+    `image_size`, a zero head of `classes`), or a fresh --arch model. Without `image_size`, the
+    family's fine-tuning resolution for images of `data_size` (height, width), else the
+    checkpoint's."""
+    from keras_vit.models.family import family_of
+
     if weights_argument(args) is None:
         return load_model(args, image_size=image_size, fresh_classes=classes), None
     base = load_model(args, include_top=False)  # for_finetuning attaches the new head
+    if image_size is None:
+        image_size = family_of(base).transfer.default_resolution(base.get_config(), data_size)
     image_size = image_size or tuple(base.image_size)
     return training_api().for_finetuning(base, image_size=image_size, classes=classes), base
 

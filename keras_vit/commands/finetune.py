@@ -11,7 +11,9 @@ On several hosts (a TPU pod slice: the same command on every worker; see docs/TP
 
 Recipe: SGD momentum 0.9, global-norm clip 1.0, no weight decay, linear warm-up then cosine
 decay; Inception crop + flip for training, resize for evaluation; a zero-initialised head and
-position embeddings resized to the new resolution (keras_vit.training.for_finetuning).
+position embeddings resized to the new resolution (keras_vit.training.for_finetuning). Any model
+family fine-tunes; without --image-size, at its family's resolution (a BiT: BiT-HyperRule's, 128
+px for images under 96x96, else 480; an EfficientNet: its architecture's), else the checkpoint's.
 """
 
 import math
@@ -22,7 +24,7 @@ from keras_vit.commands import _common
 
 def add_parser(subparsers):
     parser = subparsers.add_parser(
-        "finetune", help="fine-tune a ViT on a dataset (SGD momentum, warm-up + cosine)",
+        "finetune", help="fine-tune a model (any family) on a dataset (SGD momentum, warm-up + cosine)",
         description=__doc__.split("\n\n")[0],
     )
     _common.add_model_args(parser)
@@ -96,6 +98,14 @@ def _check_shared_folder(run, shard):
         )
 
 
+def _first_image_size(source):
+    """(height, width) of the first training image: the data's image size that a family's
+    resolution rule (BiT-HyperRule) reads when --image-size is not given."""
+    for image, _ in source.take(1).as_numpy_iterator():
+        return tuple(int(n) for n in image.shape[:2])
+    return None
+
+
 def finetune(args):
     _common.check_model_args(args)  # before anything loads
     _common.check_training_args(args)
@@ -111,13 +121,14 @@ def finetune(args):
     shard = _common.start_distribution(args)  # before anything runs on the devices
     api = _common.training_api()
     # The data decides the class count (and checks --classes); the model is built for it.
-    _, info = kd.load_source(args.data, args.train_split, data_dir=args.data_dir, on_bad_file=args.on_bad_file)
+    source, info = kd.load_source(args.data, args.train_split, data_dir=args.data_dir, on_bad_file=args.on_bad_file)
     if args.classes is not None and info.num_classes is not None and args.classes != info.num_classes:
         kd.pipeline._check_classes(args.classes, info)
     classes = info.num_classes or args.classes
     if classes is None:
         raise ValueError(f"Cannot tell how many classes {args.data!r} has: pass --classes.")
-    model, base = _common.model_for_task(args, args.image_size, classes)
+    model, base = _common.model_for_task(args, args.image_size, classes, 
+                                         data_size=None if args.image_size else _first_image_size(source))
     image_size = tuple(model.image_size)
     print(f"model: {model.name}, {model.count_params():,} parameters, input {image_size[0]}x{image_size[1]}, "
           f"{classes} classes" + (f" (from {base.name} at {tuple(base.image_size)})" if base is not None else ""))

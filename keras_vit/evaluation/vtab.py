@@ -211,13 +211,20 @@ def _setting_record(setting, micro_batch_size):
     return record
 
 
+def own_size(model):
+    """A model's input size as a VTAB setting states it: one side when square."""
+    height, width = (int(n) for n in model.image_size)
+    return height if height == width else (height, width)
+
+
 def run_vtab(model, out, *, tasks=None, setting=VTAB_1K, steps=None, batch_size=None, image_size=None,
              micro_batch_size=None, eval_batch_size=None, data_dir=None, seed=0, verbose=1):
     """Fine-tune `model` on VTAB-1k tasks and evaluate each on its test split.
 
     Args:
-        model: a keras_vit VisionTransformer (e.g. a pre-trained one, any head); each task
-            fine-tunes its own copy.
+        model: a keras_vit model of any family (e.g. a pre-trained one, any head); each task
+            fine-tunes its own copy (`keras_vit.training.for_finetuning`). A family that cannot
+            change its input size (an AxialResNet) runs at its own unless `image_size` is given.
         out: run folder (created): tasks/<task>.json per finished task, vtab.json, vtab.csv, vtab.png.
         tasks: task names (e.g. ["dtd", "vtab/clevr_count"]); default: all 19.
         setting: a VtabSetting (default: the paper's); `steps`, `batch_size`, `image_size`
@@ -235,6 +242,10 @@ def run_vtab(model, out, *, tasks=None, setting=VTAB_1K, steps=None, batch_size=
     from keras_vit import training
     from keras_vit.evaluation.evaluators import evaluate_classifier
 
+    from keras_vit.models.family import family_of
+
+    if image_size is None and not family_of(model).transfer.resizable:
+        image_size = own_size(model)  # a family fine-tuned at its own resolution only (an AxialResNet)
     setting = effective_setting(setting, steps=steps, batch_size=batch_size, image_size=image_size)
     micro = micro_batch_size or setting.batch_size
     check_micro_batch_size(micro, setting.batch_size)

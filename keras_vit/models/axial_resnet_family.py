@@ -15,6 +15,7 @@ import dataclasses
 from typing import ClassVar
 
 from keras_vit.models.config import FieldGroupConfig
+from keras_vit.models.transfer import Transfer
 
 #: PyTorch's BatchNorm epsilon, which every norm of the original uses.
 BATCH_NORM_EPSILON = 1e-5
@@ -344,6 +345,9 @@ def _make_record():
         weights_lower_bound=_weights_lower_bound,
         constructor_doc=DOC,
         input_normalization=IMAGENET_NORMALIZATION,  # the original's (torchvision's) ImageNet mean and std
+        # Its attention spans (and their relative embeddings) are fixed by the image size: it
+        # fine-tunes at its checkpoint's resolution.
+        transfer=Transfer(resizable=False, features=("avgpool",)),
     )
 
 

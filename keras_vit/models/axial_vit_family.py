@@ -16,6 +16,7 @@ from typing import ClassVar
 
 from keras_vit.models.config import NUMERICS, RESIZE_RULES, FieldGroupConfig, as_pair, suggest
 from keras_vit.models.family import ModelFamily
+from keras_vit.models.transfer import Transfer
 
 #: The axes an Axial Transformer block can attend along: "row" (along the width, within each row
 #: of the grid) and "column" (along the height, within each column).
@@ -319,4 +320,7 @@ AXIAL_VIT = ModelFamily(
     to_checkpoint=_to_checkpoint,
     from_checkpoint=_from_checkpoint,
     constructor_doc=DOC,
+    # Dropout 0 and the model's remat, as the ViT; the position embedding follows any input size.
+    transfer=Transfer(settings="keras_vit.models.transfer:dropout_free_settings",
+                      options=("dropout_rate", "attention_dropout_rate", "remat")),
 )

@@ -7,6 +7,7 @@ from typing import ClassVar
 
 from keras_vit.models.config import NUMERICS, FieldGroupConfig, config_field
 from keras_vit.models.family import ModelFamily, ShardingRules
+from keras_vit.models.transfer import Transfer
 
 # === The paper's CNN baselines: BiT ResNet-v2 (Kolesnikov et al., 2020) ===
 
@@ -350,4 +351,6 @@ BIT = ModelFamily(
     doc_fields=_bit_doc_fields,
     npz_format="bit_npz",
     sharding=BIT_SHARDING,
+    # BiT-HyperRule (zero head, 128 px below 96x96 images, else 480); fully convolutional
+    transfer=Transfer(resolution="keras_vit.models.transfer:bit_hyperrule_resolution", features=("pool",)),
 )

@@ -28,6 +28,7 @@ from typing import ClassVar
 
 from keras_vit.models.config import FieldGroupConfig
 from keras_vit.models.family import IMAGENET_NORMALIZATION
+from keras_vit.models.transfer import Transfer
 
 #: TensorFlow's BatchNorm epsilon, which the TF ports keep (timm's BN_EPS_TF_DEFAULT).
 BATCH_NORM_EPSILON = 1e-3
@@ -257,6 +258,33 @@ EFFICIENTNET_ARCHITECTURES = {row[0]: EfficientNetArchitecture(*row) for row in 
 TIMM_MULTIPLIERS = {a.timm_name: (a.width_multiplier, a.depth_multiplier, a.resolution)
                     for a in EFFICIENTNET_ARCHITECTURES.values()}
 TIMM_MULTIPLIERS["tf_efficientnet_b8"] = (2.2, 3.6, 672)
+
+
+# === Fine-tuning ===
+
+
+def _architecture_of(config):
+    """The constructor row with `config`'s width and depth multipliers, or None."""
+    key = (config.get("width_multiplier"), config.get("depth_multiplier"))
+    return next((row for row in EFFICIENTNET_ARCHITECTURES.values()
+                 if (row.width_multiplier, row.depth_multiplier) == key), None)
+
+
+def finetune_settings(config):
+    """An EfficientNet fine-tunes with its own dropout: the pretrained model's rates, or from a
+    checkpoint (which does not record them) its architecture's classifier dropout and drop-path
+    rate 0.2."""
+    row = _architecture_of(config)
+    default = row.dropout if row is not None else EfficientNetConfig.dropout_rate
+    return {"dropout_rate": float(config.get("dropout_rate", default)),
+            "drop_path_rate": float(config.get("drop_path_rate", DROP_PATH_RATE))}
+
+
+def finetune_resolution(config, data_size):
+    """An EfficientNet fine-tunes at its architecture's resolution (compound scaling ties the
+    two), whatever the data; None for multipliers of no constructor (the model's own size)."""
+    row = _architecture_of(config)
+    return None if row is None else row.default_size
 
 
 # === Presets ===
@@ -497,6 +525,9 @@ def _make_record():
         constructor_doc=DOC,
         doc_fields=_doc_fields,
         input_normalization=IMAGENET_NORMALIZATION,
+        # Its own dropout and its architecture's resolution.
+        transfer=Transfer(settings=finetune_settings, options=("dropout_rate", "drop_path_rate"),
+                          resolution=finetune_resolution, features=("global_pool",)),
     )
 
 

@@ -50,6 +50,7 @@ from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
 from keras_vit.models.config import FAMILY_KEY
+from keras_vit.models.transfer import Transfer
 
 
 #: (mean, std) per channel of [0, 1] pixels that map them to [-1, 1], the original ViT's input.
@@ -143,6 +144,9 @@ class ModelFamily:
         patch_resize_refusal: `(checkpoint config) -> str or None`: why `load(patch_size=...)`
             cannot PI-resize this checkpoint although the family allows it (completing "The
             checkpoint ..."), or None when it can.
+        transfer: what fine-tuning and few-shot features mean for the family (a
+            `keras_vit.models.transfer.Transfer`: the fine-tuned model's settings, whether its
+            input may change size, its default resolution, its feature layers).
     """
 
     name: str
@@ -175,6 +179,7 @@ class ModelFamily:
     int8: bool = False
     sharding: Any = None
     patch_resize_refusal: Any = None
+    transfer: Transfer = Transfer()
 
     # --- the model --------------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from keras_vit.errors import CheckpointError
 from keras_vit.models.bit_family import conv_flops, count_units, resnet_flops, width_factor
 from keras_vit.models.config import NUMERICS, RESIZE_RULES, FieldGroupConfig, as_pair, config_field, suggest
 from keras_vit.models.family import ModelFamily, ShardingRules
+from keras_vit.models.transfer import Transfer
 
 # === Architectures ===
 
@@ -927,4 +928,7 @@ VIT = ModelFamily(
     int8=True,
     sharding=VIT_SHARDING,
     patch_resize_refusal=_patch_resize_refusal,
+    # dropout 0, the model's remat; position embeddings follow any input size
+    transfer=Transfer(settings="keras_vit.models.transfer:dropout_free_settings",
+                      options=("dropout_rate", "attention_dropout_rate", "remat")),
 )

@@ -117,33 +117,45 @@ def sample_shots(labels, shots, seed=0):
 def feature_model(model):
     """A keras.Model (sharing weights with `model`) that maps images to pooled features.
 
-    The pooled representation the head reads: `pre_logits` when the model has it, else the
-    pooled token (`pool`). A model built with include_top=False and pooling returns it already;
-    one with pooling=None returns tokens, pooled here by the model's classifier rule.
+    The pooled representation the head reads, from the first of the family's feature layers
+    the model has (`keras_vit.models.transfer.Transfer.features`: a ViT's `pre_logits`, else
+    its pooled token; a BiT's average pool, ...). A model built with include_top=False and
+    pooling returns it already; one with pooling=None returns its tokens or feature map,
+    pooled in `extract_features` by the family's rule.
     """
     import keras
 
+    from keras_vit.models.family import family_of
+
     names = {layer.name for layer in model.layers}
-    if "pre_logits" in names:
-        return keras.Model(model.inputs, model.get_layer("pre_logits").output, name=f"{model.name}_features")
-    if "pool" in names:
-        return keras.Model(model.inputs, model.get_layer("pool").output, name=f"{model.name}_features")
-    return model  # token sequence: pooled in extract_features
+    for layer in family_of(model).transfer.features:
+        if layer in names:
+            return keras.Model(model.inputs, model.get_layer(layer).output, name=f"{model.name}_features")
+    return model  # tokens or a feature map: pooled in extract_features
 
 
 def _pool_tokens(model, tokens):
+    """(N, D) features of a feature model's output: its tokens or feature map pooled by the
+    family's `features_pooling` (None: the classifier's rule), a pool's kept 1x1 axes dropped."""
+    from keras_vit.models.family import family_of
+
     if tokens.ndim == 2:
         return tokens
-    if getattr(model, "classifier", "token") == "token":
+    pooling = family_of(model).features_pooling or getattr(model, "classifier", "token")
+    axes = tuple(range(1, tokens.ndim - 1))  # the tokens, or the feature map's height and width
+    if pooling == "token":
         return tokens[:, 0]
-    return tokens[:, getattr(model, "num_prefix_tokens", 0):].mean(axis=1)
+    if pooling == "max":
+        return tokens.max(axis=axes)
+    prefix = getattr(model, "num_prefix_tokens", 0) if tokens.ndim == 3 else 0
+    return tokens[:, prefix:].mean(axis=axes)
 
 
 def extract_features(model, data, *, batch_size=64, return_labels=False):
     """Frozen pooled features of `data` as a float32 (N, D) NumPy array.
 
     Args:
-        model: a keras_vit VisionTransformer (any include_top/pooling).
+        model: a keras_vit model of any family (any include_top/pooling).
         data: images (N, H, W, C) as a NumPy array, or a tf.data.Dataset / iterable of batches
             (images or (images, labels[, ...])).
         return_labels: with a dataset of (images, labels): also return the labels (N,).

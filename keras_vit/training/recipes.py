@@ -5,7 +5,7 @@ import os
 import keras
 from keras import ops
 
-from keras_vit.models.vit import VisionTransformer
+from keras_vit.models.vit import VisionTransformer  # noqa: F401  (the docstring's example)
 from keras_vit.models.weight_tree import get_weight_tree
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
@@ -17,6 +17,12 @@ PRETRAIN_DROPOUT = {"ViTL16": 0.1, "ViTH14": 0.1}
 _KEEP = object()
 
 
+def _hw(size):
+    if size is None or isinstance(size, int):
+        return None if size is None else (size, size)
+    return tuple(size)
+
+
 def for_finetuning(
     model,
     *,
@@ -24,27 +30,35 @@ def for_finetuning(
     classes,
     classifier_activation=_KEEP,
     keep_representation=False,
-    dropout_rate=0.0,
-    attention_dropout_rate=0.0,
+    dropout_rate=None,
+    attention_dropout_rate=None,
+    drop_path_rate=None,
     remat=None,
     name=None,
 ):
-    """A new VisionTransformer for fine-tuning `model` at another resolution and class count.
+    """A new model for fine-tuning `model` at another resolution and class count, of any family.
 
     The new model has `model`'s architecture and numerics, the new image size and a fresh
-    zero-initialised `head` of `classes` outputs. Every other weight is streamed through the
-    canonical weight tree, the position embedding resized with the checkpoint's rule. As in the
-    paper, the `pre_logits` representation layer is dropped for fine-tuning (keep it with
-    `keep_representation=True`), and dropout is 0. The head policy is keras_vit.loading's.
+    zero-initialised head of `classes` outputs. Every other weight is streamed through the
+    canonical weight tree, position embeddings resized with the checkpoint's rule. What else
+    fine-tuning means is the family's (`keras_vit.models.transfer.Transfer`): a ViT or Axial-ViT
+    fine-tunes without dropout, an EfficientNet with its own dropout, a BiT ResNet and an
+    EfficientNet at any size (fully convolutional), an AxialResNet at its own size only. As in
+    the paper, a ViT's `pre_logits` representation layer is dropped (keep it with
+    `keep_representation=True`). The head policy is keras_vit.loading's.
 
     Args:
-        model: a keras_vit VisionTransformer (any include_top / pooling), e.g. a pre-trained one
-            or a masked-patch-prediction encoder; or any weights source `keras_vit.load_checkpoint`
-            accepts (a preset name, "hf://owner/repo", a path), loaded straight at the new size.
+        model: a keras_vit model of any family (any include_top / pooling), e.g. a pre-trained
+            one or a masked-patch-prediction encoder; or any weights source
+            `keras_vit.load_checkpoint` accepts (a preset name, "hf://owner/repo", a path),
+            loaded straight at the new size.
         image_size: int or (height, width); default: the model's.
         classes: outputs of the new head.
         classifier_activation: default: the model's ("softmax" unless changed); None for logits.
         keep_representation: keep `pre_logits` (Dense + tanh) instead of dropping it.
+        dropout_rate, attention_dropout_rate, drop_path_rate: default: the family's (0 for the
+            transformers, the model's own for an EfficientNet); a family without the argument
+            refuses it.
         remat: recompute each encoder block in the backward pass (`VisionTransformer(remat=True)`):
             the same gradients with the activation memory of one block, for about a third more
             compute; for big models at high resolution (ViT-H/14 at 518 px). Default: the model's
@@ -59,39 +73,55 @@ def for_finetuning(
     """
     from keras_vit import loading
     from keras_vit.checkpoints.keras_format import checkpoint_config
+    from keras_vit.models.family import family_of
 
-    common = dict(
-        image_size=image_size,
-        classes=int(classes),
-        include_top=True,
-        keep_representation=keep_representation,
-        fresh_head=True,
-        warn=False,  # a new head is the point of fine-tuning
-        dropout_rate=float(dropout_rate),
-        attention_dropout_rate=float(attention_dropout_rate),
-    )
-    if remat is not None:
-        common["remat"] = bool(remat)
+    common = dict(classes=int(classes), include_top=True, keep_representation=keep_representation, fresh_head=True,
+                  warn=False)  # a new head is the point of fine-tuning
+    asked = dict(dropout_rate=dropout_rate, attention_dropout_rate=attention_dropout_rate,
+                 drop_path_rate=drop_path_rate, remat=remat)
+    asked = {k: v for k, v in asked.items() if v is not None}
     if isinstance(model, (str, os.PathLike)):
+        resolved = loading.resolve(model, image_size=image_size)
+        tree, config = resolved.format.read_at(resolved.path, image_size)
+        source, source_config = resolved.source, config
         activation = "softmax" if classifier_activation is _KEEP else classifier_activation
-        return loading.load(model, classifier_activation=activation, name=name, **common)
-    if not isinstance(model, VisionTransformer):
-        raise TypeError(
-            f"for_finetuning needs a keras_vit VisionTransformer or a weights source, got {type(model).__name__}. "
-            "Load checkpoints with keras_vit.load_checkpoint() or a constructor such as keras_vit.ViTB16()."
+        extra = dict(source=source, patch_resize_rule=resolved.format.patch_resize_rule)
+    else:
+        try:
+            family = family_of(model)
+        except ValueError:
+            family = None
+        if family is None or not hasattr(model, "get_config"):
+            raise TypeError(
+                f"for_finetuning needs a keras_vit model or a weights source, got {type(model).__name__}. "
+                "Load checkpoints with keras_vit.load_checkpoint() or a constructor such as keras_vit.ViTB16()."
+            )
+        source_config = model.get_config()
+        config = checkpoint_config(source_config)
+        tree, source = get_weight_tree(model), None
+        activation = source_config["classifier_activation"] if classifier_activation is _KEEP else classifier_activation
+        extra = dict(name=name or f"{model.name}_finetune", dtype=source_config.get("dtype"))
+    family = family_of(config)
+    transfer = family.transfer
+    refused = sorted(set(asked) - set(transfer.options))
+    if refused:
+        allowed = ", ".join(transfer.options) or "none"
+        raise ValueError(
+            f"{family.title} models have no {', '.join(refused)} to set for fine-tuning (what they take: {allowed}): "
+            f"leave {' and '.join(refused)} unset."
         )
-    full = model.get_config()
-    config = checkpoint_config(full)
-    common.setdefault("remat", bool(full.get("remat", False)))
-    activation = full["classifier_activation"] if classifier_activation is _KEEP else classifier_activation
-    return loading.build_from_checkpoint(
-        get_weight_tree(model),
-        config,
-        classifier_activation=activation,
-        name=name or f"{model.name}_finetune",
-        dtype=full.get("dtype"),
-        **common,
-    )
+    own = _hw(config.get("image_size"))
+    if image_size is not None and not transfer.resizable and own is not None and _hw(image_size) != own:
+        raise ValueError(
+            f"{family.title} models fine-tune at their checkpoint's resolution {own[0]}x{own[1]} only (their weights "
+            f"are laid out for that size), not {image_size}: pass image_size={own[0]} or leave it unset."
+        )
+    settings = transfer.model_settings(source_config)
+    settings.update(asked)
+    if name is not None:
+        extra["name"] = name
+    return loading.build_from_checkpoint(tree, config, image_size=image_size, classifier_activation=activation,
+                                         **common, **settings, **extra)
 
 
 @register
