@@ -226,9 +226,9 @@ def _resnet_to_tree(r, tree):
             tree[f"{dst}gn_proj/bias"] = r.get(f"{src}downsample.norm.bias")
 
 
-def _norm_to_tree(r, src, dst, tree):
+def _norm_to_tree(r, src, dst, tree, kind="layer_norm"):
     tree[f"{dst}/scale"] = r.get(f"{src}.weight")
-    if r.has(f"{src}.bias"):
+    if kind == "layer_norm":  # RmsNorm has no bias
         tree[f"{dst}/bias"] = r.get(f"{src}.bias")
 
 
@@ -277,30 +277,30 @@ def _variant_state_to_tree(r, num_heads, variant, mlp_layer, source):
     tree = {"embedding/kernel": _conv(r.get("patch_embed.proj.weight"))}
     if r.has("patch_embed.proj.bias"):
         tree["embedding/bias"] = r.get("patch_embed.proj.bias")
+    norm = variant["norm"]
     if variant["patch_embedding_norm"]:
-        _norm_to_tree(r, "patch_embed.norm", "embedding_norm", tree)
+        _norm_to_tree(r, "patch_embed.norm", "embedding_norm", tree, norm)
     for timm_name, name in (("cls_token", "cls"), ("dist_token", "dist_token"), ("reg_token", "reg_tokens"),
                             ("pos_embed", "Transformer/posembed_input/pos_embedding")):
         if r.has(timm_name):
             tree[name] = r.get(timm_name)
-    if r.has("norm_pre.weight"):
-        _norm_to_tree(r, "norm_pre", "norm_pre", tree)
+    if variant["pre_norm"]:
+        _norm_to_tree(r, "norm_pre", "norm_pre", tree, norm)
     hidden = tree["embedding/kernel"].shape[-1]
     if num_heads is None or hidden % num_heads:
         raise CheckpointError(f"{source}: hidden size {hidden} is not divisible by {num_heads} heads.")
     blocks = sorted({int(m.group(1)) for m in map(re.compile(r"^blocks\.(\d+)\.").match, r.files) if m})
     for i in blocks:
         src, dst = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
-        _norm_to_tree(r, src + "norm1", dst + "LayerNorm_0", tree)
+        _norm_to_tree(r, src + "norm1", dst + "LayerNorm_0", tree, norm)
         _attention_to_tree(r, src + "attn.", dst + "MultiHeadDotProductAttention_1/", tree, hidden, num_heads)
-        _norm_to_tree(r, src + "norm2", dst + "LayerNorm_2", tree)
+        _norm_to_tree(r, src + "norm2", dst + "LayerNorm_2", tree, norm)
         _mlp_to_tree(r, src + "mlp.", dst + "MlpBlock_3/", tree, mlp_layer)
-        for k in (1, 2):
-            if r.has(f"{src}ls{k}.gamma"):
-                tree[f"{dst}LayerScale_{k - 1}/scale"] = r.get(f"{src}ls{k}.gamma")
-    if r.has("norm.weight"):
-        _norm_to_tree(r, "norm", "Transformer/encoder_norm", tree)
-    if r.has("attn_pool.latent"):
+        for k in (1, 2) if variant["layer_scale"] else ():
+            tree[f"{dst}LayerScale_{k - 1}/scale"] = r.get(f"{src}ls{k}.gamma")
+    if variant["final_norm"] and not variant["fc_norm"]:
+        _norm_to_tree(r, "norm", "Transformer/encoder_norm", tree, norm)
+    if variant["classifier"] == "map":
         p, dst = "attn_pool.", "MAPHead_0/"
         hd = hidden // num_heads
         tree[dst + "probe"] = r.get(p + "latent")
@@ -316,11 +316,11 @@ def _variant_state_to_tree(r, num_heads, variant, mlp_layer, source):
                 tree[f"{att}{name}/bias"] = kv_b[j * hidden : (j + 1) * hidden].reshape(num_heads, hd)
         tree[att + "out/kernel"] = _linear(r.get(p + "proj.weight")).reshape(num_heads, hd, hidden)
         tree[att + "out/bias"] = r.get(p + "proj.bias")
-        _norm_to_tree(r, p + "norm", dst + "LayerNorm_0", tree)
+        _norm_to_tree(r, p + "norm", dst + "LayerNorm_0", tree, norm)
         _linear_to_tree(r, p + "mlp.fc1", dst + "MlpBlock_0/Dense_0", tree)
         _linear_to_tree(r, p + "mlp.fc2", dst + "MlpBlock_0/Dense_1", tree)
-    if r.has("fc_norm.weight"):
-        _norm_to_tree(r, "fc_norm", "fc_norm", tree)
+    if variant["fc_norm"]:
+        _norm_to_tree(r, "fc_norm", "fc_norm", tree, norm)
     for name in ("head", "head_dist"):
         if r.has(f"{name}.weight"):
             _linear_to_tree(r, name, name, tree)
