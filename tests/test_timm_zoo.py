@@ -5,7 +5,7 @@ Each case is a random-weight timm model at a tiny size, saved exactly as timm sa
 model.safetensors), one per feature of the zoo: DeiT (token), DeiT distilled (two heads
 averaged), DeiT-III (layer scale, no_embed_class), DINOv2 S/14 with and without registers, DINOv2
 giant (SwiGLU packed), CLIP B/32 (pre-norm, no patch bias, eps 1e-5) and its QuickGELU form,
-TinyCLIP, SigLIP B/16 MAP and GAP (tanh-GELU), medium GAP 256 (fc_norm), little / betwixt reg4 GAP,
+TinyCLIP, SigLIP B/16 MAP and GAP (tanh-GELU), SO150M reg4 MAP (MAP past register tokens), medium GAP 256 (fc_norm), little / betwixt reg4 GAP,
 FlexiViT-S, AIMv2 (RmsNorm, SwiGLU, no qkv/proj bias), and the qkv-bias-free vit_*_gap models.
 Logits (or, for headless models, the pooled pre-logits features) equal timm's within
 max(2e-5, twice timm's own float32 error against float64), relative to the output's scale.
@@ -38,6 +38,7 @@ CASES = [
     ("tinyclip_xsmall", "vit_xsmall_patch16_clip_224", dict(img_size=32)),
     ("siglip_b16_map", "vit_base_patch16_siglip_224", dict(img_size=32, embed_dim=64, num_heads=4)),
     ("siglip_b16_gap", "vit_base_patch16_siglip_gap_224", dict(img_size=32, embed_dim=64, num_heads=4)),
+    ("so150m_reg4_map", "vit_so150m_patch16_reg4_map_256", dict(img_size=32, embed_dim=64, num_heads=4)),
     ("medium_gap_256", "vit_medium_patch16_gap_256", dict(img_size=32)),
     ("little_reg4_gap", "vit_little_patch16_reg4_gap_256", dict(img_size=32)),
     ("betwixt_reg4_gap", "vit_betwixt_patch16_reg4_gap_256", dict(img_size=32)),
