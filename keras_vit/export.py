@@ -221,7 +221,8 @@ def input_normalization(model):
         ...     depth_multiplier=0.1))  # doctest: +SKIP
         ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
     """
-    return _family(model).input_normalization
+    own = getattr(getattr(model, "config", None), "input_normalization", None)  # the weights' own (timm's zoo)
+    return tuple(own) if own is not None else _family(model).input_normalization
 
 
 def input_description(model, with_preprocessing=False):
@@ -339,7 +340,7 @@ def _checked_job(model, job):
             family.validate({**model.get_config(), "image_size": list(size)})
         except (TypeError, ValueError) as error:
             raise ExportError(f"image_size {size[0]}x{size[1]} does not suit this {family.title}: {error}") from None
-    mean, std = family.input_normalization
+    mean, std = input_normalization(model)
     channels = model.input_shape[-1]
     if with_preprocessing and channels != len(mean):
         raise ExportError(

@@ -74,22 +74,35 @@ def decode_predictions(preds, top=5):
     return results
 
 
-def preprocess_input(images, data_format=None):
-    """Scale uint8 / [0, 255] images to [-1, 1], the input range of the original ViT checkpoints.
+def preprocess_input(images, data_format=None, *, model=None):
+    """Scale uint8 / [0, 255] images to [-1, 1], the input range of the original ViT checkpoints;
+    with `model`, to the input that model's weights expect (its `config.input_normalization`,
+    e.g. CLIP's or ImageNet's mean and std for timm's CLIP and DINOv2 weights).
 
     Args:
         images: array or tensor of pixel values in [0, 255] (any shape, channels last).
         data_format: accepted for keras.applications compatibility; scaling is per pixel, so the
             layout does not matter.
+        model: a VisionTransformer whose `config.input_normalization` is (mean, std) per channel
+            of [0, 1] pixels: images become (images / 255 - mean) / std. None, or a model without
+            one: [-1, 1].
 
     Returns:
-        float32 values `images / 127.5 - 1` (a NumPy array for NumPy input, else a backend tensor).
+        float32 values (a NumPy array for NumPy input, else a backend tensor).
 
     Example:
         >>> preprocess_input(np.array([0, 127.5, 255]))
         array([-1.,  0.,  1.], dtype=float32)
     """
     del data_format
+    normalization = getattr(getattr(model, "config", None), "input_normalization", None)
+    if normalization is not None:
+        mean, std = (np.asarray(v, dtype="float32") for v in normalization)
+        if isinstance(images, (np.ndarray, list, tuple, int, float)):
+            return ((np.asarray(images, dtype="float32") / np.float32(255.0) - mean) / std).astype("float32")
+        import keras
+
+        return (keras.ops.cast(images, "float32") / 255.0 - mean) / std
     if isinstance(images, (np.ndarray, list, tuple, int, float)):
         return (np.asarray(images, dtype="float32") / np.float32(127.5) - np.float32(1.0)).astype("float32")
     import keras

@@ -5,6 +5,12 @@ timm stacks attention as one qkv matrix (3 * hidden, hidden) and stores PyTorch 
 from config.json (`model_args.num_heads` when the model was built with overrides), else from the
 architecture table's row of the named `architecture` (or, for a bare .safetensors, the row whose
 shapes match).
+
+timm's ViT zoo (every architecture of its vision_transformer.py and deit.py) is read from the
+table `timm_vit_architectures.json` (written by weights/timm_vit_table.py from timm's
+entrypoints): the architecture's switches, overridden by config.json's `model_args` as timm
+overrides them, become the VisionTransformer's variant fields; `pretrained_cfg`'s mean and std
+become its `input_normalization`.
 """
 
 import os
@@ -27,6 +33,116 @@ from keras_vit.checkpoints.registry import CheckpointFormat
 from keras_vit.checkpoints.torch_zip import open_weights, weights_in_folder
 from keras_vit.models.config import NUMERICS
 from keras_vit.models.vit_family import VIT, heads_from_table, infer_config, infer_resnet
+
+# === timm's ViT zoo: the architecture table ===
+
+_TABLE_FILE = os.path.join(os.path.dirname(__file__), "timm_vit_architectures.json")
+_TABLE = None
+
+
+def timm_vit_table():
+    """{"timm_version", "modules": {module: {"architectures": {name: entrypoint kwargs},
+    "pretrained": {tag: pretrained_cfg}}}} of timm's vision_transformer.py and deit.py."""
+    global _TABLE
+    if _TABLE is None:
+        import json
+
+        with open(_TABLE_FILE) as f:
+            _TABLE = json.load(f)
+    return _TABLE
+
+
+def timm_vit_arguments(architecture):
+    """The keyword arguments timm's entrypoint `architecture` gives its VisionTransformer (None when
+    the name is not one of vision_transformer.py's or deit.py's)."""
+    name = architecture.split(".", 1)[0]
+    for module in timm_vit_table()["modules"].values():
+        if name in module["architectures"]:
+            return dict(module["architectures"][name])
+    return None
+
+
+#: timm switches this package has no layers for, and the value that means "off".
+_UNSUPPORTED = {
+    "block_fn": (None, "Block"),  # parallel and post-norm blocks
+    "attn_layer": (None, "attention"),  # differential attention
+    "scale_attn_norm": (None, False),  # BEiT-3's sub-LN inside attention and MLP
+    "scale_mlp_norm": (None, False),
+    "qk_norm": (None, False),
+    "pool_include_prefix": (None, False),
+    "dynamic_img_pad": (None, False),
+    "pos_embed": (None, "learn", "", "none"),
+}
+_ACTIVATIONS = {None: None, "gelu": None, "GELU": None, "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu",
+                "silu": "silu", "SiLU": "silu", "swish": "silu"}
+_NORMS = {"LayerNorm": "layer_norm", "layernorm": "layer_norm", "RmsNorm": "rms_norm", "rmsnorm": "rms_norm"}
+
+
+def _layer_name(value):
+    """(name, keywords) of a table layer entry: "gelu" or {"name": "LayerNorm", "eps": 1e-5}."""
+    if isinstance(value, dict):
+        return value.get("name"), {k: v for k, v in value.items() if k != "name"}
+    return value, {}
+
+
+def timm_variant(args, source):
+    """VisionTransformer variant fields for timm VisionTransformer keyword arguments `args`; a
+    switch this package cannot build raises a CheckpointError naming it."""
+    for key, off in _UNSUPPORTED.items():
+        if args.get(key, None) not in off:
+            raise CheckpointError(
+                f"{source}: timm architecture option {key}={args[key]!r} is not supported by keras_vit's "
+                "VisionTransformer (supported: class/register/distillation tokens, pooling token/avg/map, "
+                "no_embed_class, pre_norm, fc_norm, final_norm, layer scale, qkv/proj bias, LayerNorm/RmsNorm, "
+                "GELU/tanh-GELU/QuickGELU/SiLU and SwiGLU MLPs)."
+            )
+    pool = args.get("global_pool", "token")
+    if pool not in ("token", "avg", "map", ""):
+        raise CheckpointError(f"{source}: timm global_pool={pool!r} is not supported (use 'token', 'avg' or 'map').")
+    class_token = bool(args.get("class_token", True))
+    classifier = {"token": "token", "avg": "gap", "map": "map", "": "token" if class_token else "gap"}[pool]
+    fc_norm = args.get("fc_norm")
+    fc_norm = pool == "avg" if fc_norm is None else bool(fc_norm)
+    act, _ = _layer_name(args.get("act_layer"))
+    if act not in _ACTIVATIONS:
+        raise CheckpointError(f"{source}: timm act_layer {act!r} is not supported (gelu, gelu_tanh, quick_gelu, silu).")
+    norm, norm_args = _layer_name(args.get("norm_layer") or {"name": "LayerNorm", "eps": 1e-6})
+    if norm not in _NORMS:
+        raise CheckpointError(f"{source}: timm norm_layer {norm!r} is not supported (LayerNorm, RmsNorm).")
+    mlp, mlp_args = _layer_name(args.get("mlp_layer"))
+    if mlp not in (None, "Mlp", "SwiGLU", "SwiGLUPacked", "GluMlp") or mlp_args.get("gate_last", False):
+        raise CheckpointError(f"{source}: timm mlp_layer {args.get('mlp_layer')!r} is not supported (Mlp, SwiGLU).")
+    if mlp in ("SwiGLU", "SwiGLUPacked", "GluMlp"):
+        act = _layer_name(mlp_args.get("act_layer", act or "silu"))[0]
+        if act in (None, "gelu", "GELU"):
+            act = "silu"  # SwiGLU's own default
+    variant = dict(
+        classifier=classifier,
+        class_token=class_token if class_token != (classifier == "token") else None,
+        register_tokens=int(args.get("reg_tokens", 0) or 0),
+        distillation_token=bool(args.get("distilled", False)),
+        class_token_position_embedding=not args.get("no_embed_class", False),
+        patch_embedding_norm=args.get("embed_norm_layer") is not None,
+        pre_norm=bool(args.get("pre_norm", False)),
+        layer_scale=args.get("init_values") or None,
+        final_norm=bool(args.get("final_norm", True)),
+        fc_norm=fc_norm and bool(args.get("final_norm", True)),
+        norm=_NORMS[norm],
+        mlp_activation=_ACTIVATIONS[act],
+        glu=mlp is not None and mlp != "Mlp",
+        layer_norm_epsilon=float(norm_args.get("eps", 1e-6 if norm == "LayerNorm" else 1e-5)),
+        position_embedding="none" if args.get("pos_embed") in ("", "none") else "learned",
+        dynamic_image_size=bool(args.get("dynamic_img_size", False)),
+    )
+    return variant, mlp
+
+
+_VARIANT_DEFAULTS = dict(
+    class_token=None, register_tokens=0, distillation_token=False, class_token_position_embedding=True,
+    patch_embedding_norm=False, pre_norm=False, layer_scale=None, final_norm=True, fc_norm=False, norm="layer_norm",
+    mlp_activation=None, glu=False, position_embedding="learned", dynamic_image_size=False, qkv_bias=True,
+    projection_bias=True, patch_embedding_bias=True,
+)
 
 # === timm's architecture names ===
 
@@ -109,14 +225,123 @@ def _resnet_to_tree(r, tree):
             tree[f"{dst}gn_proj/bias"] = r.get(f"{src}downsample.norm.bias")
 
 
-def timm_state_to_tree(files, num_heads=None, *, source="checkpoint", config_hint=None):
+def _norm_to_tree(r, src, dst, tree, kind="layer_norm"):
+    tree[f"{dst}/scale"] = r.get(f"{src}.weight")
+    if kind == "layer_norm":  # RmsNorm has no bias
+        tree[f"{dst}/bias"] = r.get(f"{src}.bias")
+
+
+def _linear_to_tree(r, src, dst, tree, rows=None):
+    w = r.get(f"{src}.weight")
+    if rows is not None:
+        w = w[rows]
+    tree[f"{dst}/kernel"] = _linear(w)
+    if r.has(f"{src}.bias"):
+        b = r.get(f"{src}.bias")
+        tree[f"{dst}/bias"] = b if rows is None else b[rows]
+
+
+def _attention_to_tree(r, src, dst, tree, hidden, num_heads):
+    hd = hidden // num_heads
+    qkv_w = r.get(src + "qkv.weight")
+    if qkv_w.shape != (3 * hidden, hidden):
+        raise CheckpointError(f"{r.source}: {src}qkv.weight has shape {qkv_w.shape}; expected {(3 * hidden, hidden)}.")
+    qkv_b = r.get(src + "qkv.bias") if r.has(src + "qkv.bias") else None
+    for j, name in enumerate(("query", "key", "value")):
+        tree[f"{dst}{name}/kernel"] = _linear(qkv_w[j * hidden : (j + 1) * hidden]).reshape(hidden, num_heads, hd)
+        if qkv_b is not None:
+            tree[f"{dst}{name}/bias"] = qkv_b[j * hidden : (j + 1) * hidden].reshape(num_heads, hd)
+    tree[f"{dst}out/kernel"] = _linear(r.get(src + "proj.weight")).reshape(num_heads, hd, hidden)
+    if r.has(src + "proj.bias"):
+        tree[f"{dst}out/bias"] = r.get(src + "proj.bias")
+
+
+def _mlp_to_tree(r, src, dst, tree, mlp_layer):
+    if mlp_layer == "SwiGLU":  # separate gate (activated) and linear branches
+        _linear_to_tree(r, src + "fc1_g", dst + "Dense_0", tree)
+        _linear_to_tree(r, src + "fc1_x", dst + "Dense_2", tree)
+    elif mlp_layer in ("GluMlp", "SwiGLUPacked"):  # one fc1: activated first half, linear second half
+        width = r.files[src + "fc1.weight"].shape(src + "fc1.weight")[0] // 2
+        _linear_to_tree(r, src + "fc1", dst + "Dense_0", tree, slice(0, width))
+        _linear_to_tree(r, src + "fc1", dst + "Dense_2", tree, slice(width, 2 * width))
+    else:
+        _linear_to_tree(r, src + "fc1", dst + "Dense_0", tree)
+    if r.has(src + "norm.weight"):
+        raise CheckpointError(f"{r.source}: {src}norm (a norm inside the MLP) is not supported.")
+    _linear_to_tree(r, src + "fc2", dst + "Dense_1", tree)
+
+
+def _variant_state_to_tree(r, num_heads, variant, mlp_layer, source):
+    """Canonical tree of a timm VisionTransformer with the switches `variant` (timm_variant's)."""
+    tree = {"embedding/kernel": _conv(r.get("patch_embed.proj.weight"))}
+    if r.has("patch_embed.proj.bias"):
+        tree["embedding/bias"] = r.get("patch_embed.proj.bias")
+    norm = variant["norm"]
+    if variant["patch_embedding_norm"]:
+        _norm_to_tree(r, "patch_embed.norm", "embedding_norm", tree, norm)
+    for timm_name, name in (("cls_token", "cls"), ("dist_token", "dist_token"), ("reg_token", "reg_tokens"),
+                            ("pos_embed", "Transformer/posembed_input/pos_embedding")):
+        if r.has(timm_name):
+            tree[name] = r.get(timm_name)
+    if variant["pre_norm"]:
+        _norm_to_tree(r, "norm_pre", "norm_pre", tree, norm)
+    hidden = tree["embedding/kernel"].shape[-1]
+    if num_heads is None or hidden % num_heads:
+        raise CheckpointError(f"{source}: hidden size {hidden} is not divisible by {num_heads} heads.")
+    blocks = sorted({int(m.group(1)) for m in map(re.compile(r"^blocks\.(\d+)\.").match, r.files) if m})
+    for i in blocks:
+        src, dst = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
+        _norm_to_tree(r, src + "norm1", dst + "LayerNorm_0", tree, norm)
+        _attention_to_tree(r, src + "attn.", dst + "MultiHeadDotProductAttention_1/", tree, hidden, num_heads)
+        _norm_to_tree(r, src + "norm2", dst + "LayerNorm_2", tree, norm)
+        _mlp_to_tree(r, src + "mlp.", dst + "MlpBlock_3/", tree, mlp_layer)
+        for k in (1, 2) if variant["layer_scale"] else ():
+            tree[f"{dst}LayerScale_{k - 1}/scale"] = r.get(f"{src}ls{k}.gamma")
+    if variant["final_norm"] and not variant["fc_norm"]:
+        _norm_to_tree(r, "norm", "Transformer/encoder_norm", tree, norm)
+    if variant["classifier"] == "map":
+        p, dst = "attn_pool.", "MAPHead_0/"
+        hd = hidden // num_heads
+        tree[dst + "probe"] = r.get(p + "latent")
+        att = dst + "MultiHeadDotProductAttention_0/"
+        tree[att + "query/kernel"] = _linear(r.get(p + "q.weight")).reshape(hidden, num_heads, hd)
+        kv_w = r.get(p + "kv.weight")
+        kv_b = r.get(p + "kv.bias") if r.has(p + "kv.bias") else None
+        if r.has(p + "q.bias"):
+            tree[att + "query/bias"] = r.get(p + "q.bias").reshape(num_heads, hd)
+        for j, name in enumerate(("key", "value")):
+            tree[f"{att}{name}/kernel"] = _linear(kv_w[j * hidden : (j + 1) * hidden]).reshape(hidden, num_heads, hd)
+            if kv_b is not None:
+                tree[f"{att}{name}/bias"] = kv_b[j * hidden : (j + 1) * hidden].reshape(num_heads, hd)
+        tree[att + "out/kernel"] = _linear(r.get(p + "proj.weight")).reshape(num_heads, hd, hidden)
+        tree[att + "out/bias"] = r.get(p + "proj.bias")
+        _norm_to_tree(r, p + "norm", dst + "LayerNorm_0", tree, norm)
+        _linear_to_tree(r, p + "mlp.fc1", dst + "MlpBlock_0/Dense_0", tree)
+        _linear_to_tree(r, p + "mlp.fc2", dst + "MlpBlock_0/Dense_1", tree)
+    if variant["fc_norm"]:
+        _norm_to_tree(r, "fc_norm", "fc_norm", tree, norm)
+    for name in ("head", "head_dist"):
+        if r.has(f"{name}.weight"):
+            _linear_to_tree(r, name, name, tree)
+    unused = r.unused()
+    if unused:
+        raise CheckpointError(
+            f"{source}: unexpected weights {describe_keys(unused)} for timm's architecture as config.json states it."
+        )
+    return tree
+
+
+def timm_state_to_tree(files, num_heads=None, *, source="checkpoint", config_hint=None, variant=None, mlp_layer=None):
     """Canonical tree from timm tensors `files` ({timm key: object with .get(key) -> array}).
 
-    `num_heads` None: taken from the architecture table row matching the shapes.
+    `num_heads` None: taken from the architecture table row matching the shapes. `variant` (the
+    fields `timm_variant` gives for the architecture) reads every timm ViT switch.
     """
     r = _Reader(files, source)
     if not r.has("patch_embed.proj.weight"):
         raise CheckpointError(f"{source}: no 'patch_embed.proj.weight'; this is not a timm ViT checkpoint.")
+    if variant is not None:
+        return _variant_state_to_tree(r, num_heads, variant, mlp_layer, source)
     if r.has("fc_norm.weight") or not r.has("norm.weight"):
         raise CheckpointError(
             f"{source}: this timm model normalises after pooling (fc_norm) instead of before it (norm); "
@@ -224,6 +449,9 @@ def _read_timm(path, lazy):
     args = config.get("model_args") or {}
     if not isinstance(args, dict):
         raise CheckpointError(f"{config_path}: 'model_args' is not a JSON object.")
+    table_args = timm_vit_arguments(config["architecture"]) if config.get("architecture") else None
+    if table_args is not None:
+        return _read_timm_zoo(weights, config, {**table_args, **args}, config_path, lazy)
     num_heads = _positive_int(args.get("num_heads"), "model_args.num_heads", config_path) or timm_heads(
         config.get("architecture"))
     if config.get("architecture") and not is_vit_family(config["architecture"]):
@@ -242,6 +470,68 @@ def _read_timm(path, lazy):
             f"{path}: timm global_pool={pool!r} with{'' if expected == 'token' else 'out'} a class token; the "
             "original ViT pools the class token when it has one and averages the patches when it has none."
         )
+    return (tree if lazy else materialize(tree)), out
+
+
+def _normalization(pretrained_cfg):
+    """(mean, std) of timm's pretrained_cfg, or None for 0.5 / 0.5 ([-1, 1] inputs, the default)."""
+    mean, std = pretrained_cfg.get("mean"), pretrained_cfg.get("std")
+    if mean is None or std is None:
+        return None
+    mean, std = tuple(float(v) for v in mean), tuple(float(v) for v in std)
+    if all(v == 0.5 for v in mean + std):
+        return None
+    return mean, std
+
+
+def _read_timm_zoo(weights, config, args, config_path, lazy):
+    """A model of timm's ViT zoo: `args` are the entrypoint's keyword arguments overridden by
+    config.json's model_args (as timm builds it)."""
+    # The pooling the saved model had (config.json's global_pool) is the one its head was trained on.
+    if "global_pool" in config and "global_pool" not in (config.get("model_args") or {}):
+        args["global_pool"] = config["global_pool"]
+    variant, mlp_layer = timm_variant(args, config_path)
+    num_heads = _positive_int(args.get("num_heads"), "num_heads", config_path)
+    files = open_weights(weights)
+    tree = timm_state_to_tree(files, num_heads, source=weights, variant=variant, mlp_layer=mlp_layer)
+    embed = tree["embedding/kernel"]
+    patch, hidden = int(embed.shape[0]), int(embed.shape[-1])
+    prefix = int(variant["classifier"] == "token" if variant["class_token"] is None else variant["class_token"])
+    prefix += int(variant["distillation_token"]) + variant["register_tokens"]
+    size = _image_size(config)
+    if "Transformer/posembed_input/pos_embedding" in tree:
+        tokens = int(tree["Transformer/posembed_input/pos_embedding"].shape[1])
+        tokens -= prefix if variant["class_token_position_embedding"] else 0
+        if size is None or (size[0] // patch) * (size[1] // patch) != tokens:
+            side = int(round(tokens**0.5))
+            if side * side != tokens:
+                raise CheckpointError(f"{weights}: {tokens} position embeddings are not a square grid of patches.")
+            size = (side * patch, side * patch)
+    elif size is None:
+        size = (224 // patch * patch,) * 2
+    variant["qkv_bias"] = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/bias" in tree
+    variant["projection_bias"] = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/out/bias" in tree
+    variant["patch_embedding_bias"] = "embedding/bias" in tree
+    layers = len({k.split("/")[1] for k in tree if k.startswith("Transformer/encoderblock_")})
+    out = dict(
+        image_size=tuple(size),
+        patch_size=patch,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=num_heads,
+        mlp_dim=int(tree["Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel"].shape[-1]),
+        classes=int(tree["head/kernel"].shape[-1]) if "head/kernel" in tree else None,
+        classifier=variant.pop("classifier"),
+        representation_size=None,
+        resnet=None,
+        num_channels=int(embed.shape[2]),
+    )
+    out.update(NUMERICS["timm"])
+    out["layer_norm_epsilon"] = variant.pop("layer_norm_epsilon")
+    out.update({k: v for k, v in variant.items() if v != _VARIANT_DEFAULTS[k]})
+    normalization = _normalization(config.get("pretrained_cfg") or {})
+    if normalization is not None:
+        out["input_normalization"] = normalization
     return (tree if lazy else materialize(tree)), out
 
 

@@ -4,7 +4,7 @@ import keras
 from keras import ops
 
 from keras_vit.layers.init_scope import initializer as _init
-from keras_vit.layers.transformer import MlpBlock, MultiHeadDotProductAttention, layer_norm_variables
+from keras_vit.layers.transformer import MlpBlock, MultiHeadDotProductAttention, layer_norm_variables, make_norm
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
 
@@ -16,11 +16,17 @@ class MAPHead(keras.layers.Layer):
     A learned `probe` (1, 1, hidden) attends over the tokens with its own
     MultiHeadDotProductAttention_0 (no residual), then x + MlpBlock_0(LayerNorm_0(x)); the
     probe's row is the pooled (batch, hidden) output. Names and shapes are big_vision's, so a
-    `MAPHead_0/...` weight of its checkpoints is a weight of this layer.
+    `MAPHead_0/...` weight of its checkpoints is a weight of this layer. timm's
+    AttentionPoolLatent computes the same (its `latent` is the probe, `q`/`kv`/`proj` the
+    attention, `norm` and `mlp` the rest), with the model's norm and MLP activation.
     """
 
-    def __init__(self, num_heads, mlp_dim, layer_norm_epsilon=1e-6, gelu_approximate=True, **kwargs):
+    def __init__(self, num_heads, mlp_dim, layer_norm_epsilon=1e-6, gelu_approximate=True, mlp_activation=None,
+                 norm="layer_norm", num_prefix_tokens=0, **kwargs):
         super().__init__(**kwargs)
+        self.num_prefix_tokens = int(num_prefix_tokens)  # left out of the pool (timm's class and register tokens)
+        self.mlp_activation = mlp_activation
+        self.norm_kind = norm
         self.num_heads = int(num_heads)
         self.mlp_dim = int(mlp_dim)
         self.layer_norm_epsilon = float(layer_norm_epsilon)
@@ -28,8 +34,10 @@ class MAPHead(keras.layers.Layer):
         policy = self.dtype_policy
         self.attention = MultiHeadDotProductAttention(self.num_heads, dtype=policy, name="MultiHeadDotProductAttention_0")
         self.attention.cross_attention_only = True  # quantization leaves it float
-        self.norm = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, dtype=policy, name="LayerNorm_0")
-        self.mlp = MlpBlock(self.mlp_dim, 0.0, self.gelu_approximate, dtype=policy, name="MlpBlock_0")
+        self.norm = make_norm(norm, self.layer_norm_epsilon, policy, "LayerNorm_0")
+        self.mlp = MlpBlock(
+            self.mlp_dim, 0.0, self.gelu_approximate, activation=mlp_activation, dtype=policy, name="MlpBlock_0"
+        )
 
     def build(self, input_shape):
         hidden = input_shape[-1]
@@ -39,6 +47,8 @@ class MAPHead(keras.layers.Layer):
         self.mlp.build((None, 1, hidden))
 
     def call(self, tokens, training=None):
+        if self.num_prefix_tokens:
+            tokens = tokens[:, self.num_prefix_tokens :]
         batch, hidden = ops.shape(tokens)[0], tokens.shape[-1]
         probe = ops.broadcast_to(ops.cast(self.probe, tokens.dtype), (batch, 1, hidden))
         x = self.attention.cross_attend(probe, tokens, training=training)
@@ -63,4 +73,10 @@ class MAPHead(keras.layers.Layer):
             layer_norm_epsilon=self.layer_norm_epsilon,
             gelu_approximate=self.gelu_approximate,
         )
+        if self.mlp_activation is not None:
+            config.update(mlp_activation=self.mlp_activation)
+        if self.num_prefix_tokens:
+            config.update(num_prefix_tokens=self.num_prefix_tokens)
+        if self.norm_kind != "layer_norm":
+            config.update(norm=self.norm_kind)
         return config

@@ -174,11 +174,14 @@ class Int8AttentionMixin:
         width = self.num_heads * self.head_dim
         x2d = ops.reshape(x, (-1, hidden))
         qkv = self._int8_matmul(x2d, self.qkv_kernel, self.qkv_kernel_scale)
-        biases = ops.concatenate([ops.reshape(getattr(self, f"{n}_bias"), (width,)) for n in ("query", "key", "value")])
-        qkv = qkv + ops.cast(biases, qkv.dtype)
+        if self.query_bias is not None:  # timm's qkv_bias=False models have none
+            biases = ops.concatenate([ops.reshape(getattr(self, f"{n}_bias"), (width,)) for n in ("query", "key", "value")])
+            qkv = qkv + ops.cast(biases, qkv.dtype)
         heads_shape = (batch, tokens, self.num_heads, self.head_dim)
         q, k, v = (ops.reshape(qkv[:, i * width : (i + 1) * width], heads_shape) for i in range(3))
         y, weights = self._attend(q, k, v, training, return_attention_weights, dropout_seed)
-        out = self._int8_matmul(y, self.out_kernel, self.out_kernel_scale) + ops.cast(self.out_bias, y.dtype)
+        out = self._int8_matmul(y, self.out_kernel, self.out_kernel_scale)
+        if self.out_bias is not None:
+            out = out + ops.cast(self.out_bias, y.dtype)
         out = ops.reshape(out, (batch, tokens, hidden))
         return (out, weights) if return_attention_weights else out

@@ -14,7 +14,7 @@ import numpy as np
 from keras import ops
 
 from keras_vit.layers.init_scope import initializer as _init
-from keras_vit.layers.matmul import dot_product_attention, gelu, matmul_add, seeded_dropout
+from keras_vit.layers.matmul import dot_product_attention, gelu, matmul, matmul_add, seeded_dropout
 from keras_vit.layers.position import PositionEmbedding  # noqa: F401  (re-exported)
 from keras_vit.layers.quantized import Dense, Int8AttentionMixin
 from keras_vit.layers.resize import resize_patch_embedding
@@ -52,14 +52,16 @@ class SplitFanXavierUniform(keras.initializers.Initializer):
 class PatchEmbedding(keras.layers.Layer):
     """Cuts an image into non-overlapping patches and projects each to `hidden_size`.
 
-    The original "embedding" conv: kernel = stride = patch, VALID, with bias. Output tokens are
-    row-major over the patch grid: (batch, rows * cols, hidden_size).
+    The original "embedding" conv: kernel = stride = patch, VALID, with bias (`use_bias=False`:
+    without, as timm's pre-norm models, CLIP's among them). Output tokens are row-major over the
+    patch grid: (batch, rows * cols, hidden_size).
     """
 
-    def __init__(self, hidden_size, patch_size, kernel_initializer="lecun_normal", **kwargs):
+    def __init__(self, hidden_size, patch_size, kernel_initializer="lecun_normal", use_bias=True, **kwargs):
         super().__init__(**kwargs)
         self.hidden_size = int(hidden_size)
         self.patch_size = int(patch_size)
+        self.use_bias = bool(use_bias)
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
 
     def build(self, input_shape):
@@ -68,7 +70,9 @@ class PatchEmbedding(keras.layers.Layer):
         self.kernel = self.add_weight(
             name="kernel", shape=(p, p, channels, self.hidden_size), initializer=_init(self.kernel_initializer)
         )
-        self.bias = self.add_weight(name="bias", shape=(self.hidden_size,), initializer="zeros")
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_weight(name="bias", shape=(self.hidden_size,), initializer="zeros")
 
     def call(self, images):
         p = self.patch_size
@@ -85,7 +89,8 @@ class PatchEmbedding(keras.layers.Layer):
             x = ops.einsum("bhwc,cd->bhwd", images, self.kernel[0, 0])
         else:
             x = ops.conv(images, self.kernel, strides=p, padding="valid", data_format="channels_last")
-        x = x + self.bias
+        if self.bias is not None:
+            x = x + self.bias
         shape = ops.shape(x)
         return ops.reshape(x, (shape[0], shape[1] * shape[2], self.hidden_size))
 
@@ -95,7 +100,7 @@ class PatchEmbedding(keras.layers.Layer):
         return (b, None if h is None or w is None else (h // p) * (w // p), self.hidden_size)
 
     def weight_tree_variables(self):
-        return {"kernel": self.kernel, "bias": self.bias}
+        return {"kernel": self.kernel, **({"bias": self.bias} if self.bias is not None else {})}
 
     def resized_weight(self, key, value, source_grid=None, rule=None):
         """A checkpoint `kernel` of another patch size, PI-resized to this layer's with `rule`
@@ -121,6 +126,8 @@ class PatchEmbedding(keras.layers.Layer):
             patch_size=self.patch_size,
             kernel_initializer=keras.initializers.serialize(self.kernel_initializer),
         )
+        if not self.use_bias:
+            config.update(use_bias=False)
         return config
 
 
@@ -143,6 +150,123 @@ class ClassToken(keras.layers.Layer):
     def weight_tree_variables(self):
         # The original stores the class token at the top of the tree as `cls`.
         return {"": self.cls}
+
+
+@register
+class RegisterTokens(keras.layers.Layer):
+    """Prepends `count` learned register tokens `tokens` (1, count, hidden) (Darcet et al. 2024,
+    timm's `reg_token`): extra prefix tokens that no head reads."""
+
+    def __init__(self, count, **kwargs):
+        super().__init__(**kwargs)
+        self.count = int(count)
+
+    def build(self, input_shape):
+        self.tokens = self.add_weight(
+            name="tokens", shape=(1, self.count, input_shape[-1]),
+            initializer=_init(keras.initializers.RandomNormal(stddev=1e-6)),
+        )
+
+    def call(self, tokens):
+        batch = ops.shape(tokens)[0]
+        registers = ops.cast(ops.broadcast_to(self.tokens, (batch, self.count, ops.shape(tokens)[-1])), tokens.dtype)
+        return ops.concatenate([registers, tokens], axis=1)
+
+    def compute_output_shape(self, input_shape):
+        b, n, d = input_shape
+        return (b, None if n is None else n + self.count, d)
+
+    def weight_tree_variables(self):
+        return {"": self.tokens}
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(count=self.count)
+        return config
+
+
+# === Norms, activations and layer scale ===
+
+
+@register
+class RMSNorm(keras.layers.Layer):
+    """Root-mean-square norm with a learned `scale` and no bias: x / sqrt(mean(x^2) + eps) * scale
+    (timm's RmsNorm, AIMv2's norm)."""
+
+    def __init__(self, epsilon=1e-6, **kwargs):
+        super().__init__(**kwargs)
+        self.epsilon = float(epsilon)
+
+    def build(self, input_shape):
+        self.gamma = self.add_weight(name="gamma", shape=(input_shape[-1],), initializer="ones")
+
+    def call(self, x):
+        y = ops.cast(x, "float32") if x.dtype in ("float16", "bfloat16") else x
+        y = y * ops.rsqrt(ops.mean(ops.square(y), axis=-1, keepdims=True) + self.epsilon)
+        return ops.cast(y, x.dtype) * ops.cast(self.gamma, x.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(epsilon=self.epsilon)
+        return config
+
+
+#: The norms a ViT's blocks can use: "layer_norm" (the original's) and "rms_norm" (AIMv2's).
+NORMS = ("layer_norm", "rms_norm")
+
+
+def make_norm(kind, epsilon, dtype, name):
+    """A LayerNormalization or RMSNorm layer (`kind` one of NORMS) with `epsilon`."""
+    if kind == "rms_norm":
+        return RMSNorm(epsilon, dtype=dtype, name=name)
+    return keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
+
+
+#: MLP activations: "gelu" (erf), "gelu_tanh", "quick_gelu" (x * sigmoid(1.702 x), OpenAI CLIP's),
+#: "silu". None: GELU in the form `gelu_approximate` says (the original and timm's default).
+MLP_ACTIVATIONS = (None, "gelu", "gelu_tanh", "quick_gelu", "silu")
+
+
+def mlp_activation(x, activation, gelu_approximate=True):
+    """`activation` (one of MLP_ACTIVATIONS) applied to `x`."""
+    if activation is None:
+        return gelu(x, approximate=gelu_approximate)
+    if activation in ("gelu", "gelu_tanh"):
+        return gelu(x, approximate=activation == "gelu_tanh")
+    if activation == "quick_gelu":
+        return x * ops.sigmoid(ops.cast(1.702, x.dtype) * x)
+    if activation == "silu":
+        return ops.silu(x)
+    raise ValueError(f"Unknown MLP activation {activation!r}; use one of {MLP_ACTIVATIONS[1:]}.")
+
+
+@register
+class LayerScale(keras.layers.Layer):
+    """A learned per-channel `scale` (hidden,) multiplying a residual branch (Touvron et al. 2021,
+    CaiT; timm's `ls1`/`ls2`), initialised to `init_value`."""
+
+    def __init__(self, init_value=1e-5, **kwargs):
+        super().__init__(**kwargs)
+        self.init_value = float(init_value)
+
+    def build(self, input_shape):
+        self.scale = self.add_weight(
+            name="scale", shape=(input_shape[-1],), initializer=keras.initializers.Constant(self.init_value)
+        )
+
+    def call(self, x):
+        return x * ops.cast(self.scale, x.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(init_value=self.init_value)
+        return config
 
 
 def _dropout(dropout, y, training, seed=None):
@@ -187,8 +311,11 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
     int8 quantization lives in `layers.quantized.Int8AttentionMixin`.
     """
 
-    def __init__(self, num_heads, attention_dropout_rate=0.0, relative_positions=None, **kwargs):
+    def __init__(self, num_heads, attention_dropout_rate=0.0, relative_positions=None, use_bias=True, out_bias=True,
+                 **kwargs):
         super().__init__(**kwargs)
+        self.use_bias = bool(use_bias)  # query/key/value biases (timm's qkv_bias)
+        self.out_bias_enabled = bool(out_bias)  # the out projection's bias (timm's proj_bias)
         self.num_heads = int(num_heads)
         self.attention_dropout_rate = float(attention_dropout_rate)
         self.relative_positions = None if relative_positions is None else int(relative_positions)
@@ -214,13 +341,17 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
                     initializer=_init(SplitFanXavierUniform(in_axes=1)),
                 )
                 setattr(self, f"{name}_kernel", kernel)
-            bias = self.add_weight(name=f"{name}_bias", shape=(self.num_heads, head_dim), initializer="zeros")
+            bias = None
+            if self.use_bias:
+                bias = self.add_weight(name=f"{name}_bias", shape=(self.num_heads, head_dim), initializer="zeros")
             setattr(self, f"{name}_bias", bias)
         if not quantized:
             self.out_kernel = self.add_weight(
                 name="out_kernel", shape=(self.num_heads, head_dim, hidden), initializer=_init(SplitFanXavierUniform(in_axes=2))
             )
-        self.out_bias = self.add_weight(name="out_bias", shape=(hidden,), initializer="zeros")
+        self.out_bias = None
+        if self.out_bias_enabled:
+            self.out_bias = self.add_weight(name="out_bias", shape=(hidden,), initializer="zeros")
         self.relative_embedding = None
         if self.relative_positions is not None:
             if input_shape[1] is not None and input_shape[1] != self.relative_positions:
@@ -244,7 +375,13 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         kernel = getattr(self, f"{name}_kernel")
         bias = getattr(self, f"{name}_bias")
         width = self.num_heads * self.head_dim
+        if bias is None:
+            return matmul(x2d, ops.reshape(kernel, (-1, width)))
         return matmul_add(x2d, ops.reshape(kernel, (-1, width)), ops.reshape(bias, (width,)))
+
+    def _out(self, y2d, hidden):
+        kernel = ops.reshape(self.out_kernel, (-1, hidden))
+        return matmul(y2d, kernel) if self.out_bias is None else matmul_add(y2d, kernel, self.out_bias)
 
     def call(self, x, training=None, return_attention_weights=False, dropout_seed=None):
         shape = ops.shape(x)
@@ -253,8 +390,7 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         x2d = ops.reshape(x, (-1, hidden))
         q, k, v = (ops.reshape(self._project(x2d, n), heads_shape) for n in ("query", "key", "value"))
         y, weights = self._attend(q, k, v, training, return_attention_weights, dropout_seed)
-        out = matmul_add(y, ops.reshape(self.out_kernel, (-1, hidden)), self.out_bias)
-        out = ops.reshape(out, (batch, tokens, hidden))
+        out = ops.reshape(self._out(y, hidden), (batch, tokens, hidden))
         return (out, weights) if return_attention_weights else out
 
     def cross_attend(self, queries, tokens, training=None):
@@ -271,8 +407,7 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
             for n in ("key", "value")
         )
         y, _ = self._attend(q, k, v, training, False)
-        out = matmul_add(y, ops.reshape(self.out_kernel, (width, hidden)), self.out_bias)
-        return ops.reshape(out, (q_shape[0], q_shape[1], hidden))
+        return ops.reshape(self._out(y, hidden), (q_shape[0], q_shape[1], hidden))
 
     def _attend(self, q, k, v, training, return_attention_weights, dropout_seed=None):
         """Scaled dot-product attention of (batch, tokens, heads, head_dim) q/k/v; returns the
@@ -316,7 +451,8 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         tree = {}
         for name in ("query", "key", "value", "out"):
             tree[f"{name}/kernel"] = getattr(self, f"{name}_kernel")
-            tree[f"{name}/bias"] = getattr(self, f"{name}_bias")
+            if getattr(self, f"{name}_bias") is not None:
+                tree[f"{name}/bias"] = getattr(self, f"{name}_bias")
         if self.relative_embedding is not None:
             tree["relative_embedding"] = self.relative_embedding
         return tree
@@ -326,6 +462,10 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         config.update(num_heads=self.num_heads, attention_dropout_rate=self.attention_dropout_rate)
         if self.relative_positions is not None:
             config.update(relative_positions=self.relative_positions)
+        if not self.use_bias:
+            config.update(use_bias=False)
+        if not self.out_bias_enabled:
+            config.update(out_bias=False)
         return config
 
 
@@ -334,18 +474,32 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
 
 @register
 class MlpBlock(keras.layers.Layer):
-    """Dense(mlp_dim) -> GELU (tanh or erf form) -> dropout -> Dense(hidden) -> dropout."""
+    """Dense(mlp_dim) -> GELU (tanh or erf form) -> dropout -> Dense(hidden) -> dropout.
 
-    def __init__(self, mlp_dim, dropout_rate=0.0, gelu_approximate=True, **kwargs):
+    `activation` (one of MLP_ACTIVATIONS) replaces the GELU; `glu=True` makes it a gated MLP
+    (SwiGLU with "silu": timm's SwiGLU and GluMlp): Dense_1(act(Dense_0(x)) * Dense_2(x)), the
+    gate's branch Dense_0 and the linear branch Dense_2 each `mlp_dim` wide. `use_bias=False`
+    drops every Dense bias (timm's proj_bias=False).
+    """
+
+    def __init__(self, mlp_dim, dropout_rate=0.0, gelu_approximate=True, activation=None, glu=False, use_bias=True,
+                 **kwargs):
         super().__init__(**kwargs)
         self.mlp_dim = int(mlp_dim)
         self.dropout_rate = float(dropout_rate)
         self.gelu_approximate = bool(gelu_approximate)
+        if activation not in MLP_ACTIVATIONS:
+            raise ValueError(f"Unknown MLP activation {activation!r}; use one of {MLP_ACTIVATIONS[1:]}.")
+        self.activation = activation
+        self.glu = bool(glu)
+        self.use_bias = bool(use_bias)
         init = dict(
             kernel_initializer=_init("glorot_uniform"),
             bias_initializer=_init(keras.initializers.RandomNormal(stddev=1e-6)),
+            use_bias=self.use_bias,
         )
         self.dense_0 = Dense(self.mlp_dim, dtype=self.dtype_policy, name="Dense_0", **init)
+        self.dense_2 = Dense(self.mlp_dim, dtype=self.dtype_policy, name="Dense_2", **init) if self.glu else None
         self.dense_1 = None
         self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=self.dtype_policy, name="dropout")
         self._init = init
@@ -355,6 +509,8 @@ class MlpBlock(keras.layers.Layer):
         self.dense_1 = Dense(hidden, dtype=self.dtype_policy, name="Dense_1", **self._init)
         self.dense_0.build(input_shape)
         self.dense_1.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
+        if self.dense_2 is not None:
+            self.dense_2.build(input_shape)
 
     def call(self, x, training=None, dropout_seeds=(None, None)):
         # The Dense layers see the (batch * tokens, hidden) view: a plain 2-D matmul whose bias
@@ -362,8 +518,10 @@ class MlpBlock(keras.layers.Layer):
         # Keras' matmul is reshape -> MatMul -> reshape, which blocks that fusion). The reshapes
         # are free views on every backend.
         shape = ops.shape(x)
-        y = ops.reshape(x, (-1, x.shape[-1]))
-        y = gelu(self.dense_0(y), approximate=self.gelu_approximate)
+        x2d = ops.reshape(x, (-1, x.shape[-1]))
+        y = mlp_activation(self.dense_0(x2d), self.activation, self.gelu_approximate)
+        if self.dense_2 is not None:
+            y = y * self.dense_2(x2d)
         y = _dropout(self.dropout, y, training, dropout_seeds[0])
         y = self.dense_1(y)
         y = ops.reshape(y, shape)
@@ -373,20 +531,27 @@ class MlpBlock(keras.layers.Layer):
         return input_shape
 
     def weight_tree_variables(self):
-        return {
-            "Dense_0/kernel": self.dense_0.kernel,
-            "Dense_0/bias": self.dense_0.bias,
-            "Dense_1/kernel": self.dense_1.kernel,
-            "Dense_1/bias": self.dense_1.bias,
-        }
+        tree = {}
+        for name, dense in (("Dense_0", self.dense_0), ("Dense_1", self.dense_1), ("Dense_2", self.dense_2)):
+            if dense is not None:
+                tree[f"{name}/kernel"] = dense.kernel
+                if dense.bias is not None:
+                    tree[f"{name}/bias"] = dense.bias
+        return tree
 
     def get_config(self):
         config = super().get_config()
         config.update(mlp_dim=self.mlp_dim, dropout_rate=self.dropout_rate, gelu_approximate=self.gelu_approximate)
+        for key, default in (("activation", None), ("glu", False), ("use_bias", True)):
+            if getattr(self, key) != default:
+                config[key] = getattr(self, key)
         return config
 
 
 def layer_norm_variables(norm):
+    """{"scale", "bias"} of a LayerNormalization ({"scale"} of an RMSNorm)."""
+    if getattr(norm, "beta", None) is None:
+        return {"scale": norm.gamma}
     return {"scale": norm.gamma, "bias": norm.beta}
 
 
@@ -414,9 +579,22 @@ class EncoderBlock(keras.layers.Layer):
         gelu_approximate=True,
         relative_positions=None,
         remat=False,
+        qkv_bias=True,
+        projection_bias=True,
+        layer_scale=None,
+        norm="layer_norm",
+        mlp_activation=None,
+        glu=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        # timm's switches (VisionTransformer's fields of the same names say what each does).
+        self.qkv_bias = bool(qkv_bias)
+        self.projection_bias = bool(projection_bias)
+        self.layer_scale = None if layer_scale is None else float(layer_scale)
+        self.norm = norm
+        self.mlp_activation = mlp_activation
+        self.glu = bool(glu)
         self.relative_positions = None if relative_positions is None else int(relative_positions)
         self.remat = bool(remat)
         self.num_heads = int(num_heads)
@@ -426,20 +604,30 @@ class EncoderBlock(keras.layers.Layer):
         self.layer_norm_epsilon = float(layer_norm_epsilon)
         self.gelu_approximate = bool(gelu_approximate)
         policy = self.dtype_policy
-        self.norm_0 = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, dtype=policy, name="LayerNorm_0")
+        self.norm_0 = make_norm(self.norm, self.layer_norm_epsilon, policy, "LayerNorm_0")
         self.attention = MultiHeadDotProductAttention(
             self.num_heads,
             self.attention_dropout_rate,
             self.relative_positions,
+            use_bias=self.qkv_bias,
+            out_bias=self.projection_bias,
             dtype=policy,
             name="MultiHeadDotProductAttention_1",
         )
         self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=policy, name="dropout")
-        self.norm_2 = keras.layers.LayerNormalization(epsilon=self.layer_norm_epsilon, dtype=policy, name="LayerNorm_2")
-        self.mlp = MlpBlock(self.mlp_dim, self.dropout_rate, self.gelu_approximate, dtype=policy, name="MlpBlock_3")
+        self.norm_2 = make_norm(self.norm, self.layer_norm_epsilon, policy, "LayerNorm_2")
+        self.mlp = MlpBlock(
+            self.mlp_dim, self.dropout_rate, self.gelu_approximate, activation=self.mlp_activation, glu=self.glu,
+            use_bias=self.projection_bias, dtype=policy, name="MlpBlock_3",
+        )
+        self.layer_scales = None
+        if self.layer_scale is not None:
+            self.layer_scales = tuple(
+                LayerScale(self.layer_scale, dtype=policy, name=f"LayerScale_{i}") for i in range(2)
+            )
 
     def build(self, input_shape):
-        for sub in (self.norm_0, self.attention, self.norm_2, self.mlp):
+        for sub in (self.norm_0, self.attention, self.norm_2, self.mlp, *(self.layer_scales or ())):
             sub.build(input_shape)
 
     def call(self, x, training=None, return_attention_weights=False):
@@ -473,8 +661,13 @@ class EncoderBlock(keras.layers.Layer):
                            dropout_seed=attention_seed)
         if return_attention_weights:
             y, weights = y
+        if self.layer_scales is not None:
+            y = self.layer_scales[0](y)
         x = x + _dropout(self.dropout, y, training, residual_seed)
-        x = x + self.mlp(self.norm_2(x), training=training, dropout_seeds=tuple(mlp_seeds))
+        y = self.mlp(self.norm_2(x), training=training, dropout_seeds=tuple(mlp_seeds))
+        if self.layer_scales is not None:
+            y = self.layer_scales[1](y)
+        x = x + y
         return (x, weights) if return_attention_weights else x
 
     def compute_output_shape(self, input_shape):
@@ -488,6 +681,8 @@ class EncoderBlock(keras.layers.Layer):
         tree.update({f"MultiHeadDotProductAttention_1/{k}": v for k, v in self.attention.weight_tree_variables().items()})
         tree.update({f"LayerNorm_2/{k}": v for k, v in layer_norm_variables(self.norm_2).items()})
         tree.update({f"MlpBlock_3/{k}": v for k, v in self.mlp.weight_tree_variables().items()})
+        for scale in self.layer_scales or ():
+            tree[f"{scale.name}/scale"] = scale.scale
         return tree
 
     def get_config(self):
@@ -504,6 +699,9 @@ class EncoderBlock(keras.layers.Layer):
             config.update(relative_positions=self.relative_positions)
         if self.remat:
             config.update(remat=True)
+        defaults = dict(qkv_bias=True, projection_bias=True, layer_scale=None, norm="layer_norm", mlp_activation=None,
+                        glu=False)
+        config.update({k: getattr(self, k) for k, v in defaults.items() if getattr(self, k) != v})
         return config
 
     def resized_weight(self, key, value, source_grid=None, rule=None):
@@ -533,19 +731,25 @@ class TokenPooling(keras.layers.Layer):
     model without a class token: big_vision's pool_type "0"), "gap" averages the patch tokens,
     "max" takes their maximum.
 
+    "distillation" takes DeiT's distillation token (the second).
+
     `num_prefix_tokens` tokens at the front are left out of the average ("gap" models have none).
     """
 
     def __init__(self, mode="token", num_prefix_tokens=1, **kwargs):
         super().__init__(**kwargs)
-        if mode not in ("token", "first", "gap", "max"):
-            raise ValueError(f"TokenPooling mode must be 'token', 'first', 'gap' or 'max'; got {mode!r}.")
+        if mode not in ("token", "first", "gap", "max", "distillation"):
+            raise ValueError(
+                f"TokenPooling mode must be 'token', 'first', 'gap', 'max' or 'distillation'; got {mode!r}."
+            )
         self.mode = mode
         self.num_prefix_tokens = int(num_prefix_tokens)
 
     def call(self, tokens):
         if self.mode in ("token", "first"):
             return tokens[:, 0]
+        if self.mode == "distillation":
+            return tokens[:, 1]
         patches = tokens[:, self.num_prefix_tokens :]
         if self.mode == "max":
             return ops.max(patches, axis=1)

@@ -10,7 +10,14 @@ from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.layers.position import PositionEmbedding, PositionEmbedding2D, SinCos2DPositionEmbedding
 from keras_vit.layers.quantized import Dense
 from keras_vit.layers.resnet import GroupNorm, MaxPoolSame, ResNetStage, StdConv2D
-from keras_vit.layers.transformer import ClassToken, EncoderBlock, PatchEmbedding, TokenPooling
+from keras_vit.layers.transformer import (
+    ClassToken,
+    EncoderBlock,
+    PatchEmbedding,
+    RegisterTokens,
+    TokenPooling,
+    make_norm,
+)
 from keras_vit.models.vit_family import ViTConfig
 from keras_vit.models.config_model import config_from_arguments, expose_config_fields, model_config, model_from_config
 from keras_vit.models.export_method import DeploymentExport
@@ -49,7 +56,9 @@ def _graph(config, dtype):
     x = images
     if c.resnet is not None:
         x = _resnet_stem(x, c, dtype)
-    x = PatchEmbedding(c.hidden_size, c.patch_size, dtype=dtype, name="embedding")(x)
+    x = PatchEmbedding(c.hidden_size, c.patch_size, use_bias=c.patch_embedding_bias, dtype=dtype, name="embedding")(x)
+    if c.patch_embedding_norm:
+        x = make_norm(c.norm, c.layer_norm_epsilon, dtype, "embedding_norm")(x)
     position, stride = None, (c.stride if c.dynamic_image_size else None)
     if c.position_embedding in _POSITION_LAYERS:
         # dynamic_image_size: the layer reads each batch's grid off the images (stride pixels per token).
@@ -63,11 +72,18 @@ def _graph(config, dtype):
 
     if position is not None and not c.class_token_position_embedding:
         x = add_position(x)  # big_vision: on the patch grid, before the class token joins it
-    if c.classifier == "token":
+    # Prefix tokens, each prepended: [class, distillation, registers..., patches...] (timm's order).
+    if c.register_tokens:
+        x = RegisterTokens(c.register_tokens, dtype=dtype, name="reg_tokens")(x)
+    if c.distillation_token:
+        x = ClassToken(dtype=dtype, name="dist_token")(x)
+    if c.has_class_token:
         x = ClassToken(dtype=dtype, name="cls")(x)
     if position is not None and c.class_token_position_embedding:
         x = add_position(x)
     x = keras.layers.Dropout(c.dropout_rate, dtype=dtype, name="dropout")(x)
+    if c.pre_norm:
+        x = make_norm(c.norm, c.layer_norm_epsilon, dtype, "norm_pre")(x)
     relative = c.num_tokens if c.position_embedding == "relative" else None
     for i in range(c.num_layers):
         x = EncoderBlock(
@@ -79,16 +95,30 @@ def _graph(config, dtype):
             c.gelu_approximate,
             relative_positions=relative,
             remat=c.remat,
+            qkv_bias=c.qkv_bias,
+            projection_bias=c.projection_bias,
+            layer_scale=c.layer_scale,
+            norm=c.norm,
+            mlp_activation=c.mlp_activation,
+            glu=c.glu,
             dtype=dtype,
             name=f"encoderblock_{i}",
         )(x)
-    x = keras.layers.LayerNormalization(epsilon=c.layer_norm_epsilon, dtype=dtype, name="encoder_norm")(x)
+    if c.final_norm and not c.fc_norm:
+        x = make_norm(c.norm, c.layer_norm_epsilon, dtype, "encoder_norm")(x)
+    mode = {None: c.classifier, "avg": "gap"}.get(c.pooling, c.pooling)
+    if c.include_top and c.distillation_token:
+        return images, _distilled_heads(x, c, dtype)
     if c.include_top or c.pooling is not None:
-        mode = {None: c.classifier, "avg": "gap"}.get(c.pooling, c.pooling)
         if mode == "map":
-            x = MAPHead(c.num_heads, c.mlp_dim, c.layer_norm_epsilon, c.gelu_approximate, dtype=dtype, name="MAPHead_0")(x)
+            x = MAPHead(
+                c.num_heads, c.mlp_dim, c.layer_norm_epsilon, c.gelu_approximate, mlp_activation=c.mlp_activation,
+                norm=c.norm, num_prefix_tokens=c.num_prefix_tokens, dtype=dtype, name="MAPHead_0",
+            )(x)
         elif mode != "none":  # "none": pre_logits and the head apply to every token
             x = TokenPooling(mode, c.num_prefix_tokens, dtype=dtype, name="pool")(x)
+        if c.fc_norm and mode != "none":
+            x = make_norm(c.norm, c.layer_norm_epsilon, dtype, "fc_norm")(x)
         if c.representation_size is not None:
             x = Dense(
                 c.representation_size,
@@ -101,6 +131,23 @@ def _graph(config, dtype):
         x = Dense(c.classes, kernel_initializer="zeros", bias_initializer="zeros", dtype=dtype, name="head")(x)
         x = keras.layers.Activation(c.classifier_activation, dtype="float32", name="predictions")(x)
     return images, x
+
+
+def _distilled_heads(tokens, c, dtype):
+    """DeiT's two heads: `head` on the class token and `head_dist` on the distillation token;
+    their logits averaged (timm's inference output), or both outputs with
+    distillation_output='both' (for training with a teacher)."""
+    heads = []
+    for token, name in (("token", "head"), ("distillation", "head_dist")):
+        pooled = TokenPooling(token, c.num_prefix_tokens, dtype=dtype, name=f"pool_{name}")(tokens)
+        heads.append(Dense(c.classes, kernel_initializer="zeros", bias_initializer="zeros", dtype=dtype, name=name)(pooled))
+    if c.distillation_output == "both":
+        return [
+            keras.layers.Activation(c.classifier_activation, dtype="float32", name=name)(logits)
+            for logits, name in zip(heads, ("predictions", "predictions_dist"))
+        ]
+    logits = keras.layers.Average(dtype=dtype, name="head_mean")(heads)
+    return keras.layers.Activation(c.classifier_activation, dtype="float32", name="predictions")(logits)
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")

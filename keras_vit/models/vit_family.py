@@ -195,6 +195,34 @@ class ViTConfig(FieldGroupConfig):
     dynamic_image_size: bool = config_field(
         "input", False, doc="images of any size at run time; image_size is the one the embeddings are laid out on"
     )
+    # --- Variants: timm's VisionTransformer switches. The defaults are the original ViT. ---
+    class_token: bool = config_field(
+        "architecture", None, doc="whether a class token is prepended; None: exactly when classifier='token'"
+    )
+    register_tokens: int = config_field("architecture", 0, doc="learned register tokens after the class token (`reg_tokens`)")
+    distillation_token: bool = config_field(
+        "architecture", False, doc="DeiT's distillation token after the class token, read by a second head `head_dist`"
+    )
+    distillation_output: str = config_field(
+        "head", "mean", doc="with a distillation token: 'mean' of the two heads (inference), or 'both' heads' outputs"
+    )
+    patch_embedding_bias: bool = config_field("architecture", True, doc="whether the patch embedding has a bias")
+    patch_embedding_norm: bool = config_field("architecture", False, doc="a norm on the patch tokens (AIMv2's)")
+    pre_norm: bool = config_field("architecture", False, doc="a norm `norm_pre` before the blocks (CLIP's)")
+    qkv_bias: bool = config_field("architecture", True, doc="whether query, key and value have biases")
+    projection_bias: bool = config_field("architecture", True, doc="biases of the attention output and the MLP")
+    layer_scale: float = config_field("architecture", None, doc="init value of per-channel layer scale; None: none")
+    final_norm: bool = config_field("architecture", True, doc="a final norm (before pooling, or after it with fc_norm)")
+    fc_norm: bool = config_field("architecture", False, doc="the final norm after pooling (`fc_norm`) instead of before")
+    norm: str = config_field("architecture", "layer_norm", doc="'layer_norm' or 'rms_norm' (AIMv2)")
+    mlp_activation: str = config_field(
+        "architecture", None,
+        doc="'gelu', 'gelu_tanh', 'quick_gelu', 'silu'; None: GELU in the form gelu_approximate says",
+    )
+    glu: bool = config_field("architecture", False, doc="gated MLP: Dense_1(act(Dense_0(x)) * Dense_2(x)) (SwiGLU)")
+    input_normalization: tuple = config_field(
+        "input", None, doc="(mean, std) per channel of [0, 1] pixels the weights expect; None: [-1, 1] inputs"
+    )
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
@@ -230,12 +258,13 @@ class ViTConfig(FieldGroupConfig):
             "first token, no class token) or 'none' (no pooling: the head applies to every token)",
         )
         self._check_choice("position_embedding", POSITION_EMBEDDINGS)
+        self._check_variant_fields()
         self._check_choice("position_embedding_resize", RESIZE_RULES)
         if self.pooling not in POOLINGS:
             raise ValueError(
                 f"pooling must be one of None, 'token', 'gap', 'avg', 'max', 'map' or 'first'; got {self.pooling!r}."
             )
-        if self.pooling == "token" and self.classifier != "token":
+        if self.pooling == "token" and not self.has_class_token:
             raise ValueError(
                 f"pooling='token' needs a class token, but this model has classifier={self.classifier!r} (no class "
                 "token). Use pooling='gap'."
@@ -278,6 +307,55 @@ class ViTConfig(FieldGroupConfig):
                     f"Resize the images to a multiple of {stride}, e.g. {examples}."
                 )
 
+    def _check_variant_fields(self):
+        """Normalise and validate the fields of timm's switches (the "Variants" block)."""
+        from keras_vit.layers.transformer import MLP_ACTIVATIONS, NORMS
+
+        set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
+        if self.class_token is not None:
+            set_("class_token", bool(self.class_token))
+        for key in ("distillation_token", "patch_embedding_bias", "patch_embedding_norm", "pre_norm",
+                    "qkv_bias", "projection_bias", "final_norm", "fc_norm", "glu"):
+            set_(key, bool(getattr(self, key)))
+        registers = self.register_tokens
+        if isinstance(registers, bool) or not isinstance(registers, int) and not hasattr(registers, "__index__") or (
+            int(registers) < 0
+        ):
+            raise ValueError(f"register_tokens must be an int >= 0; got {registers!r}.")
+        set_("register_tokens", int(registers))
+        if self.layer_scale is not None:
+            set_("layer_scale", float(self.layer_scale))
+        self._check_choice("norm", NORMS)
+        self._check_choice("mlp_activation", MLP_ACTIVATIONS)
+        self._check_choice("distillation_output", ("mean", "both"))
+        if self.classifier == "token" and not self.has_class_token:
+            raise ValueError("classifier='token' reads the class token; set class_token=True or use classifier='gap'.")
+        if self.classifier in ("first", "none") and (self.has_class_token or self.register_tokens):
+            raise ValueError(
+                f"classifier={self.classifier!r} reads the token sequence itself; it takes no class or register "
+                "tokens. Use classifier='token' or 'gap'."
+            )
+        if self.distillation_token and self.classifier != "token":
+            raise ValueError(
+                "distillation_token=True reads the class and distillation tokens (DeiT); it needs classifier='token'."
+            )
+        if self.fc_norm and not self.final_norm:
+            raise ValueError("fc_norm=True moves the final norm after pooling; it needs final_norm=True.")
+        if self.fc_norm and self.classifier == "none":
+            raise ValueError("fc_norm=True normalises the pooled features; classifier='none' pools nothing.")
+        if self.input_normalization is not None:
+            try:
+                mean, std = (tuple(float(v) for v in part) for part in self.input_normalization)
+            except (TypeError, ValueError):
+                mean = std = ()
+            if len(mean) != self.num_channels or len(std) != self.num_channels or min(std, default=0) <= 0:
+                raise ValueError(
+                    f"input_normalization must be (mean, std), each {self.num_channels} values (std > 0) per channel "
+                    f"of [0, 1] pixels, e.g. ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)); got "
+                    f"{self.input_normalization!r}."
+                )
+            set_("input_normalization", (mean, std))
+
     def _check_choice(self, key, choices, described=None):
         value = getattr(self, key)
         if value not in choices:
@@ -298,8 +376,14 @@ class ViTConfig(FieldGroupConfig):
 
     @property
     def num_prefix_tokens(self):
-        """Tokens in front of the patch tokens (1 for the class token)."""
-        return 1 if self.classifier == "token" else 0
+        """Tokens in front of the patch tokens: the class token, DeiT's distillation token and the
+        register tokens, in that order."""
+        return int(self.has_class_token) + int(self.distillation_token) + self.register_tokens
+
+    @property
+    def has_class_token(self):
+        """Whether a class token is prepended (`class_token`, or by default exactly when classifier='token')."""
+        return self.classifier == "token" if self.class_token is None else self.class_token
 
     @property
     def num_position_prefix_tokens(self):
@@ -326,6 +410,8 @@ class ViTConfig(FieldGroupConfig):
         out["image_size"] = list(self.image_size)
         if self.resnet is not None:
             out["resnet"] = [list(self.resnet[0]), self.resnet[1]]
+        if self.input_normalization is not None:
+            out["input_normalization"] = [list(part) for part in self.input_normalization]
         return out
 
     def architecture(self):

@@ -48,8 +48,9 @@ def weight_variables(model):
         prefix = _layer_prefix(layer.name)
         if hasattr(layer, "weight_tree_variables"):
             items = layer.weight_tree_variables().items()
-        elif layer.weights and hasattr(layer, "gamma"):  # LayerNormalization
-            items = {"scale": layer.gamma, "bias": layer.beta}.items()
+        elif layer.weights and hasattr(layer, "gamma"):  # LayerNormalization (RMSNorm: no bias)
+            items = {"scale": layer.gamma, **({"bias": layer.beta} if getattr(layer, "beta", None) is not None else {})}
+            items = items.items()
         elif layer.weights and hasattr(layer, "kernel"):  # Dense (pre_logits, head)
             items = {"kernel": layer.kernel, "bias": layer.bias}.items()
         elif layer.weights:
