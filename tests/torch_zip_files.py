@@ -195,7 +195,8 @@ def hostile_torch_files(folder):
     write("missing storage member", torch_zip_bytes(state_pickle({"w": _tensor("7", 1, (1,), (1,))}), storages),
           "no member data/7")
     # Opcodes that change what the unpickler built after its checks: BUILD on a rebuilt tensor (the
-    # layouts of TAMPERED_LAYOUTS), on a storage and on a dict; SETITEM on a tensor.
+    # layouts of TAMPERED_LAYOUTS), on a storage and on a dict; SETITEM and APPENDS on a tensor; an
+    # object made by calling a class (NEWOBJ).
     tensor = _tensor("0", 12, (3, 4), (4, 1))
     for slot, slots in TAMPERED_LAYOUTS.items():
         write(f"BUILD {slot} on a tensor", torch_zip_bytes(state_pickle({"w": tensor + build(slots)}), storages),
@@ -207,6 +208,10 @@ def hostile_torch_files(folder):
           r"sets the state \(BUILD\) of a dict")
     write("SETITEM on a tensor", torch_zip_bytes(state_pickle({"w": tensor + _str("offset") + _int(10**9) + b"s"}),
                                                  storages), "sets an item of a TorchTensor")
+    write("APPENDS to a tensor", torch_zip_bytes(state_pickle({"w": tensor + b"(" + _int(1) + b"e"}), storages),
+          "appends to a TorchTensor")
+    write("NEWOBJ OrderedDict", torch_zip_bytes(b"\x80\x02ccollections\nOrderedDict\n)\x81.", storages),
+          r"calling a class \(NEWOBJ / OBJ\)")
     write("tensor one element past its storage", torch_zip_bytes(
         state_pickle({"w": _tensor("0", 12, (3, 4), (4, 1), offset=1)}), storages),
         "reaches element 12 of storage '0', which holds 12")
