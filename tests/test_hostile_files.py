@@ -48,6 +48,7 @@ from keras_vit import CheckpointError, build_model, read_checkpoint, write_npz
 from keras_vit.checkpoints.big_vision import write_big_vision_npz
 from keras_vit.checkpoints.bit import write_bit_npz
 from keras_vit.checkpoints.keras_format import save_preset
+from keras_vit.checkpoints.torch_zip import TorchZipFile
 from keras_vit.models.weight_tree import get_weight_tree
 
 pytestmark = pytest.mark.backend_independent
@@ -820,19 +821,25 @@ def test_torch_files_that_would_run_code_or_claim_too_much(sandbox):
     """PyTorch zip files (tests/torch_zip_files.py): pickles naming os.system, eval, exec, Popen
     (each would create a marker file if unpickled), storages claiming 100 GB, tensors past or
     overlapping their storage, unknown storage types, missing members, truncations, a CRC
-    failure and a legacy file: each ends in a CheckpointError naming what is wrong, nothing runs,
-    nothing is allocated for what the file claims."""
+    failure, a legacy file, pickles changing a tensor, a storage or a dict after it is built (BUILD,
+    SETITEM, APPENDS, NEWOBJ), a tensor one element past its storage, a bad byte order and a
+    deflate bomb: each ends in a CheckpointError naming what is wrong, nothing runs, nothing is
+    allocated for what the file claims."""
     folder = tempfile.mkdtemp(dir=sandbox)
-    for name, path, _ in hostile_torch_files(folder):
+    for name, path, expect in hostile_torch_files(folder):
         with open(path, "rb") as f:
             data = f.read()
         tracemalloc.start()
         try:
             ending = attempt("torch zip pickles / storages", sandbox, {"model.pth.tar": data}, "model.pth.tar")
+            # The file's own defect, where every tensor is read (read_checkpoint can stop earlier: a
+            # state dict of no model family).
+            with pytest.raises(CheckpointError, match=expect):
+                {key: np.asarray(value) for key, value in TorchZipFile(path).state_dict().items()}
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
-        assert ending == "CheckpointError", name  # what each names: test_torch_zip
+        assert ending == "CheckpointError", name
         assert peak < 64 * 2**20, (name, peak)
     assert not os.path.exists(os.path.join(folder, "ran")), "a pickle's payload ran"
     check_outcomes("torch zip pickles / storages")
@@ -842,8 +849,6 @@ def test_torch_files_at_the_edges_of_the_format_read(sandbox):
     """Valid PyTorch zip files at the format's edges (tests/torch_zip_files.py): every member
     deflated, a big-endian file, a tensor ending on its storage's last element; each reads to the
     values it was written from (read by the torch zip reader itself: they hold no model)."""
-    from keras_vit.checkpoints.torch_zip import TorchZipFile
-
     folder = tempfile.mkdtemp(dir=sandbox)
     for name, path, expected in edge_torch_files(folder):
         got = TorchZipFile(path).state_dict()

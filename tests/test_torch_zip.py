@@ -221,7 +221,7 @@ def test_torch_agrees_on_the_edge_files_and_refuses_the_tampered_layouts(tmp_pat
         for key, value in reference.items():
             value = value.float() if value.dtype == torch.bfloat16 else value
             np.testing.assert_array_equal(got[key], value.numpy(), err_msg=f"{name} {key}")
-    tensor = _tensor("0", 12, (3, 4), (4, 1))
+    tensor = _tensor("0", 12, (1, 3, 4), (12, 4, 1))
     for slot, slots in TAMPERED_LAYOUTS.items():
         path = tmp_path / f"{slot}.pt"
         path.write_bytes(torch_zip_bytes(state_pickle({"w": tensor + build(slots)}), {"0": bytes(48)}))

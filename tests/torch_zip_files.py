@@ -46,12 +46,12 @@ def build(slots):
     return b"N}(" + b"".join(_str(k) + value(v) for k, v in slots.items()) + b"u\x86b"
 
 
-#: The layouts the tests set by BUILD on a rebuilt float32 tensor: an offset far outside the
-#: file (reads the process's memory), a stride that does (a crash, SIGSEGV) and a shape of 10^15
+#: The layouts the tests set by BUILD on a rebuilt 3-D float32 tensor: an offset far outside the
+#: file (reads the process's memory), strides that do (a crash, SIGSEGV) and a shape of 10^15
 #: elements.
 TAMPERED_LAYOUTS = {
     "offset": {"offset": 10**9},
-    "stride": {"stride": (10**9, 1)},
+    "stride": {"stride": (10**9, 10**9, 10**9)},
     "shape": {"shape": (10**5, 10**5, 10**5), "stride": (1, 1, 1)},
 }
 
@@ -197,7 +197,7 @@ def hostile_torch_files(folder):
     # Opcodes that change what the unpickler built after its checks: BUILD on a rebuilt tensor (the
     # layouts of TAMPERED_LAYOUTS), on a storage and on a dict; SETITEM and APPENDS on a tensor; an
     # object made by calling a class (NEWOBJ).
-    tensor = _tensor("0", 12, (3, 4), (4, 1))
+    tensor = _tensor("0", 12, (1, 3, 4), (12, 4, 1))
     for slot, slots in TAMPERED_LAYOUTS.items():
         write(f"BUILD {slot} on a tensor", torch_zip_bytes(state_pickle({"w": tensor + build(slots)}), storages),
               r"sets the state \(BUILD\) of a TorchTensor")
