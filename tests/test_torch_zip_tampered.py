@@ -31,8 +31,9 @@ print(json.dumps(result))
 
 
 def test_tampered_layouts_are_refused_in_a_fresh_process_and_the_untouched_file_loads(tmp_path):
-    import torch  # the reference weights: a random timm ViT (conftest imports timm before TensorFlow)
+    # The reference weights: a random timm ViT (conftest imports timm before TensorFlow).
     import timm
+    import torch
 
     torch.manual_seed(0)
     args = dict(img_size=32, patch_size=8, embed_dim=24, depth=1, num_heads=3, mlp_ratio=2.0, num_classes=5)
