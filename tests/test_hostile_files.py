@@ -27,6 +27,7 @@ import io
 import json
 import math
 import os
+import re
 import shutil
 import struct
 import tempfile
@@ -41,12 +42,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import keras_vit
-from torch_zip_files import axial_deeplab_sample, hostile_torch_files
+from torch_zip_files import axial_deeplab_sample, edge_torch_files, hostile_torch_files
 
 from keras_vit import CheckpointError, build_model, read_checkpoint, write_npz
 from keras_vit.checkpoints.big_vision import write_big_vision_npz
 from keras_vit.checkpoints.bit import write_bit_npz
 from keras_vit.checkpoints.keras_format import save_preset
+from keras_vit.checkpoints.torch_zip import TorchZipFile
 from keras_vit.models.weight_tree import get_weight_tree
 
 pytestmark = pytest.mark.backend_independent
@@ -114,7 +116,8 @@ EXPECTED = {
     "axial_deeplab flipped bytes": {"CheckpointError": 20},
     "timm_efficientnet truncation": {"CheckpointError": 20},
     "timm_efficientnet flipped bytes": {"CheckpointError": 1, "read": 19},
-    "torch zip pickles / storages": {"CheckpointError": 17},
+    "torch zip pickles / storages": {"CheckpointError": 28},
+    "torch zip edges (deflated, big-endian, last element)": {"read": 3},
     "files under another format's name": {"CheckpointError": 51},
 }
 
@@ -354,6 +357,7 @@ def attempt(label, sandbox, files, entry, build=False):
             with open(os.path.join(folder, name), "wb") as f:
                 f.write(data)
         before = sorted(os.listdir(folder))
+        tree = None
         try:
             tree, config = read_checkpoint(os.path.join(folder, entry))
             if build:
@@ -361,7 +365,13 @@ def attempt(label, sandbox, files, entry, build=False):
             outcome = "read"
         except CheckpointError as err:
             message = str(err)
-            assert len(message) > 20 and ("/" in message or "'" in message), message  # names the file or tensor
+            if tree is None:  # the read failed: it names the checkpoint by its path (this case's fresh
+                # folder, a unique name) or the file read
+                named = os.path.basename(os.path.normpath(os.path.join(folder, entry)))
+                assert os.path.basename(folder) in message or named in message, (
+                    f"the error names neither {named!r} nor its folder: {message}")
+            else:  # the tree read but does not fit a model: it names a weight (a path such as "head/kernel")
+                assert re.search(r"\w+/[\w/]+", message), f"the error names no weight: {message}"
             outcome = "CheckpointError"
         except OSError as err:
             assert str(err)
@@ -811,22 +821,42 @@ def test_torch_files_that_would_run_code_or_claim_too_much(sandbox):
     """PyTorch zip files (tests/torch_zip_files.py): pickles naming os.system, eval, exec, Popen
     (each would create a marker file if unpickled), storages claiming 100 GB, tensors past or
     overlapping their storage, unknown storage types, missing members, truncations, a CRC
-    failure and a legacy file: each ends in a CheckpointError naming what is wrong, nothing runs,
-    nothing is allocated for what the file claims."""
+    failure, a legacy file, pickles changing a tensor, a storage or a dict after it is built (BUILD,
+    SETITEM, APPENDS, NEWOBJ), a tensor one element past its storage, a bad byte order and a
+    deflate bomb: each ends in a CheckpointError naming what is wrong, nothing runs, nothing is
+    allocated for what the file claims."""
     folder = tempfile.mkdtemp(dir=sandbox)
-    for name, path, _ in hostile_torch_files(folder):
+    for name, path, expect in hostile_torch_files(folder):
         with open(path, "rb") as f:
             data = f.read()
         tracemalloc.start()
         try:
             ending = attempt("torch zip pickles / storages", sandbox, {"model.pth.tar": data}, "model.pth.tar")
+            # The file's own defect, where every tensor is read (read_checkpoint can stop earlier: a
+            # state dict of no model family).
+            with pytest.raises(CheckpointError, match=expect):
+                {key: np.asarray(value) for key, value in TorchZipFile(path).state_dict().items()}
             peak = tracemalloc.get_traced_memory()[1]
         finally:
             tracemalloc.stop()
-        assert ending == "CheckpointError", name  # what each names: test_torch_zip
+        assert ending == "CheckpointError", name
         assert peak < 64 * 2**20, (name, peak)
     assert not os.path.exists(os.path.join(folder, "ran")), "a pickle's payload ran"
     check_outcomes("torch zip pickles / storages")
+
+
+def test_torch_files_at_the_edges_of_the_format_read(sandbox):
+    """Valid PyTorch zip files at the format's edges (tests/torch_zip_files.py): every member
+    deflated, a big-endian file, a tensor ending on its storage's last element; each reads to the
+    values it was written from (read by the torch zip reader itself: they hold no model)."""
+    folder = tempfile.mkdtemp(dir=sandbox)
+    for name, path, expected in edge_torch_files(folder):
+        got = TorchZipFile(path).state_dict()
+        assert sorted(got) == sorted(expected), name
+        for key, value in expected.items():
+            np.testing.assert_array_equal(np.asarray(got[key]), value, err_msg=f"{name} {key}")
+        OUTCOMES["torch zip edges (deflated, big-endian, last element)"]["read"] += 1
+    check_outcomes("torch zip edges (deflated, big-endian, last element)")
 
 
 # === Files under another format's name ===

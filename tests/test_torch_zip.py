@@ -14,9 +14,14 @@ import tracemalloc
 import numpy as np
 import pytest
 from torch_zip_files import (
+    TAMPERED_LAYOUTS,
     _code_pickles,
+    _tensor,
     axial_deeplab_sample,
+    build,
+    edge_torch_files,
     hostile_torch_files,
+    state_pickle,
     torch_zip_bytes,
     valid_state_file,
 )
@@ -64,6 +69,80 @@ def test_hostile_files_are_refused_and_nothing_runs(tmp_path):
     payload = _code_pickles(tmp_path / "ran_by_pickle")["os.system"]
     pickle.loads(payload)
     assert os.path.exists(tmp_path / "ran_by_pickle")
+
+
+def test_edge_files_read_exactly(tmp_path):
+    """Deflated members, a big-endian file (byteswapped to native order: float32, float16,
+    bfloat16 and int64) and a tensor ending on its storage's last element read the values they
+    were written from."""
+    cases = edge_torch_files(tmp_path / "files")
+    assert [name for name, _, _ in cases] == ["deflated", "big-endian", "tensor ending on its storage's last element"]
+    for name, path, expected in cases:
+        got = _read_all(path)
+        assert sorted(got) == sorted(expected), name
+        for key, value in expected.items():
+            assert got[key].dtype == (np.int64 if value.dtype == np.int64 else np.float32), (name, key)
+            np.testing.assert_array_equal(got[key], value, err_msg=f"{name} {key}")
+
+
+def _one_tensor_file(tmp_path, name="w.pt"):
+    """A file holding w = arange(12) / 7 as a (3, 4) tensor; the opened archive and its tensor."""
+    base = np.arange(12, dtype=np.float32) / 7
+    (tmp_path / name).write_bytes(torch_zip_bytes(state_pickle({"w": _tensor("0", 12, (3, 4), (4, 1))}),
+                                                  {"0": base.tobytes()}))
+    archive = TorchZipFile(tmp_path / name)
+    return archive, archive.state_dict()["w"]
+
+
+def test_rebuilt_tensors_and_storages_cannot_be_changed(tmp_path):
+    _, tensor = _one_tensor_file(tmp_path)
+    for slot, value in [("offset", 1), ("stride", (1, 1)), ("shape", (4, 4)), ("storage", None), ("name", "x")]:
+        with pytest.raises(AttributeError, match="cannot be changed"):
+            setattr(tensor, slot, value)
+        with pytest.raises(AttributeError, match="cannot be deleted"):
+            delattr(tensor, slot)
+    for slot, value in [("numel", 10**9), ("key", "1"), ("type", None), ("member", None)]:
+        with pytest.raises(AttributeError, match="cannot be changed"):
+            setattr(tensor.storage, slot, value)
+    with pytest.raises(AttributeError, match="cannot be changed"):
+        tensor.storage.type.dtype = np.dtype(np.float64)
+    assert tensor.offset == 0 and tensor.stride == (4, 1) and tensor.shape == (3, 4) and tensor.name == "w"
+
+
+@pytest.mark.parametrize("slot,value,message", [
+    ("offset", 1, "reaches element 12 of storage '0', which holds 12"),
+    ("offset", 10**9, "starts at element 1000000000 of storage '0', which holds 12"),
+    ("stride", (4, 2), "reaches element 14"),
+    ("stride", (10**9, 1), "reaches element 2000000003"),
+    ("stride", (np.int64(4), np.int64(1)), "is not a tuple of integers"),
+    ("stride", (4, -1), "is not a tuple of integers"),
+    ("stride", (4,), "2 dimensions but 1 strides"),
+    ("shape", (10**5, 10**5, 10**5), "3 dimensions but 2 strides"),
+    ("shape", (4, 4), "reaches element 15"),
+    ("shape", (2**62, 1), r"is not a tuple of integers in \[0, 281474976710656\]"),
+])
+def test_layout_is_checked_again_where_it_is_read(tmp_path, slot, value, message):
+    """Defence in depth: a layout changed after the unpickler's check (here by going around the
+    frozen attributes) is refused when the tensor is read, before any byte is, naming the file."""
+    archive, tensor = _one_tensor_file(tmp_path, "layout.pt")
+    np.testing.assert_array_equal(tensor.numpy(), np.arange(12, dtype=np.float32).reshape(3, 4) / 7)
+    object.__setattr__(tensor, slot, value)
+    with pytest.raises(CheckpointError, match=f"layout.pt.*{message}"):
+        tensor.numpy()
+
+
+@pytest.mark.parametrize("slot,value,message", [
+    ("numel", 13, "claims 13 elements .52 bytes. but its member holds 48 bytes"),
+    ("numel", 2**64 // 4, "claims 4,611,686,018,427,387,904 elements"),
+    ("numel", np.int64(12), "has type torch.FloatStorage and 12 elements; the file is malformed"),
+    ("type", "FloatStorage", "has type FloatStorage"),
+    ("key", "1", "is not the member data/1"),
+])
+def test_storage_is_checked_again_where_it_is_read(tmp_path, slot, value, message):
+    archive, tensor = _one_tensor_file(tmp_path, "storage.pt")
+    object.__setattr__(tensor.storage, slot, value)
+    with pytest.raises(CheckpointError, match=f"storage.pt.*{message}"):
+        tensor.storage.read()
 
 
 def test_code_payload_error_names_the_global(tmp_path):
@@ -131,6 +210,25 @@ def test_training_checkpoint_with_optimizer_state(tmp_path):
     for key, value in model.state_dict().items():
         np.testing.assert_array_equal(state[key].numpy(), value.numpy())
     assert state["1.num_batches_tracked"].numpy().dtype == np.int64
+
+
+def test_torch_agrees_on_the_edge_files_and_refuses_the_tampered_layouts(tmp_path):
+    """torch.load(weights_only=True), the reference: it reads the edge files to the same values
+    and refuses a BUILD on a rebuilt tensor, whatever the layout it sets."""
+    for name, path, expected in edge_torch_files(tmp_path / "edge"):
+        reference = torch.load(path, weights_only=True)
+        got = _read_all(path)
+        for key, value in reference.items():
+            value = value.float() if value.dtype == torch.bfloat16 else value
+            np.testing.assert_array_equal(got[key], value.numpy(), err_msg=f"{name} {key}")
+    tensor = _tensor("0", 12, (1, 3, 4), (12, 4, 1))
+    for slot, slots in TAMPERED_LAYOUTS.items():
+        path = tmp_path / f"{slot}.pt"
+        path.write_bytes(torch_zip_bytes(state_pickle({"w": tensor + build(slots)}), {"0": bytes(48)}))
+        with pytest.raises(Exception):
+            torch.load(path, weights_only=True)
+        with pytest.raises(CheckpointError, match=rf"{slot}.pt: its pickle sets the state \(BUILD\) of a TorchTensor"):
+            _read_all(path)
 
 
 def test_legacy_file_is_refused_with_the_reason(tmp_path):

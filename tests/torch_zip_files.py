@@ -1,8 +1,11 @@
 """PyTorch zip files written by hand, without torch: the pickle opcodes of a torch.save file
 emitted one by one (so a test controls every field) and packed as torch.save packs them; valid
-samples (a state dict, an axial-deeplab .pth.tar) and the hostile ones of `hostile_torch_files`
-(pickles that would run code, storages and tensors claiming more than the file holds,
-truncations, a CRC failure, a legacy file). Used by test_torch_zip and the hostile-file matrix.
+samples (a state dict, an axial-deeplab .pth.tar, the edge cases of `edge_torch_files`: deflated
+members, a big-endian file, a tensor ending on its storage's last element) and the hostile ones
+of `hostile_torch_files` (pickles that would run code or change a tensor, a storage or a dict
+after it is built, storages and tensors claiming more than the file holds, truncations, a CRC
+failure, a deflate bomb, a bad byte order, a legacy file). Used by test_torch_zip and the
+hostile-file matrix.
 """
 
 import io
@@ -36,6 +39,23 @@ def _tensor(key, numel, shape, stride, offset=0, storage="FloatStorage"):
     return b"ctorch._utils\n_rebuild_tensor_v2\n" + _tuple(args) + b"R"
 
 
+def build(slots):
+    """The opcodes of a BUILD with state (None, {slot: value}) on the object on top of the stack:
+    what a hostile file appends to a rebuilt tensor or storage to change it after its check."""
+    value = lambda v: _tuple(map(_int, v)) if isinstance(v, tuple) else _int(v)  # noqa: E731
+    return b"N}(" + b"".join(_str(k) + value(v) for k, v in slots.items()) + b"u\x86b"
+
+
+#: The layouts the tests set by BUILD on a rebuilt 3-D float32 tensor: an offset far outside the
+#: file (reads the process's memory), strides that do (a crash, SIGSEGV) and a shape of 10^15
+#: elements.
+TAMPERED_LAYOUTS = {
+    "offset": {"offset": 10**9},
+    "stride": {"stride": (10**9, 10**9, 10**9)},
+    "shape": {"shape": (10**5, 10**5, 10**5), "stride": (1, 1, 1)},
+}
+
+
 def _dict(entries):
     """The opcodes of a dict {name: opcodes}."""
     return b"}(" + b"".join(_str(name) + value for name, value in entries.items()) + b"u"
@@ -46,17 +66,18 @@ def state_pickle(entries):
     return b"\x80\x02" + _dict(entries) + b"."
 
 
-def state_dict_bytes(arrays, wrap=None, prefix=""):
+def state_dict_bytes(arrays, wrap=None, prefix="", tamper=b""):
     """A torch.save zip of the state dict {name: float32 / int64 array}, each tensor its own
     contiguous storage; `wrap` (e.g. "state_dict") nests it as {"epoch": 1, wrap: state}, as
-    training scripts save it, and `prefix` ("module.") prefixes every key."""
+    training scripts save it, `prefix` ("module.") prefixes every key, and `tamper` (opcodes such
+    as `build(...)`) follows the first tensor's rebuild."""
     entries, storages = {}, {}
     for i, (name, value) in enumerate(arrays.items()):
         value = np.ascontiguousarray(value)
         kind = {"f": "FloatStorage", "i": "LongStorage"}[value.dtype.kind]
         value = value.astype(np.float32 if kind == "FloatStorage" else np.int64)
         strides = tuple(s // value.itemsize for s in value.strides)
-        entries[prefix + name] = _tensor(str(i), value.size, value.shape, strides, storage=kind)
+        entries[prefix + name] = _tensor(str(i), value.size, value.shape, strides, storage=kind) + (b"" if i else tamper)
         storages[str(i)] = value.tobytes()
     body = _dict(entries)
     if wrap is not None:
@@ -93,12 +114,13 @@ def axial_deeplab_state(tree):
     return state
 
 
-def torch_zip_bytes(pickle_bytes, storages, prefix="archive"):
-    """A zip laid out as torch.save lays it out: data.pkl, data/<key> (stored), version, byteorder."""
+def torch_zip_bytes(pickle_bytes, storages, prefix="archive", byteorder="little", compression=zipfile.ZIP_STORED):
+    """A zip laid out as torch.save lays it out: data.pkl, data/<key> (stored), version, byteorder
+    (`byteorder` and `compression` change what torch.save writes)."""
     buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_STORED) as z:
+    with zipfile.ZipFile(buffer, "w", compression) as z:
         z.writestr(f"{prefix}/data.pkl", pickle_bytes)
-        z.writestr(f"{prefix}/byteorder", "little")
+        z.writestr(f"{prefix}/byteorder", byteorder)
         for key, data in storages.items():
             z.writestr(f"{prefix}/data/{key}", data)
         z.writestr(f"{prefix}/version", "3\n")
@@ -172,6 +194,32 @@ def hostile_torch_files(folder):
         "ComplexFloatStorage")
     write("missing storage member", torch_zip_bytes(state_pickle({"w": _tensor("7", 1, (1,), (1,))}), storages),
           "no member data/7")
+    # Opcodes that change what the unpickler built after its checks: BUILD on a rebuilt tensor (the
+    # layouts of TAMPERED_LAYOUTS), on a storage and on a dict; SETITEM and APPENDS on a tensor; an
+    # object made by calling a class (NEWOBJ).
+    tensor = _tensor("0", 12, (1, 3, 4), (12, 4, 1))
+    for slot, slots in TAMPERED_LAYOUTS.items():
+        write(f"BUILD {slot} on a tensor", torch_zip_bytes(state_pickle({"w": tensor + build(slots)}), storages),
+              r"sets the state \(BUILD\) of a TorchTensor")
+    on_storage = tensor.replace(b"Q", b"Q" + build({"numel": 10**9}), 1)
+    write("BUILD on a storage", torch_zip_bytes(state_pickle({"w": on_storage}), storages),
+          r"sets the state \(BUILD\) of a _Storage")
+    write("BUILD on a dict", torch_zip_bytes(b"\x80\x02" + _dict({"w": tensor}) + build({"w": 0}) + b".", storages),
+          r"sets the state \(BUILD\) of a dict")
+    write("SETITEM on a tensor", torch_zip_bytes(state_pickle({"w": tensor + _str("offset") + _int(10**9) + b"s"}),
+                                                 storages), "sets an item of a TorchTensor")
+    write("APPENDS to a tensor", torch_zip_bytes(state_pickle({"w": tensor + b"(" + _int(1) + b"e"}), storages),
+          "appends to a TorchTensor")
+    write("NEWOBJ OrderedDict", torch_zip_bytes(b"\x80\x02ccollections\nOrderedDict\n)\x81.", storages),
+          r"calling a class \(NEWOBJ / OBJ\)")
+    write("tensor one element past its storage", torch_zip_bytes(
+        state_pickle({"w": _tensor("0", 12, (3, 4), (4, 1), offset=1)}), storages),
+        "reaches element 12 of storage '0', which holds 12")
+    write("bad byteorder", torch_zip_bytes(state_pickle({"w": tensor}), storages, byteorder="middle"),
+          "byteorder 'middle' is neither 'little' nor 'big'")
+    bomb = torch_zip_bytes(state_pickle({"w": tensor}), {"0": bytes(48 * 1024)}, compression=zipfile.ZIP_DEFLATED)
+    write("deflated member over MAX_DEFLATE_RATIO", _claim_size(bomb, "archive/data/0", 4 * 10**9),
+          r"member 'archive/data/0' claims 4,000,000,000 bytes from \d+ stored bytes")
     valid, _ = valid_state_file()
     for cut in (len(valid) // 4, len(valid) // 2, len(valid) - 30):
         write(f"truncated at {cut}", valid[:cut], "truncated|corrupt|not a PyTorch zip")
@@ -181,6 +229,60 @@ def hostile_torch_files(folder):
     write("flipped storage byte", bytes(flipped), "CRC")
     legacy = pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2) + pickle.dumps(1001, protocol=2)
     write("legacy torch file", legacy, "legacy")
+    return cases
+
+
+def _claim_size(data, name, size):
+    """The zip `data` with member `name`'s uncompressed size set to `size` (< 2^32) in its local
+    and central headers (a deflate bomb's claim)."""
+    data = bytearray(data)
+    with zipfile.ZipFile(io.BytesIO(bytes(data))) as z:
+        info = z.getinfo(name)
+    struct.pack_into("<I", data, info.header_offset + 22, size)
+    central = data.index(b"PK\x01\x02")  # the central directory's first entry
+    while data[central + 46:central + 46 + len(name)] != name.encode():
+        name_length, extra, comment = struct.unpack_from("<HHH", data, central + 28)
+        central += 46 + name_length + extra + comment
+    struct.pack_into("<I", data, central + 24, size)
+    return bytes(data)
+
+
+def edge_torch_files(folder):
+    """[(name, path, {key: expected array})] of valid torch zip files at the edges of the format,
+    written into `folder`: every member deflated; a big-endian file (byteorder "big") of float32,
+    float16, bfloat16 and int64 tensors; a tensor whose last element is its storage's last."""
+    os.makedirs(folder, exist_ok=True)
+    cases = []
+    base = np.arange(12, dtype=np.float32) / 7
+
+    def write(name, data, expected):
+        path = os.path.join(folder, f"{name.replace(' ', '_').replace('-', '_')}.pth")
+        with open(path, "wb") as f:
+            f.write(data)
+        cases.append((name, path, expected))
+
+    data, expected = valid_state_file()
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        storages = {n.rsplit("/", 1)[1]: z.read(n) for n in z.namelist() if "/data/" in n}
+        pickle_bytes = z.read("archive/data.pkl")
+    write("deflated", torch_zip_bytes(pickle_bytes, storages, compression=zipfile.ZIP_DEFLATED), expected)
+    half = np.array([0.5, -3.25, 65504.0], np.float16)
+    bf16 = np.array([1.0, -2.5, 3.0e38, 1.0e-30], np.float32)
+    bf16 = (bf16.view(np.uint32) & 0xFFFF0000).view(np.float32)  # bfloat16 values: the top 16 bits
+    longs = np.array([-(2**40), 7, 2**62], np.int64)
+    pickle_bytes = state_pickle({
+        "f32": _tensor("0", 12, (3, 4), (4, 1)), "f16": _tensor("1", 3, (3,), (1,), storage="HalfStorage"),
+        "bf16": _tensor("2", 4, (2, 2), (1, 2), storage="BFloat16Storage"),
+        "i64": _tensor("3", 3, (3,), (1,), storage="LongStorage"),
+    })
+    big = {"0": base.astype(">f4").tobytes(), "1": half.astype(">f2").tobytes(),
+           "2": (bf16.view(np.uint32) >> 16).astype(">u2").tobytes(), "3": longs.astype(">i8").tobytes()}
+    write("big-endian", torch_zip_bytes(pickle_bytes, big, byteorder="big"),
+          {"f32": base.reshape(3, 4), "f16": half, "bf16": bf16.reshape(2, 2).T, "i64": longs})
+    # offset 2, shape (2, 2), stride (6, 3): elements 2, 5, 8 and 11, the storage's last
+    write("tensor ending on its storage's last element", torch_zip_bytes(
+        state_pickle({"w": _tensor("0", 12, (2, 2), (6, 3), offset=2)}), {"0": base.tobytes()}),
+        {"w": np.array([[2, 5], [8, 11]], np.float32) / 7})
     return cases
 
 

@@ -13,10 +13,18 @@ call whatever the pickle names; here a restricted unpickler resolves only
   `torch.LongStorage`, ...),
 - `collections.OrderedDict`; dicts, lists, tuples, strings and numbers are pickle's own.
 
+Nothing built can be changed afterwards: BUILD (pickle's `__setstate__` / `__dict__` update) is
+refused on everything but an OrderedDict (whose attributes, torch's `_metadata`, are dropped),
+SETITEM(S) and APPEND(S) on everything but a plain dict, OrderedDict or list, and the objects
+pickle builds by calling a class (NEWOBJ, OBJ) are refused outright; the rebuilt tensors and
+storages refuse attribute assignment too.
+
 Any other global (`os.system`, `builtins.eval`, `torch.load` itself, ...) is a CheckpointError
 naming it, raised when the unpickler meets the name, before anything could be called. Storages
 are read from the zip into NumPy when a tensor is converted (lazily), with every size, offset
-and stride checked against the member's size first, and the member's CRC-32 checked.
+and stride checked against the member's size (when the pickle is read, and again when the
+bytes are read), and the member's CRC-32 checked. Files written on a big-endian machine
+(`byteorder` "big") are byteswapped to the native order.
 Legacy (pre-1.6, non-zip) torch files are refused: their format interleaves pickles and raw
 storages in a way that has no table of contents to check against.
 
@@ -47,8 +55,33 @@ _LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 # === Storages ===
 
 
-class _StorageType:
+class _Frozen:
+    """Attributes are set once, in `__init__`, and never changed or deleted afterwards (so no
+    pickle opcode, and no bug of this module, can change a checked layout); those named in
+    `_NAMED_LATER` may be set once more while they are None."""
+
+    __slots__ = ()
+    _NAMED_LATER = ()
+
+    def __setattr__(self, name, value):
+        try:
+            current = object.__getattribute__(self, name)
+        except AttributeError:  # an unset slot: set in __init__
+            object.__setattr__(self, name, value)
+            return
+        if name in self._NAMED_LATER and current is None:
+            object.__setattr__(self, name, value)
+            return
+        raise AttributeError(f"{type(self).__name__}.{name} cannot be changed after it is built")
+
+    def __delattr__(self, name):
+        raise AttributeError(f"{type(self).__name__}.{name} cannot be deleted")
+
+
+class _StorageType(_Frozen):
     """A typed storage class named in the pickle (`torch.FloatStorage` -> float32)."""
+
+    __slots__ = ("name", "dtype")
 
     def __init__(self, name, dtype):
         self.name, self.dtype = name, np.dtype(dtype)
@@ -78,7 +111,7 @@ STORAGE_TYPES = {
 }
 
 
-class _Storage:
+class _Storage(_Frozen):
     """One storage of the archive: its member, element type and element count (read on demand)."""
 
     __slots__ = ("archive", "key", "type", "numel", "member")
@@ -90,10 +123,29 @@ class _Storage:
     def nbytes(self):
         return self.numel * self.type.dtype.itemsize
 
+    def check(self):
+        """Refuse a storage whose type, element count or member is not one the archive declared
+        (checked again before every read, whatever the unpickler let through)."""
+        if self.type not in STORAGE_TYPES.values() or not _is_int(self.numel) or self.numel < 0:
+            raise CheckpointError(f"{self.archive.path}: storage {str(self.key)[:40]!r} has type {str(self.type)[:40]} "
+                                  f"and {str(self.numel)[:40]} elements; the file is malformed.")
+        member = self.archive.members.get(f"{self.archive.prefix}data/{self.key}")
+        if member is None or member is not self.member:
+            raise CheckpointError(f"{self.archive.path}: storage {str(self.key)[:40]!r} is not the member "
+                                  f"data/{str(self.key)[:40]} of the archive; the file is malformed.")
+        nbytes = self.numel * self.type.dtype.itemsize  # Python ints: no overflow
+        if nbytes > member.file_size:
+            raise CheckpointError(
+                f"{self.archive.path}: storage {self.key!r} claims {self.numel:,} elements ({nbytes:,} bytes) but its "
+                f"member holds {member.file_size:,} bytes; the file is truncated or corrupt."
+            )
+        return nbytes
+
     def read(self):
         """The storage's elements as a 1-D array of its dtype (the member's CRC-32 checked)."""
+        nbytes = self.check()
         array = np.empty(self.numel, self.type.dtype)
-        self.archive.read_member(self.member, memoryview(array.view(np.uint8)), self.nbytes)
+        self.archive.read_member(self.member, memoryview(array.view(np.uint8)), nbytes)
         if self.archive.byteorder == "big" and array.dtype.itemsize > 1:
             array = array.byteswap()
         return array
@@ -102,19 +154,21 @@ class _Storage:
 # === Tensors ===
 
 
-class TorchTensor(LazyArray):
+class TorchTensor(_Frozen, LazyArray):
     """A tensor of a torch zip file: shape, dtype and layout known, values read when converted.
 
     `np.asarray(tensor)` gives float32 for floating-point storages (bfloat16 and float16
     widened exactly, non-finite values refused) and the stored integer type otherwise;
     `tensor.numpy()` gives the stored dtype (bfloat16 as float32, which holds it exactly).
+    Its layout cannot be changed once built; its `name` is set once.
     """
 
     __slots__ = ("storage", "offset", "stride", "torch_dtype", "name")
+    _NAMED_LATER = ("name",)
 
     def __init__(self, storage, offset, shape, stride, name=None):
         self.storage, self.offset, self.stride = storage, offset, tuple(stride)
-        self.name = name  # its key in the state dict (`find_state_dict` sets it), for errors
+        self.name = name  # its key in the state dict (`find_state_dict` sets it once), for errors
         self.torch_dtype = storage.type.name.replace("Storage", "")
         super().__init__(self._float32, shape)
 
@@ -129,12 +183,18 @@ class TorchTensor(LazyArray):
 
     def numpy(self):
         """The values in their stored dtype (bfloat16 as float32), C-contiguous."""
+        if not isinstance(self.storage, _Storage):
+            raise CheckpointError(f"tensor {self.name!r}: its storage is not a storage of a PyTorch archive.")
+        offset, shape, stride = _check_layout(self.storage, self.offset, self.shape, self.stride)
         flat = self.storage.read()
         itemsize = flat.dtype.itemsize
-        view = np.lib.stride_tricks.as_strided(
-            flat[self.offset:], shape=self.shape, strides=tuple(s * itemsize for s in self.stride), writeable=False
-        )
-        array = np.array(view, copy=True, order="C")
+        if math.prod(shape) == 0:
+            array = np.zeros(shape, flat.dtype)
+        else:
+            view = np.lib.stride_tricks.as_strided(
+                flat[offset:], shape=shape, strides=tuple(s * itemsize for s in stride), writeable=False
+            )
+            array = np.array(view, copy=True, order="C")
         if self.torch_dtype == "BFloat16":
             array = (array.astype(np.uint32) << 16).view(np.float32)
         return array
@@ -152,12 +212,47 @@ class TorchTensor(LazyArray):
         return f"TorchTensor({self.torch_dtype}, shape={self.shape})"
 
 
-def _nonnegative_ints(values, what):
-    if not isinstance(values, (tuple, list)) or not all(
-        isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in values
-    ):
-        raise pickle.UnpicklingError(f"a tensor's {what} {str(values)[:80]} is not a tuple of non-negative integers")
-    return tuple(values)
+def _is_int(value):
+    return type(value) is int  # a Python int: no bool, no NumPy integer that could wrap
+
+
+#: The largest dimension or stride read (2^48 elements: far beyond any real tensor; keeps every
+#: byte stride NumPy is handed inside its 64-bit index range).
+MAX_EXTENT = 2**48
+
+
+def _check_layout(storage, offset, shape, stride):
+    """(offset, shape, stride) as tuples of Python ints, checked against `storage`: non-negative
+    integers, one stride per dimension, and every element the layout reaches inside the storage's
+    elements; else a CheckpointError naming the file. Run when a tensor is rebuilt from the
+    pickle and again before its bytes are read."""
+    path = storage.archive.path
+    for what, values in (("size", shape), ("stride", stride), ("storage offset", (offset,))):
+        if not isinstance(values, (tuple, list)) or not all(_is_int(v) and 0 <= v <= MAX_EXTENT for v in values):
+            raise CheckpointError(f"{path}: its data.pkl is malformed: a tensor's {what} {str(values)[:80]} is not "
+                                  f"a tuple of integers in [0, {MAX_EXTENT}].")
+    shape, stride = tuple(shape), tuple(stride)
+    if len(shape) != len(stride):
+        raise CheckpointError(f"{path}: its data.pkl is malformed: a tensor has {len(shape)} dimensions but "
+                              f"{len(stride)} strides.")
+    numel = math.prod(shape)  # Python ints throughout: nothing wraps
+    if offset > storage.numel:
+        raise CheckpointError(f"{path}: a tensor starts at element {offset} of storage {storage.key!r}, which holds "
+                              f"{storage.numel}; the file is corrupt.")
+    if numel:
+        last = offset + sum((n - 1) * s for n, s in zip(shape, stride))
+        if last >= storage.numel:
+            raise CheckpointError(
+                f"{path}: a tensor of shape {shape} (offset {offset}, stride {stride}) reaches element "
+                f"{last} of storage {storage.key!r}, which holds {storage.numel}; the file is corrupt."
+            )
+        if numel > storage.numel:
+            raise CheckpointError(
+                f"{path}: a tensor of shape {shape} has {numel} elements in a storage of "
+                f"{storage.numel} (overlapping strides {stride}, e.g. an expanded tensor); such layouts are "
+                "not read. Save `tensor.contiguous()` (or `.clone()`) instead."
+            )
+    return offset, shape, stride
 
 
 def _rebuild_tensor(storage, storage_offset, size, stride, *_ignored):
@@ -165,25 +260,7 @@ def _rebuild_tensor(storage, storage_offset, size, stride, *_ignored):
     records it (the `requires_grad`, backward hooks and metadata arguments are dropped)."""
     if not isinstance(storage, _Storage):
         raise pickle.UnpicklingError("a tensor's storage is not a storage of the archive")
-    shape = _nonnegative_ints(size, "size")
-    stride = _nonnegative_ints(stride, "stride")
-    offset = _nonnegative_ints((storage_offset,), "storage offset")[0]
-    if len(shape) != len(stride):
-        raise pickle.UnpicklingError(f"a tensor has {len(shape)} dimensions but {len(stride)} strides")
-    numel = math.prod(shape)
-    if numel:
-        last = offset + sum((n - 1) * s for n, s in zip(shape, stride))
-        if last >= storage.numel:
-            raise CheckpointError(
-                f"{storage.archive.path}: a tensor of shape {shape} (offset {offset}, stride {stride}) reaches element "
-                f"{last} of storage {storage.key!r}, which holds {storage.numel}; the file is corrupt."
-            )
-        if numel > storage.numel:
-            raise CheckpointError(
-                f"{storage.archive.path}: a tensor of shape {shape} has {numel} elements in a storage of "
-                f"{storage.numel} (overlapping strides {stride}, e.g. an expanded tensor); such layouts are "
-                "not read. Save `tensor.contiguous()` (or `.clone()`) instead."
-            )
+    offset, shape, stride = _check_layout(storage, storage_offset, size, stride)
     return TorchTensor(storage, offset, shape, stride)
 
 
@@ -205,11 +282,85 @@ ALLOWED_GLOBALS = {
 }
 
 
-class _RestrictedUnpickler(pickle.Unpickler):
+#: The containers pickle may fill (SETITEM(S), APPEND(S)) while it builds them.
+_MAPPINGS = (dict, collections.OrderedDict)
+
+
+class _RestrictedUnpickler(pickle._Unpickler):
+    """pickle's own (Python) unpickler with its globals restricted (`find_class`) and every
+    opcode that changes an object after it is built refused on anything but a plain container."""
+
     def __init__(self, data, archive):
         super().__init__(io.BytesIO(data))
         self.archive = archive
         self.storages = {}
+
+    def _refuse(self, what, target):
+        raise CheckpointError(
+            f"{self.archive.path}: its pickle {what} a {type(target).__name__} after it was built, which torch.save "
+            "never writes; a file that does so could change a checked tensor layout. Nothing was loaded. Use "
+            "weights from a source you trust, saved as a plain state dict, or as safetensors."
+        )
+
+    def _target(self, depth):
+        if len(self.stack) < depth:
+            raise pickle.UnpicklingError("stack underflow")
+        return self.stack[-depth]
+
+    def _marked_target(self):
+        if not self.metastack or not self.metastack[-1]:
+            raise pickle.UnpicklingError("stack underflow")
+        return self.metastack[-1][-1]
+
+    def _load_build(self):
+        state, inst = self._target(1), self._target(2)
+        if type(inst) is collections.OrderedDict and type(state) is dict and all(type(k) is str for k in state):
+            self.stack.pop()  # a state dict's attributes (torch's `_metadata`): not needed, dropped
+            return
+        self._refuse("sets the state (BUILD) of", inst)
+
+    def _load_setitem(self):
+        if type(self._target(3)) not in _MAPPINGS:
+            self._refuse("sets an item of", self._target(3))
+        pickle._Unpickler.load_setitem(self)
+
+    def _load_setitems(self):
+        if type(self._marked_target()) not in _MAPPINGS:
+            self._refuse("sets items of", self._marked_target())
+        pickle._Unpickler.load_setitems(self)
+
+    def _load_append(self):
+        if type(self._target(2)) is not list:
+            self._refuse("appends to", self._target(2))
+        pickle._Unpickler.load_append(self)
+
+    def _load_appends(self):
+        if type(self._marked_target()) is not list:
+            self._refuse("appends to", self._marked_target())
+        pickle._Unpickler.load_appends(self)
+
+    def _load_additems(self):
+        if type(self._marked_target()) is not set:
+            self._refuse("adds items to", self._marked_target())
+        pickle._Unpickler.load_additems(self)
+
+    def _load_by_class(self):
+        raise CheckpointError(
+            f"{self.archive.path}: its pickle creates an object by calling a class (NEWOBJ / OBJ), which torch.save "
+            "never writes for tensors, storages or containers. Nothing was loaded. Use weights from a source you "
+            "trust, saved as a plain state dict, or as safetensors."
+        )
+
+    dispatch = dict(pickle._Unpickler.dispatch)
+    dispatch[pickle.BUILD[0]] = _load_build
+    dispatch[pickle.SETITEM[0]] = _load_setitem
+    dispatch[pickle.SETITEMS[0]] = _load_setitems
+    dispatch[pickle.APPEND[0]] = _load_append
+    dispatch[pickle.APPENDS[0]] = _load_appends
+    dispatch[pickle.ADDITEMS[0]] = _load_additems
+    for _opcode in (pickle.NEWOBJ, pickle.NEWOBJ_EX, pickle.OBJ):
+        dispatch[_opcode[0]] = _load_by_class
+    del _opcode
 
     def find_class(self, module, name):
         found = ALLOWED_GLOBALS.get((module, name))
@@ -234,21 +385,16 @@ class _RestrictedUnpickler(pickle.Unpickler):
                 f"{self.archive.path}: a storage has type {str(storage_type)[:60]}; the types read are "
                 f"{', '.join(f'torch.{n}' for n in STORAGE_TYPES)}."
             )
-        if not isinstance(key, str) or isinstance(numel, bool) or not isinstance(numel, int) or numel < 0:
+        if not isinstance(key, str) or not _is_int(numel) or numel < 0:
             raise pickle.UnpicklingError(f"storage id {str(pid)[:80]} is malformed")
         if key in self.storages:
             storage = self.storages[key]
             if storage.type is not storage_type or storage.numel != numel:
                 raise pickle.UnpicklingError(f"storage {key!r} is declared twice with different types or sizes")
             return storage
-        member = self.archive.storage_member(key)
-        nbytes = numel * storage_type.dtype.itemsize
-        if nbytes > member.file_size:
-            raise CheckpointError(
-                f"{self.archive.path}: storage {key!r} claims {numel:,} elements ({nbytes:,} bytes) but its member "
-                f"holds {member.file_size:,} bytes; the file is truncated or corrupt."
-            )
-        storage = self.storages[key] = _Storage(self.archive, key, storage_type, numel, member)
+        storage = _Storage(self.archive, key, storage_type, numel, self.archive.storage_member(key))
+        storage.check()  # its bytes inside its member
+        self.storages[key] = storage
         return storage
 
 
@@ -426,7 +572,7 @@ def _is_state_dict(value):
 def _named(state):
     """`state` with each tensor knowing its key (errors name the weight, not its storage)."""
     for key, tensor in state.items():
-        if tensor.name is None:
+        if tensor.name is None:  # set once: a tensor under two keys keeps the first
             tensor.name = key
     return dict(state)
 
