@@ -322,7 +322,10 @@ def test_finetune_reference_tells_apart_the_old_schedule_and_momentum():
 # === Pre-training: Adam 0.9 / 0.999, decoupled weight decay 0.1 on kernels, linear decay ===
 
 
-def test_pretrain_updates_equal_optax_adamw():
+@pytest.mark.parametrize("accum_steps", [1, 2], ids=["plain", "accumulated"])
+def test_pretrain_updates_equal_optax_adamw(accum_steps):
+    """Under accumulation (2 micro-batches of 4 per update) the bias correction counts applied
+    updates, as optax's on the original's accumulated batch of 8 does, not micro-batches."""
     images, labels = _data(seed=1)
     tree = _start()
     base = 0.01
@@ -332,9 +335,10 @@ def test_pretrain_updates_equal_optax_adamw():
         optax.clip_by_global_norm(1.0),
         optax.adamw(schedule, b1=0.9, b2=0.999, eps=1e-8, weight_decay=0.1, mask=kernels),
     )
-    want = run_reference(tree, images, labels, tx)
-    optimizer = training.pretrain_optimizer(base, total_steps=UPDATES, warmup_steps=WARMUP)
-    got = run_keras_vit(tree, images, labels, optimizer)
+    want = run_reference(tree, images, labels, tx, accum_steps)
+    optimizer = training.pretrain_optimizer(base, total_steps=UPDATES, warmup_steps=WARMUP,
+                                            gradient_accumulation_steps=accum_steps if accum_steps > 1 else None)
+    got = run_keras_vit(tree, images, labels, optimizer, accum_steps)
     # The key biases' gradient is 0 up to rounding (see FROZEN_BY_SOFTMAX); Adam divides that
     # rounding noise by its own size, which makes steps of full size in a direction the noise
     # picks. They are left out; every other tensor must agree.
@@ -343,5 +347,5 @@ def test_pretrain_updates_equal_optax_adamw():
     # The decay matters at this size: optax without it ends far from the above (that the mask
     # is the kernels' is checked directly in tests/test_training.py).
     no_decay = run_reference(tree, images, labels, optax.chain(
-        optax.clip_by_global_norm(1.0), optax.adam(schedule, b1=0.9, b2=0.999, eps=1e-8)))
+        optax.clip_by_global_norm(1.0), optax.adam(schedule, b1=0.9, b2=0.999, eps=1e-8)), accum_steps)
     assert worst(no_decay, want)[0] > 100 * 1e-5
