@@ -5,6 +5,7 @@ import argparse
 import json
 import math
 import os
+import re
 
 #: The embedded datasets and the prefix of tfds ones, for --help texts.
 DATA_HELP = (
@@ -260,7 +261,11 @@ def out_folder(text):
 
 
 def check_data_dir(data_dir):
-    """--data-dir, when given, must be an existing folder (tensorflow-datasets' data directory)."""
+    """--data-dir, when given, must be an existing folder (tensorflow-datasets' data directory) or
+    a remote URL such as gs://bucket/tensorflow_datasets, which tensorflow-datasets reads itself
+    (as `finetune` does; whether it holds the data is known when it is read)."""
+    if data_dir is not None and re.match(r"[A-Za-z][A-Za-z0-9+.-]*://.", str(data_dir)):
+        return
     if data_dir is not None and not os.path.isdir(os.path.expanduser(data_dir)):
         what = "is a file" if os.path.exists(os.path.expanduser(data_dir)) else "does not exist"
         raise ValueError(
@@ -416,7 +421,7 @@ def add_model_args(parser, *, source=True, default_arch=None, square_reason=None
 def add_data_args(parser, split="train"):
     group = parser.add_argument_group("data")
     group.add_argument("--data", required=True, help=DATA_HELP)
-    group.add_argument("--data-dir", default=None, help="tensorflow-datasets data directory")
+    group.add_argument("--data-dir", default=None, help="tensorflow-datasets data directory (a folder or a gs:// URL)")
     group.add_argument("--batch-size", type=positive_int, default=64, help="images per batch")
     group.add_argument("--classes", type=number(int, low=2), default=None,
                        help="expected number of classes (checked against the data)")
