@@ -272,6 +272,30 @@ def test_each_process_reads_its_own_rows_of_every_global_batch():
         load_dataset("digits", "test", image_size=16, batch_size=24, shard=(2, 2))
 
 
+@multi_process
+def test_a_process_whose_job_never_forms_says_so_and_ends(tmp_path):
+    """Process 0 of 2, the other never started: it says that it waits (where, for how many, how
+    long) and ends at --join-timeout with one line naming the coordinator and the timeout, not
+    with JAX's abort (a C++ stack trace, exit 134, after 5 minutes). A fresh process: the end of
+    the process is what is tested."""
+    address = _free_address()
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    argv = ["finetune", "--data", "digits", "--weights", "none", "--arch", json.dumps(dict(
+            patch_size=8, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=16)), "--image-size", "16", "--steps", "2",
+            "--batch-size", "4", "--verbose", "0", "--out", str(tmp_path / "run"), "--distribute", "data",
+            "--coordinator-address", address, "--num-processes", "2", "--process-id", "0", "--join-timeout", "4"]
+    done = subprocess.run([sys.executable, "-m", "keras_vit.cli", *argv], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1, (done.returncode, done.stderr[-3000:])
+    assert f"process 0: waiting up to 4 s for the job's 2 processes to join at the coordinator {address}" in done.stdout
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("keras-vit finetune: error: process 0 waited 4 s for 2 processes at the coordinator "
+                           f"{address}"), last
+    assert "Check failure" not in done.stderr and "DEADLINE_EXCEEDED" not in done.stderr
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.skipif(BACKEND == "jax", reason="the error of the other backends")
 def test_distribute_needs_the_jax_backend(tmp_path, capsys):
     argv = ["finetune", "--data", "digits", "--arch", json.dumps(dict(patch_size=8, hidden_size=16, num_layers=1,

@@ -455,6 +455,9 @@ def add_distribution_args(parser):
     group.add_argument("--process-id", type=number(int, low=0), default=None, metavar="I",
                        help="this process's index, 0 to N - 1; process 0 writes the run folder (default: from the "
                        "environment)")
+    group.add_argument("--join-timeout", type=number(float, low=1), default=300, metavar="SECONDS",
+                       help="how long a process waits for every process of the job to join before it ends with an "
+                       "error (default: 300)")
     return group
 
 
@@ -511,8 +514,15 @@ def start_distribution(args):
             f"--distribute data runs on the JAX backend (keras.distribution); Keras runs on "
             f"{keras.backend.backend()!r} here. Set KERAS_BACKEND=jax, or leave out --distribute."
         )
+    count = args.num_processes
+    if count != 1 and (count or args.coordinator_address):
+        timeout = getattr(args, "join_timeout", distribution.JOIN_TIMEOUT)
+        print(f"process {args.process_id}: waiting up to {timeout:g} s for the job's {count or ''} processes to join at "
+              f"the coordinator {args.coordinator_address or '(from the environment)'}".replace("  ", " "), flush=True)
     try:
-        distribution.join_processes(args.coordinator_address, args.num_processes, args.process_id)
+        distribution.join_processes(args.coordinator_address, args.num_processes, args.process_id,
+                                    timeout=getattr(args, "join_timeout", distribution.JOIN_TIMEOUT),
+                                    program=f"keras-vit {args.command}")
     except distribution.NoJobFoundError:
         raise ValueError(
             "--distribute data found no job of several processes in the environment (a Cloud TPU pod slice, SLURM, "
@@ -615,7 +625,7 @@ def check_training_args(args):
 #: Arguments that do not change what a resumed run computes.
 #: How many processes compute a step does not change what it computes (the global batch is the same).
 _RESUME_IGNORES = ("command", "func", "out", "resume", "verbose", "data_dir", "distribute", "coordinator_address",
-                   "num_processes", "process_id")
+                   "num_processes", "process_id", "join_timeout")
 #: The recorded settings that the command works out when a flag is not given.
 _RESUME_DERIVED = {"image_size", "classes"}
 
