@@ -19,6 +19,10 @@ docs/TPU.md, section 3.
 """
 
 import contextlib
+import math
+import os
+import sys
+import threading
 import warnings
 
 import keras
@@ -221,8 +225,14 @@ class NoJobFoundError(ValueError):
     """`join_processes()` without arguments found no job of several processes in the environment."""
 
 
-def join_processes(coordinator_address=None, num_processes=None, process_id=None):
-    """Connect this process to the other processes of its job: `keras.distribution.initialize`.
+#: Seconds `join_processes` waits for the job's processes by default (JAX's own default).
+JOIN_TIMEOUT = 300
+
+
+def join_processes(coordinator_address=None, num_processes=None, process_id=None, *, timeout=JOIN_TIMEOUT,
+                   program="keras_vit"):
+    """Connect this process to the other processes of its job (`jax.distributed.initialize`, then
+    Keras' common random seed, as `keras.distribution.initialize` does).
 
     Call it first thing, in every process, before anything runs on the devices. With no
     arguments the environment decides, as `keras.distribution.initialize()` reads it: on a
@@ -232,10 +242,16 @@ def join_processes(coordinator_address=None, num_processes=None, process_id=None
     KERAS_DISTRIBUTION_PROCESS_ID, or pass them. `num_processes=1` joins nothing (a single
     process using its own devices). Joining twice is a no-op.
 
+    JAX aborts the process (a C++ check failure) when the job has not formed in time; instead,
+    when `timeout` seconds pass without every process joining, this process ends (exit status 1)
+    with one line on stderr, starting with `program`, that names the coordinator and the timeout.
+
     Args:
         coordinator_address: "host:port" of process 0, reachable from every process.
         num_processes: the number of processes of the job.
         process_id: this process's index, 0 to num_processes - 1.
+        timeout: seconds to wait for every process of the job to join.
+        program: the name that starts the line of a timeout.
 
     Returns:
         The number of processes of the job.
@@ -250,10 +266,39 @@ def join_processes(coordinator_address=None, num_processes=None, process_id=None
     if num_processes == 1 or _joined(jax):
         return process_count()
     explicit = any(v is not None for v in (coordinator_address, num_processes, process_id))
+    # What keras.distribution.initialize reads for an argument not given.
+    if coordinator_address is None:
+        coordinator_address = os.environ.get("KERAS_DISTRIBUTION_JOB_ADDRESSES")
+    if num_processes is None and "KERAS_DISTRIBUTION_NUM_PROCESSES" in os.environ:
+        num_processes = int(os.environ["KERAS_DISTRIBUTION_NUM_PROCESSES"])
+    if process_id is None and "KERAS_DISTRIBUTION_PROCESS_ID" in os.environ:
+        process_id = int(os.environ["KERAS_DISTRIBUTION_PROCESS_ID"])
+    if coordinator_address and "," in coordinator_address:  # every job address given: the first coordinates
+        addresses = coordinator_address.split(",")
+        if num_processes is not None and num_processes != len(addresses):
+            raise ValueError(f"{len(addresses)} job addresses ({coordinator_address}) for {num_processes} processes: "
+                             "give one address per process, or the coordinator's alone.")
+        coordinator_address = addresses[0]
+    joined = threading.Event()
+    where = f"the coordinator {coordinator_address}" if coordinator_address else "the environment's coordinator"
+    job = f"{num_processes} processes" if num_processes else "the job's processes"
+
+    def give_up():
+        if not joined.wait(timeout):
+            sys.stderr.write(
+                f"{program}: error: process {process_id if process_id is not None else '?'} waited {timeout:g} s for "
+                f"{job} at {where} and none joined in time: start the same command in every process of the job, "
+                "with the same coordinator address, or raise the timeout.\n")
+            sys.stderr.flush()
+            os._exit(1)
+
+    threading.Thread(target=give_up, name="join_processes timeout", daemon=True).start()
     try:
-        keras.distribution.initialize(job_addresses=coordinator_address, num_processes=num_processes,
-                                      process_id=process_id)
+        # JAX's own deadline comes later: the line above ends the process first.
+        jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,
+                                   process_id=process_id, initialization_timeout=int(math.ceil(timeout)) + 30)
     except ValueError as error:
+        joined.set()
         if explicit or "coordinator_address" not in str(error):
             raise
         raise NoJobFoundError(
@@ -262,6 +307,14 @@ def join_processes(coordinator_address=None, num_processes=None, process_id=None
             "(host:port of process 0), the number of processes and this process's index, or 1 process to use this "
             "machine's devices alone."
         ) from error
+    except BaseException:
+        joined.set()
+        raise
+    joined.set()
+    # What keras.distribution.initialize does after JAX's: one random seed for every process.
+    from keras.src.backend.jax.distribution_lib import initialize_rng
+
+    initialize_rng()
     return process_count()
 
 

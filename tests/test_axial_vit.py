@@ -142,6 +142,49 @@ def test_forward_matches_numpy_on_a_non_square_grid():
     assert rel_err(model.predict(x, verbose=0), ref) < 1.5e-6
 
 
+def test_row_block_attention_is_keras_multi_head_attention_on_each_row():
+    """An independent check: one row of a row block's output, with the block's MLP output zeroed
+    (its last Dense), is that row plus `keras.layers.MultiHeadAttention` (the block's weights
+    copied in) applied to the row after a `keras.layers.LayerNormalization`; the block's softmax
+    weights for that row are the Keras layer's attention scores. Same for a column of a column
+    block."""
+    model = randomize(AxialVisionTransformer(**TINY_AXIAL, include_top=False), seed=9, scale=1.5)
+    tree = keras_vit.get_weight_tree(model)
+    grid = np.random.default_rng(10).standard_normal((2, 4, 6, 24)).astype("float32")
+    for axis, line in (("row", 2), ("column", 5)):
+        prefix = f"Transformer/encoderblock_1_{axis}/"
+        tree[prefix + "MlpBlock_3/Dense_1/kernel"] = np.zeros_like(tree[prefix + "MlpBlock_3/Dense_1/kernel"])
+        tree[prefix + "MlpBlock_3/Dense_1/bias"] = np.zeros_like(tree[prefix + "MlpBlock_3/Dense_1/bias"])
+        for name in ("query", "key"):  # sharper attention than the random scale gives
+            tree[prefix + f"MultiHeadDotProductAttention_1/{name}/kernel"] *= 3.0
+        keras_vit.set_weight_tree(model, tree)
+        block = model.get_layer(f"encoderblock_1_{axis}")
+        out, weights = (keras.ops.convert_to_numpy(t) for t in block(grid, return_attention_weights=True))
+        sequence = grid[:, line] if axis == "row" else grid[:, :, line]  # (batch, length, 24)
+        got = out[:, line] if axis == "row" else out[:, :, line]
+
+        norm = keras.layers.LayerNormalization(epsilon=1e-6)
+        norm.build(sequence.shape)
+        norm.set_weights([tree[prefix + "LayerNorm_0/scale"], tree[prefix + "LayerNorm_0/bias"]])
+        attention = keras.layers.MultiHeadAttention(num_heads=3, key_dim=8)
+        y = norm(sequence)
+        attention(y, y)  # builds it
+        a = prefix + "MultiHeadDotProductAttention_1/"
+        for dense, name in ((attention.query_dense, "query"), (attention.key_dense, "key"),
+                            (attention.value_dense, "value"), (attention.output_dense, "out")):
+            dense.set_weights([tree[a + name + "/kernel"], tree[a + name + "/bias"]])
+        attended, scores = attention(y, y, return_attention_scores=True)
+        want = sequence + keras.ops.convert_to_numpy(attended)
+        # Measured <= 1.8e-7 of the scale (TensorFlow; 0 on JAX and PyTorch); the bounds are about 10x.
+        assert rel_err(got, want) < 2e-6, axis
+        np.testing.assert_allclose(weights[:, line], keras.ops.convert_to_numpy(scores), rtol=0, atol=3e-6)
+        # The call without attention weights takes the fused attention path: the same output.
+        plain = keras.ops.convert_to_numpy(block(grid))
+        assert rel_err(plain[:, line] if axis == "row" else plain[:, :, line], want) < 2e-6, axis
+        # The attention is not near-uniform, and other lines' values differ: the check has teeth.
+        assert keras.ops.convert_to_numpy(scores).max() > 0.5
+
+
 def test_attention_maps_are_per_row_and_per_column():
     model = AxialVisionTransformer(**TINY_AXIAL)
     x = _images((2, 32, 48, 3))

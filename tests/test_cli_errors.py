@@ -496,3 +496,28 @@ def test_failed_run_leaves_no_run_folder(tmp_path, capsys):
 
 def test_performance_is_reachable_after_import():
     assert keras_vit.performance.recommended_jit_compile() in (True, False, "auto")
+
+
+def test_a_remote_data_dir_is_accepted_as_finetune_accepts_it(tmp_path):
+    """evaluate, vtab and fewshot check --data-dir before loading; a gs:// (or other remote) URL is
+    tensorflow-datasets' to read, not a local folder that does not exist."""
+    from keras_vit.commands import _common
+
+    for url in ("gs://bucket/tensorflow_datasets", "s3://bucket/tfds"):
+        _common.check_data_dir(url)
+        _common.check_data_args("tfds:cifar10", {"--split": "test"}, url)
+    with pytest.raises(ValueError, match="no_tfds does not exist"):
+        _common.check_data_dir(str(tmp_path / "no_tfds"))
+    with pytest.raises(ValueError, match="gs:/bucket does not exist"):  # not a URL: one slash
+        _common.check_data_dir("gs:/bucket")
+
+
+def test_convert_help_lists_every_format_it_writes(capsys):
+    from keras_vit.commands.convert import _npz_writers
+
+    with pytest.raises(SystemExit):
+        main(["convert", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    to = text[text.index("--to FORMAT the format"):text.index("--force overwrite")]
+    for name in ("keras", "keras_preset", *_npz_writers()):
+        assert re.search(rf"\b{name}\b", to), (name, to)

@@ -132,8 +132,9 @@ def test_data_and_model_parallel_fit_match_one_device_and_reload_on_one_device(s
     # Same loss on one device, DataParallel over 8 devices and ModelParallel on (2, 4).
     single = report["single"]
     print("single", single, "data_parallel", report["data_parallel"], "model_parallel", report["model_parallel"])
-    np.testing.assert_allclose(report["data_parallel"], single, rtol=2e-5)
-    np.testing.assert_allclose(report["model_parallel"], single, rtol=2e-5)
+    # Measured: equal losses (2-core CPU); the bound is a few float32 roundings.
+    np.testing.assert_allclose(report["data_parallel"], single, rtol=1e-6)
+    np.testing.assert_allclose(report["model_parallel"], single, rtol=1e-6)
     # Keras split the batch over the data axis (the predictions reach the loss batch-sharded).
     assert report["single_pred"] is None
     assert report["data_parallel_pred"] == report["model_parallel_pred"] == "batch", report
@@ -172,7 +173,7 @@ def test_data_and_model_parallel_fit_match_one_device_and_reload_on_one_device(s
                                    env={"JAX_PLATFORMS": "cpu", "XLA_FLAGS": ""})
         errors = json.loads(single_device.strip().splitlines()[-1])
     print("reload max abs error (.keras, .weights.h5):", errors)
-    assert max(errors) < 1e-5, errors
+    assert max(errors) < 1e-6, errors  # measured 8.9e-8
 
 
 # The model saved under ModelParallel (.keras and .weights.h5) on one device: the largest absolute
@@ -198,7 +199,7 @@ def test_hybrid_with_indivisible_heads_falls_back_and_matches_one_device(scenari
     embeddings split, the ResNet stem replicated; the loss is the single-device loss."""
     report = scenarios["hybrid"]
     print("single", report["single"], "model_parallel", report["model_parallel"])
-    np.testing.assert_allclose(report["model_parallel"], report["single"], rtol=2e-5)
+    np.testing.assert_allclose(report["model_parallel"], report["single"], rtol=1e-6)  # measured: equal
     assert any("num_heads" in w or "heads=3" in w for w in report["warnings"]), report["warnings"]
     weights = report["weights"]
     assert weights["encoderblock_0/MultiHeadDotProductAttention_1/query_kernel"]["spec"] == [None, None, None]
@@ -277,4 +278,4 @@ def test_two_processes_initialize_and_shard_the_dataset(tmp_path):
     print(reports)
     for report in reports:
         assert report["local_is_own_half"]
-        np.testing.assert_allclose(report["loss"], report["single"], rtol=2e-5)
+        np.testing.assert_allclose(report["loss"], report["single"], rtol=1.5e-6)  # measured 1.2e-7

@@ -112,8 +112,9 @@ def test_mirrored_strategy_fit_matches_one_device_and_reloads(scenarios):
     print(report)
     # Variables are mirrored, one copy per logical device.
     assert "Mirrored" in report["mirrored_variable"], report["mirrored_variable"]
-    np.testing.assert_allclose(report["mirrored"], report["single"], rtol=2e-5)
-    assert report["reload_error"] < 1e-5
+    # Measured: equal losses, reload error 0 (2-core CPU); the bounds are a few float32 roundings.
+    np.testing.assert_allclose(report["mirrored"], report["single"], rtol=1e-6)
+    assert report["reload_error"] < 1e-6
 
 
 @pytest.mark.slow
@@ -124,9 +125,9 @@ def test_tpu_constraints_xla_train_step_and_bfloat16(scenarios):
     report = scenarios["tpu"]
     print(report)
     assert report["jit_compile"]
-    np.testing.assert_allclose(report["xla_steps_per_execution"], report["single"], rtol=2e-5)
+    np.testing.assert_allclose(report["xla_steps_per_execution"], report["single"], rtol=1e-6)  # measured: equal
     assert report["hybrid_logit_scale"] > 0.1
-    assert report["hybrid_xla_error"] < 1e-4 * max(1.0, report["hybrid_logit_scale"])
+    assert report["hybrid_xla_error"] < 3e-6 * max(1.0, report["hybrid_logit_scale"])  # measured 2.4e-7
     assert report["bfloat16_variable_dtype"] == "float32" and report["bfloat16_output_dtype"] == "float32"
-    # bfloat16 has 8 mantissa bits: the epoch loss agrees to about 1%.
-    np.testing.assert_allclose(report["bfloat16"], report["single"], rtol=2e-2)
+    # bfloat16 has 8 mantissa bits: the epoch loss measured 1.8e-4 (relative) from float32's.
+    np.testing.assert_allclose(report["bfloat16"], report["single"], rtol=2e-3)

@@ -353,3 +353,31 @@ def test_the_readme_says_which_commands_take_the_model_arguments():
         options = {o for action in command._actions for o in action.option_strings}
         has_all = {"--arch", "--weights", "--preset", "--image-size"} <= options
         assert has_all == (name in named), name
+
+
+def _unbound_names(code, where):
+    """The global names a block reads but neither imports nor assigns (nor are builtins)."""
+    import builtins
+    import symtable
+
+    top = symtable.symtable(code, where, "exec")
+    bound = {s.get_name() for s in top.get_symbols() if s.is_assigned() or s.is_imported()}
+    read, tables = set(), [top]
+    while tables:
+        table = tables.pop()
+        tables.extend(table.get_children())
+        read |= {s.get_name() for s in table.get_symbols()
+                 if s.is_referenced() and (table is top or s.is_global()) and not (table is not top and s.is_assigned())}
+    return sorted(read - bound - set(dir(builtins)))
+
+
+@pytest.mark.backend_independent
+def test_every_python_block_runs_alone():
+    """A reader copies one block: it imports or defines every name it uses."""
+    missing = []
+    for path in FILES:
+        for block in runnable(parse_blocks(path), PYTHON_LANGUAGES)[0]:
+            names = _unbound_names(block.code, f"{block.path}:{block.line}")
+            if names:
+                missing.append(f"{block.path}:{block.line}: {', '.join(names)}")
+    assert not missing, "blocks that use names they do not import or define:\n" + "\n".join(missing)

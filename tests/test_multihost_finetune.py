@@ -207,20 +207,21 @@ def test_two_processes_killed_and_resumed_match_one_process(base_model, tmp_path
     assert any("model.keras" in w for w in writes[0]) and any("training_metadata.json" in w for w in killed_writes[0])
     assert [w for w in killed_writes[1] + writes[1] if w] == []
 
-    # The same loss at every logged step (the first ones from before the kill), within 2e-5.
+    # The same loss at every logged step (the first ones from before the kill): measured 2.4e-7 apart, final
+    # weights 6.7e-8; the bounds are about 10x.
     got, want = (json.loads((folder / "history.json").read_text()) for folder in (out, reference))
     got_steps, want_steps = np.array(got["steps"]), np.array(want["steps"])
     assert got_steps[:, 0].tolist() == want_steps[:, 0].tolist() == list(range(1, STEPS + 1))
     difference = np.abs(got_steps[:, 1] - want_steps[:, 1]).max()
     print(f"max loss difference over {STEPS} steps, 2 processes (killed at step {progress['step']}, resumed) vs "
           f"1 process: {difference:.2e}; losses {np.round(want_steps[:, 1], 5).tolist()}")
-    assert difference <= 2e-5
+    assert difference <= 3e-6
     assert np.ptp(want_steps[:, 1]) > 1e-3  # the loss moves: equal curves are not a constant
     np.testing.assert_allclose(got_steps[:, 2], want_steps[:, 2], rtol=1e-6)  # learning rate
     assert [r["step"] for r in got["evaluations"]] == [r["step"] for r in want["evaluations"]] == [4, 8, 12]
     for g, w in zip(got["evaluations"], want["evaluations"]):
         assert g["val_accuracy"] == pytest.approx(w["val_accuracy"], abs=1e-6)
-        assert g["val_loss"] == pytest.approx(w["val_loss"], abs=2e-5)
+        assert g["val_loss"] == pytest.approx(w["val_loss"], abs=3e-6)
 
     # The same final (EMA) weights and metrics, resumed on 2 processes or on one.
     want_weights = _weights(reference / "model.keras")
@@ -231,12 +232,12 @@ def test_two_processes_killed_and_resumed_match_one_process(base_model, tmp_path
         print(f"{folder.name}: max final weight difference",
               max(float(np.abs(a - b).max()) for a, b in zip(got_weights, want_weights)))
         for a, b in zip(got_weights, want_weights):
-            np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * max(1.0, np.abs(b).max()))
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-6 * max(1.0, np.abs(b).max()))
         got_metrics = json.loads((folder / "metrics.json").read_text())
         assert got_metrics["test_accuracy"] == pytest.approx(want_metrics["test_accuracy"], abs=1e-6)
-        assert got_metrics["test_loss"] == pytest.approx(want_metrics["test_loss"], abs=2e-5)
+        assert got_metrics["test_loss"] == pytest.approx(want_metrics["test_loss"], abs=3e-6)
     alone_steps = np.array(json.loads((alone / "history.json").read_text())["steps"])
-    assert np.abs(alone_steps[:, 1] - want_steps[:, 1]).max() <= 2e-5
+    assert np.abs(alone_steps[:, 1] - want_steps[:, 1]).max() <= 3e-6
     config = json.loads((out / "config.json").read_text())
     assert config["distribute"] == "data" and config["num_processes"] == 2 and config["process_id"] == 0
 
@@ -270,6 +271,30 @@ def test_each_process_reads_its_own_rows_of_every_global_batch():
         load_dataset("digits", "test", image_size=16, batch_size=25, shard=(2, 0))
     with pytest.raises(ValueError, match="process index must be 0 to num_processes - 1 = 1"):
         load_dataset("digits", "test", image_size=16, batch_size=24, shard=(2, 2))
+
+
+@multi_process
+def test_a_process_whose_job_never_forms_says_so_and_ends(tmp_path):
+    """Process 0 of 2, the other never started: it says that it waits (where, for how many, how
+    long) and ends at --join-timeout with one line naming the coordinator and the timeout, not
+    with JAX's abort (a C++ stack trace, exit 134, after 5 minutes). A fresh process: the end of
+    the process is what is tested."""
+    address = _free_address()
+    env = dict(os.environ, KERAS_BACKEND="jax", JAX_PLATFORMS="cpu",
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    argv = ["finetune", "--data", "digits", "--weights", "none", "--arch", json.dumps(dict(
+            patch_size=8, hidden_size=16, num_layers=1, num_heads=2, mlp_dim=16)), "--image-size", "16", "--steps", "2",
+            "--batch-size", "4", "--verbose", "0", "--out", str(tmp_path / "run"), "--distribute", "data",
+            "--coordinator-address", address, "--num-processes", "2", "--process-id", "0", "--join-timeout", "4"]
+    done = subprocess.run([sys.executable, "-m", "keras_vit.cli", *argv], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 1, (done.returncode, done.stderr[-3000:])
+    assert f"process 0: waiting up to 4 s for the job's 2 processes to join at the coordinator {address}" in done.stdout
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("keras-vit finetune: error: process 0 waited 4 s for 2 processes at the coordinator "
+                           f"{address}"), last
+    assert "Check failure" not in done.stderr and "DEADLINE_EXCEEDED" not in done.stderr
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.skipif(BACKEND == "jax", reason="the error of the other backends")

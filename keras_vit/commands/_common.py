@@ -5,6 +5,7 @@ import argparse
 import json
 import math
 import os
+import re
 
 #: The embedded datasets and the prefix of tfds ones, for --help texts.
 DATA_HELP = (
@@ -260,7 +261,11 @@ def out_folder(text):
 
 
 def check_data_dir(data_dir):
-    """--data-dir, when given, must be an existing folder (tensorflow-datasets' data directory)."""
+    """--data-dir, when given, must be an existing folder (tensorflow-datasets' data directory) or
+    a remote URL such as gs://bucket/tensorflow_datasets, which tensorflow-datasets reads itself
+    (as `finetune` does; whether it holds the data is known when it is read)."""
+    if data_dir is not None and re.match(r"[A-Za-z][A-Za-z0-9+.-]*://.", str(data_dir)):
+        return
     if data_dir is not None and not os.path.isdir(os.path.expanduser(data_dir)):
         what = "is a file" if os.path.exists(os.path.expanduser(data_dir)) else "does not exist"
         raise ValueError(
@@ -416,7 +421,7 @@ def add_model_args(parser, *, source=True, default_arch=None, square_reason=None
 def add_data_args(parser, split="train"):
     group = parser.add_argument_group("data")
     group.add_argument("--data", required=True, help=DATA_HELP)
-    group.add_argument("--data-dir", default=None, help="tensorflow-datasets data directory")
+    group.add_argument("--data-dir", default=None, help="tensorflow-datasets data directory (a folder or a gs:// URL)")
     group.add_argument("--batch-size", type=positive_int, default=64, help="images per batch")
     group.add_argument("--classes", type=number(int, low=2), default=None,
                        help="expected number of classes (checked against the data)")
@@ -450,6 +455,9 @@ def add_distribution_args(parser):
     group.add_argument("--process-id", type=number(int, low=0), default=None, metavar="I",
                        help="this process's index, 0 to N - 1; process 0 writes the run folder (default: from the "
                        "environment)")
+    group.add_argument("--join-timeout", type=number(float, low=1), default=300, metavar="SECONDS",
+                       help="how long a process waits for every process of the job to join before it ends with an "
+                       "error (default: 300)")
     return group
 
 
@@ -506,8 +514,15 @@ def start_distribution(args):
             f"--distribute data runs on the JAX backend (keras.distribution); Keras runs on "
             f"{keras.backend.backend()!r} here. Set KERAS_BACKEND=jax, or leave out --distribute."
         )
+    count = args.num_processes
+    if count != 1 and (count or args.coordinator_address):
+        timeout = getattr(args, "join_timeout", distribution.JOIN_TIMEOUT)
+        print(f"process {args.process_id}: waiting up to {timeout:g} s for the job's {count or ''} processes to join at "
+              f"the coordinator {args.coordinator_address or '(from the environment)'}".replace("  ", " "), flush=True)
     try:
-        distribution.join_processes(args.coordinator_address, args.num_processes, args.process_id)
+        distribution.join_processes(args.coordinator_address, args.num_processes, args.process_id,
+                                    timeout=getattr(args, "join_timeout", distribution.JOIN_TIMEOUT),
+                                    program=f"keras-vit {args.command}")
     except distribution.NoJobFoundError:
         raise ValueError(
             "--distribute data found no job of several processes in the environment (a Cloud TPU pod slice, SLURM, "
@@ -610,7 +625,7 @@ def check_training_args(args):
 #: Arguments that do not change what a resumed run computes.
 #: How many processes compute a step does not change what it computes (the global batch is the same).
 _RESUME_IGNORES = ("command", "func", "out", "resume", "verbose", "data_dir", "distribute", "coordinator_address",
-                   "num_processes", "process_id")
+                   "num_processes", "process_id", "join_timeout")
 #: The recorded settings that the command works out when a flag is not given.
 _RESUME_DERIVED = {"image_size", "classes"}
 

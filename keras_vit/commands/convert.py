@@ -34,8 +34,9 @@ def add_parser(subparsers):
     _common.add_model_args(parser, source=False)
     parser.add_argument(
         "--to", default=None, metavar="FORMAT",
-        help="the format of DST: keras, keras_preset, or an .npz format with a writer (npz, big_vision, bit_npz) "
-        "(default: from DST's ending: .keras, .npz in the model family's original layout, else a preset folder)",
+        help="the format of DST: keras, keras_preset, an .npz layout (npz, big_vision, bit_npz) or a timm "
+        "EfficientNet folder (timm_efficientnet) (default: from DST's ending: .keras, .npz in the model family's "
+        "original layout, else a preset folder)",
     )
     parser.add_argument("--force", action="store_true", help="overwrite DST if it exists")
     parser.set_defaults(func=run)

@@ -9,9 +9,10 @@ and PyTorch, and Keras' clipping, accumulation, EMA and serialisation apply:
   code, vit_jax/train.py): `trace <- g + momentum * trace; w <- w - rate_t * trace`. The rate is
   applied outside the trace (Keras' own SGD keeps it inside the velocity, v <- m v - rate_t g,
   which differs whenever the schedule moves). `momentum_dtype="bfloat16"` stores the trace in
-  bfloat16 as the original's `accumulator_dtype="bfloat16"`: the new trace is computed in the
-  gradient's dtype (the stored trace times the momentum, both bfloat16, rounded to bfloat16,
-  plus the gradient), the update uses it unrounded and the stored copy is rounded.
+  bfloat16 as the original's `accumulator_dtype="bfloat16"` does in its compiled (XLA) step:
+  the new trace is computed in the gradient's dtype (the stored trace times the momentum rounded
+  to bfloat16, the product not rounded, plus the gradient), the update uses it unrounded and the
+  stored copy is rounded. The same arithmetic runs on every backend.
 - `AdamW` is optax's `adamw` after the clip: moments m, v; m_hat = m / (1 - b1^k),
   v_hat = v / (1 - b2^k) (k = updates including this one); w <- w - rate_t * (m_hat /
   (sqrt(v_hat) + eps) + wd * w) for decayed variables. eps is added outside the bias
@@ -101,7 +102,8 @@ class SGD(_AccumulationFixes, keras.optimizers.SGD):
     Args:
         momentum_dtype: dtype of the stored trace. None: the variable's. "bfloat16": the
             original fine-tuning code's `accumulator_dtype` (half the optimizer state); the
-            trace is computed in the gradient's dtype and rounded when stored, as optax does.
+            trace is computed in the gradient's dtype and rounded when stored, as the
+            original's compiled optax step does.
         Other arguments: those of keras.optimizers.SGD.
 
     Example:
@@ -153,10 +155,12 @@ class SGD(_AccumulationFixes, keras.optimizers.SGD):
             self.assign_sub(variable, ops.multiply(gradient, learning_rate))
             return
         trace = self.momentums[self._get_variable_index(variable)]
-        # optax's `g + momentum * trace`: the product in the stored trace's dtype (the momentum
-        # rounded to it), the sum in the gradient's.
-        decayed = ops.multiply(trace, ops.cast(self.momentum, trace.dtype))
-        new_trace = ops.add(gradient, ops.cast(decayed, gradient.dtype))
+        # optax's `g + momentum * trace` as XLA runs it in the original's compiled step: the
+        # momentum is rounded to the stored trace's dtype (a weakly typed constant), the product
+        # and the sum are in the gradient's dtype (XLA does not round the product to bfloat16).
+        momentum = ops.cast(ops.cast(self.momentum, trace.dtype), gradient.dtype)
+        decayed = ops.multiply(ops.cast(trace, gradient.dtype), momentum)
+        new_trace = ops.add(gradient, decayed)
         self.assign(trace, new_trace if trace.dtype == new_trace.dtype else ops.cast(new_trace, trace.dtype))
         if self.nesterov:
             new_trace = ops.add(gradient, ops.multiply(new_trace, ops.cast(self.momentum, gradient.dtype)))
