@@ -245,10 +245,15 @@ def check_architecture(architecture, config, source):
     from keras_vit.models.family import family_of
 
     family = family_of(architecture)
-    # Every config field the row states (one the row leaves None too).
+    # Every config field the row states (one the row leaves None too), and the checkpoint fields of
+    # its `variant` (timm's zoo rows: layer scale, registers, numerics, ...), which a checkpoint
+    # config leaves out where they are the config class's defaults.
     fields = [f.name for f in dataclasses.fields(architecture) if f.name in family.config_class.fields()]
     expected = {k: _comparable(getattr(architecture, k)) for k in fields}
-    got = {k: _comparable(config.get(k)) for k in expected}
+    variant = {k: v for k, v in getattr(architecture, "variant", ()) if k in family.checkpoint_fields}
+    expected.update({k: _comparable(v) for k, v in variant.items()})
+    defaults = {f.name: f.default for f in dataclasses.fields(family.config_class) if f.name in variant}
+    got = {k: _comparable(config.get(k, defaults.get(k))) for k in expected}
     try:
         same_family = family_of(config) is family
     except ValueError:
@@ -417,6 +422,36 @@ def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, cl
     return model
 
 
+#: The (licence, weights) pairs a non-commercial licence was already reported for in this process.
+_LICENSES_REPORTED = set()
+
+
+class LicenseWarning(UserWarning):
+    """Weights whose licence restricts their use (non-commercial licences)."""
+
+
+def license_of(resolved):
+    """The licence of resolved weights: the preset row's, else the one the files name (timm's
+    config.json), else None."""
+    if resolved.preset is not None and resolved.preset.license:
+        return resolved.preset.license
+    reader = resolved.format.license
+    return reader(resolved.path) if reader is not None else None
+
+
+def _warn_license(resolved):
+    """One line, once per weights per process, when the licence allows no commercial use."""
+    license = license_of(resolved)
+    if not presets.is_non_commercial(license):
+        return
+    what = resolved.repo or resolved.path
+    if (license, what) in _LICENSES_REPORTED:
+        return
+    _LICENSES_REPORTED.add((license, what))
+    warnings.warn(f"{resolved.source}: these weights are licensed {license}, which allows non-commercial use only.",
+                  LicenseWarning, stacklevel=4)
+
+
 def load(source, *, architecture=None, image_size=None, include_top=True, classes=None, pooling=None,
          classifier_activation=None, keep_representation=True, fresh_head=False, warn=True, **overrides):
     """Load weights named in any accepted way into a model: `resolve`, read, build once, assign.
@@ -448,6 +483,11 @@ def load(source, *, architecture=None, image_size=None, include_top=True, classe
             raise mismatch from None
         raise
     source = resolved.source
+    if resolved.preset is not None and resolved.preset.config:
+        # The preset's architecture differs from its repository's config.json (timm's QuickGELU
+        # CLIPs read the GELU ones' files).
+        config = dict(config, **dict(resolved.preset.config))
+    _warn_license(resolved)
     # The PI-resize of the source's framework (big_vision's FlexiViT: bilinear), unless named.
     overrides.setdefault("patch_resize_rule", resolved.format.patch_resize_rule)
     if architecture is not None:
@@ -508,5 +548,5 @@ def load_checkpoint(source, *, image_size=None, patch_size=None, include_top=Tru
                 classifier_activation=classifier_activation, **overrides)
 
 
-__all__ = ["PATCH_RESIZE_RULE", "HeadPlan", "ResolvedWeights", "build_from_checkpoint", "check_architecture", "load",
-           "load_checkpoint", "plan_head", "resolve"]
+__all__ = ["PATCH_RESIZE_RULE", "HeadPlan", "LicenseWarning", "ResolvedWeights", "build_from_checkpoint",
+           "check_architecture", "license_of", "load", "load_checkpoint", "plan_head", "resolve"]

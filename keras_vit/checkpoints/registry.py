@@ -61,6 +61,8 @@ class CheckpointFormat:
             by checkpoints.torch_zip; only such formats are asked about one.
         read_sized: (path, image_size) -> (tree, config), for formats whose grid the load's
             `image_size` may have to decide (see `read_at`).
+        license: path -> the licence the file's own metadata names (timm's config.json
+            `pretrained_cfg.license`), or None.
     """
 
     name: str
@@ -74,6 +76,7 @@ class CheckpointFormat:
     patch_resize_rule: Optional[str] = None
     read_sized: Optional[Callable] = None
     torch_zip: bool = False
+    license: Optional[Callable] = None
 
     def read_at(self, path, image_size=None):
         """`read(path)`, or for a format whose files may not tell their own grid (a big_vision

@@ -32,24 +32,15 @@ from keras_vit.checkpoints.common import (
 from keras_vit.checkpoints.registry import CheckpointFormat
 from keras_vit.checkpoints.torch_zip import open_weights, weights_in_folder
 from keras_vit.models.config import NUMERICS
-from keras_vit.models.vit_family import VIT, heads_from_table, infer_config, infer_resnet
+from keras_vit.models.vit_family import VIT, heads_from_table, infer_config, infer_resnet, timm_zoo_table
 
 # === timm's ViT zoo: the architecture table ===
 
-_TABLE_FILE = os.path.join(os.path.dirname(__file__), "timm_vit_architectures.json")
-_TABLE = None
-
-
 def timm_vit_table():
     """{"timm_version", "modules": {module: {"architectures": {name: entrypoint kwargs},
-    "pretrained": {tag: pretrained_cfg}}}} of timm's vision_transformer.py and deit.py."""
-    global _TABLE
-    if _TABLE is None:
-        import json
-
-        with open(_TABLE_FILE) as f:
-            _TABLE = json.load(f)
-    return _TABLE
+    "pretrained": {tag: pretrained_cfg}}}} of timm's vision_transformer.py and deit.py
+    (`keras_vit.models.vit_family.timm_zoo_table`)."""
+    return timm_zoo_table()
 
 
 def timm_vit_arguments(architecture):
@@ -538,6 +529,15 @@ def _read_timm_zoo(weights, config, args, config_path, lazy):
 # === Format ===
 
 
+def license_of(path):
+    """The licence timm's config.json names for the weights (`pretrained_cfg.license`), or None."""
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    config = read_json_or_empty(os.path.join(folder, "config.json"))
+    cfg = config.get("pretrained_cfg") if isinstance(config, dict) else None
+    license = cfg.get("license") if isinstance(cfg, dict) else None
+    return license if isinstance(license, str) else None
+
+
 def detect(path):
     """A folder whose config.json names a timm architecture, or a .safetensors that is not
     transformers' (a bare timm file)."""
@@ -557,4 +557,5 @@ FORMAT = CheckpointFormat(
     numerics="timm",
     hub_files=("*.safetensors", "*.safetensors.index.json"),
     hub_fallback_files=("pytorch_model.bin",),  # read by checkpoints.torch_zip, which runs nothing from it
+    license=license_of,
 )
