@@ -92,7 +92,7 @@ EXPECTED = {
     "safetensors header": {"CheckpointError": 59, "read": 1},
     "safetensors 100 GB claims": {"CheckpointError": 4},
     "safetensors non-finite / int": {"CheckpointError": 4},
-    "timm config.json fields": {"CheckpointError": 18, "read": 22},
+    "timm config.json fields": {"CheckpointError": 19, "read": 21},
     "timm JSON documents": {"CheckpointError": 6},
     "timm_bit truncation": {"CheckpointError": 20},
     "timm_bit flipped bytes": {"read": 20},

@@ -394,14 +394,24 @@ def timm_state_to_tree(files, num_heads=None, *, source="checkpoint", config_hin
     return tree
 
 
-def _image_size(config):
+def _image_size(config, source):
+    """(height, width) of config.json's model_args.img_size (an int or a pair), else of
+    pretrained_cfg.input_size (C, H, W); None when it states neither."""
     args = config.get("model_args") or {}
-    size = args.get("img_size")
+    size, name = args.get("img_size"), "model_args.img_size"
     if size is None:
-        size = (config.get("pretrained_cfg") or {}).get("input_size", [None, None, None])[1:]
+        size, name = (config.get("pretrained_cfg") or {}).get("input_size", [None, None, None]), "input_size"
+        if not isinstance(size, (list, tuple)) or len(size) != 3:
+            raise CheckpointError(f"{source}: config.json {name} is {str(size)[:40]!r}; expected [channels, height, "
+                                  "width].")
+        size = list(size[1:])
         if None in size:
             return None
-    return (size, size) if isinstance(size, int) else tuple(size)
+    pair = [size, size] if not isinstance(size, (list, tuple)) else list(size)
+    if len(pair) != 2:
+        raise CheckpointError(f"{source}: config.json {name} is {str(size)[:40]!r}; expected an image size "
+                              "(an int or [height, width]).")
+    return tuple(_positive_int(v, name, source) for v in pair)
 
 
 def read_timm(path, lazy=False):
@@ -453,7 +463,7 @@ def _read_timm(path, lazy):
         )
     files = open_weights(weights)  # safetensors, or a PyTorch zip read without pickle
     tree = timm_state_to_tree(files, num_heads, source=weights)
-    out = infer_config(tree, NUMERICS["timm"], source=weights, image_size=_image_size(config))
+    out = infer_config(tree, NUMERICS["timm"], source=weights, image_size=_image_size(config, config_path))
     pool = args.get("global_pool", config.get("global_pool"))
     expected = "token" if out["classifier"] == "token" else "avg"
     if pool not in (None, "", expected):
@@ -478,8 +488,9 @@ def _normalization(pretrained_cfg):
 def _read_timm_zoo(weights, config, args, config_path, lazy):
     """A model of timm's ViT zoo: `args` are the entrypoint's keyword arguments overridden by
     config.json's model_args (as timm builds it)."""
-    # The pooling the saved model had (config.json's global_pool) is the one its head was trained on.
-    if "global_pool" in config and "global_pool" not in (config.get("model_args") or {}):
+    # The pooling the saved model had (config.json's global_pool) is the one its head was trained on;
+    # null there means the architecture's own, as in the original ViT's reader above.
+    if config.get("global_pool") is not None and "global_pool" not in (config.get("model_args") or {}):
         args["global_pool"] = config["global_pool"]
     variant, mlp_layer = timm_variant(args, config_path)
     num_heads = _positive_int(args.get("num_heads"), "num_heads", config_path)
@@ -489,7 +500,7 @@ def _read_timm_zoo(weights, config, args, config_path, lazy):
     patch, hidden = int(embed.shape[0]), int(embed.shape[-1])
     prefix = int(variant["classifier"] == "token" if variant["class_token"] is None else variant["class_token"])
     prefix += int(variant["distillation_token"]) + variant["register_tokens"]
-    size = _image_size(config)
+    size = _image_size(config, config_path)
     if "Transformer/posembed_input/pos_embedding" in tree:
         tokens = int(tree["Transformer/posembed_input/pos_embedding"].shape[1])
         tokens -= prefix if variant["class_token_position_embedding"] else 0

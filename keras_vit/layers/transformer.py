@@ -13,6 +13,7 @@ import keras
 import numpy as np
 from keras import ops
 
+from keras_vit.choices import MLP_ACTIVATIONS, NORMS
 from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.layers.matmul import dot_product_attention, gelu, matmul, matmul_add, seeded_dropout
 from keras_vit.layers.position import PositionEmbedding  # noqa: F401  (re-exported)
@@ -214,20 +215,12 @@ class RMSNorm(keras.layers.Layer):
         return config
 
 
-#: The norms a ViT's blocks can use: "layer_norm" (the original's) and "rms_norm" (AIMv2's).
-NORMS = ("layer_norm", "rms_norm")
-
-
 def make_norm(kind, epsilon, dtype, name):
     """A LayerNormalization or RMSNorm layer (`kind` one of NORMS) with `epsilon`."""
     if kind == "rms_norm":
         return RMSNorm(epsilon, dtype=dtype, name=name)
     return keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
 
-
-#: MLP activations: "gelu" (erf), "gelu_tanh", "quick_gelu" (x * sigmoid(1.702 x), OpenAI CLIP's),
-#: "silu". None: GELU in the form `gelu_approximate` says (the original and timm's default).
-MLP_ACTIVATIONS = (None, "gelu", "gelu_tanh", "quick_gelu", "silu")
 
 
 def mlp_activation(x, activation, gelu_approximate=True):

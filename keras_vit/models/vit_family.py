@@ -14,6 +14,7 @@ import os
 import re
 from typing import ClassVar
 
+from keras_vit.choices import MLP_ACTIVATIONS, NORMS
 from keras_vit.errors import CheckpointError
 from keras_vit.models.bit_family import conv_flops, count_units, resnet_flops, width_factor
 from keras_vit.models.config import NUMERICS, RESIZE_RULES, FieldGroupConfig, as_pair, config_field, suggest
@@ -418,8 +419,6 @@ class ViTConfig(FieldGroupConfig):
 
     def _check_variant_fields(self):
         """Normalise and validate the fields of timm's switches (the "Variants" block)."""
-        from keras_vit.layers.transformer import MLP_ACTIVATIONS, NORMS
-
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
         if self.class_token is not None:
             set_("class_token", bool(self.class_token))
