@@ -245,14 +245,17 @@ def check_architecture(architecture, config, source):
     from keras_vit.models.family import family_of
 
     family = family_of(architecture)
-    # Every config field the row states (one the row leaves None too), and the checkpoint fields of
-    # its `variant` (timm's zoo rows: layer scale, registers, numerics, ...), which a checkpoint
-    # config leaves out where they are the config class's defaults.
+    # Every config field the row states (one the row leaves None too). A row with a `variant`
+    # (timm's zoo: layer scale, registers, numerics, ...) states the whole architecture: every
+    # checkpoint field but the size and the head, the config class's default where neither the row
+    # nor the checkpoint config (which leaves defaults out) names it.
     fields = [f.name for f in dataclasses.fields(architecture) if f.name in family.config_class.fields()]
     expected = {k: _comparable(getattr(architecture, k)) for k in fields}
-    variant = {k: v for k, v in getattr(architecture, "variant", ()) if k in family.checkpoint_fields}
-    expected.update({k: _comparable(v) for k, v in variant.items()})
-    defaults = {f.name: f.default for f in dataclasses.fields(family.config_class) if f.name in variant}
+    defaults = {f.name: f.default for f in dataclasses.fields(family.config_class)}
+    if getattr(architecture, "variant", ()):
+        stated = architecture.kwargs()
+        expected.update({k: _comparable(stated.get(k, defaults[k])) for k in family.checkpoint_fields
+                         if k not in ("image_size", "classes")})
     got = {k: _comparable(config.get(k, defaults.get(k))) for k in expected}
     try:
         same_family = family_of(config) is family

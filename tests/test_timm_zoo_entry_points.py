@@ -28,6 +28,12 @@ from test_hub_server import HubServer, hub_env, run_hub_python  # noqa: E402
 from test_timm_zoo import CASES, _timm_outputs, randomize_torch  # noqa: E402
 
 OWNER = "timm-test"
+#: The cases of tests/test_timm_zoo.py served from the Hub, one per feature group (registers and
+#: layer scale, CLIP's pre-norm and QuickGELU, SigLIP's MAP head, DeiT's two heads, AIMv2's RmsNorm
+#: and SwiGLU, fc_norm after average pooling): an hf:// handle resolves to a folder in the Hub's
+#: cache, which the reader reads as test_timm_zoo.py reads every case's folder.
+HUB_CASES = ("dinov2_small_reg4", "clip_b32_quickgelu", "siglip_b16_map", "deit_small_distilled", "aimv2_large",
+             "medium_gap_256")
 #: A full-width DINOv2-S/14 with 4 registers (12 blocks, width 384) at 28 px: the architecture of
 #: the DINOv2S14Reg4 constructor, cheap to run (4 patches).
 DINOV2 = ("dinov2_s14_reg4_28", "vit_small_patch14_reg4_dinov2", dict(img_size=28))
@@ -63,7 +69,8 @@ def zoo(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("zoo_hub")
     out = {}
-    cases = [(case, arch, dict(depth=2, **overrides)) for case, arch, overrides in CASES] + [DINOV2, MAE]
+    cases = [(case, arch, dict(depth=2, **overrides)) for case, arch, overrides in CASES if case in HUB_CASES]
+    cases += [DINOV2, MAE]
     for i, (case, arch, args) in enumerate(cases):
         model = randomize_torch(timm.create_model(arch, pretrained=False, **args), seed=100 + i)
         folder = root / "repos" / OWNER / case
@@ -164,7 +171,7 @@ print("RESULT" + json.dumps(result))
 
 @pytest.mark.slow
 @pytest.mark.backend_independent
-def test_every_zoo_case_loads_from_the_hub(zoo, tmp_path):
+def test_zoo_cases_load_from_the_hub(zoo, tmp_path):
     cases = {case: _load_kwargs(entry["model"]) for case, entry in zoo["cases"].items()}
     with HubServer(zoo["root"] / "repos") as server:
         code = (f"import sys; sys.argv = ['-c', {str(zoo['root'])!r}, {OWNER!r}, {json.dumps(cases)!r}]\n"

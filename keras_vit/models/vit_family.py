@@ -1049,6 +1049,8 @@ def _patch_resize_refusal(config):
 
 def _vit_to_checkpoint(model_config):
     config = {k: model_config[k] for k in ARCHITECTURE_FIELDS if k in model_config}
+    if model_config.get("input_normalization") is not None:  # the weights' own input (timm's zoo)
+        config["input_normalization"] = tuple(tuple(part) for part in model_config["input_normalization"])
     size = config["image_size"]
     config["image_size"] = (size, size) if isinstance(size, int) else tuple(size)
     if config.get("resnet") is not None:
