@@ -1,0 +1,103 @@
+"""Dense features (`forward_intermediates`, `feature_extractor`, `feature_info`) against timm's
+`forward_intermediates`, and the ViTDet simple feature pyramid against its formulas.
+
+ViT-B/16, DeiT-III-S (layer scale, no class-token position embedding) and DINOv2-S/14 with 4
+registers: random-weight timm models at tiny image sizes (depth 3), saved as timm saves a Hub
+repo and read through keras_vit's timm reader. Their intermediates (every index form, normed or
+not, prefix tokens split off) and final features equal timm's within max(2e-5, twice timm's own
+float32 error against float64), relative to each output's scale.
+"""
+
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+
+sys.modules.setdefault("triton", None)
+torch = pytest.importorskip("torch")
+timm = pytest.importorskip("timm")
+
+from test_timm_zoo import randomize_torch  # noqa: E402
+
+# (case, timm architecture, create_model overrides)
+CASES = [
+    ("vit_b16", "vit_base_patch16_224", dict(img_size=32)),
+    ("deit3_small", "deit3_small_patch16_224", dict(img_size=32)),
+    ("dinov2_small_reg4", "vit_small_patch14_reg4_dinov2", dict(img_size=28)),
+]
+DEPTH = 3
+# {case: [(indices, norm, return_prefix_tokens, output)]}: timm's forms of `indices`, normed or not,
+# prefix tokens split off or dropped, both formats.
+CALLS = {
+    "vit_b16": [(None, False, True, "nhwc"), ([0, -1], True, False, "tokens")],
+    "deit3_small": [(2, True, True, "nhwc"), ([1], False, True, "tokens")],
+    "dinov2_small_reg4": [(None, True, True, "nhwc"), ([0, -1], False, True, "tokens")],
+}
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """{case: (keras_vit model, timm model)}, each read from timm's own Hub layout."""
+    from timm.models._hub import save_for_hf
+
+    out = {}
+    for seed, (case, arch, overrides) in enumerate(CASES):
+        args = dict(depth=DEPTH, **overrides)
+        ref = randomize_torch(timm.create_model(arch, pretrained=False, **args), seed=seed)
+        folder = tmp_path_factory.mktemp(case)
+        save_for_hf(ref, folder, safe_serialization=True, model_args=args)
+        out[case] = (keras_vit.load_checkpoint(folder, include_top=False), ref)
+    return out
+
+
+def _timm_intermediates(ref, x, indices, norm, prefix, output):
+    """timm's (final, intermediates) in float32 and float64, as NumPy float64, channels last."""
+    results = []
+    for dtype in (torch.float32, torch.float64):
+        m = ref.to(dtype)
+        with torch.no_grad():
+            images = torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).to(dtype)
+            final, inter = m.forward_intermediates(
+                images, indices=indices, norm=norm, return_prefix_tokens=prefix,
+                output_fmt="NCHW" if output == "nhwc" else "NLC",
+            )
+
+        def as_numpy(t):
+            t = t.double().numpy()
+            return t.transpose(0, 2, 3, 1) if t.ndim == 4 else t
+
+        inter = [[as_numpy(p) for p in item] if isinstance(item, tuple) else as_numpy(item) for item in inter]
+        results.append((as_numpy(final), inter))
+    ref.to(torch.float32)
+    return results
+
+
+def _flat(structure):
+    return [np.asarray(t, np.float64) for t in keras.tree.flatten(structure)]
+
+
+@pytest.mark.parametrize("case", [c[0] for c in CASES])
+def test_intermediates_equal_timm(models, case):
+    model, ref = models[case]
+    x = np.random.default_rng(3).uniform(-1, 1, (2, *model.config.image_size, 3)).astype("float32")
+    for indices, norm, prefix, output in CALLS[case]:
+        (final32, inter32), (final64, inter64) = _timm_intermediates(ref, x, indices, norm, prefix, output)
+        final, inter = model.forward_intermediates(
+            x, indices, norm=norm, return_prefix_tokens=prefix, output=output)
+        ours, want32, want64 = _flat([final, inter]), _flat([final32, inter32]), _flat([final64, inter64])
+        assert [o.shape for o in ours] == [w.shape for w in want64], (case, indices)
+        for got, w32, w64 in zip(ours, want32, want64):
+            scale = np.abs(w64).max()
+            timm_error = np.abs(w32 - w64).max() / scale
+            error = np.abs(got - w64).max() / scale
+            assert error <= max(2e-5, 2 * timm_error), (case, indices, norm, error, timm_error)
+
+
+def test_feature_info_equals_timm(models):
+    for case, (model, ref) in models.items():
+        ours = [(f["channels"], f["reduction"]) for f in model.feature_info]
+        assert ours == [(f["num_chs"], f["reduction"]) for f in ref.feature_info], case
+        assert [f["layer"] for f in model.feature_info] == [f"encoderblock_{i}" for i in range(DEPTH)]
