@@ -144,7 +144,7 @@ def user_error_types():
     types = [FileNotFoundError, NotADirectoryError, IsADirectoryError, ValueError, ImportError]
     for module, names in (
         ("keras_vit.hub", ("HubError",)),
-        ("keras_vit.checkpoints.common", ("CheckpointError",)),
+        ("keras_vit.errors", ("CheckpointError",)),
         ("keras_vit.data.tfds_sources", ("DatasetNotPreparedError",)),
         ("keras_vit.data", ("DatasetNotPreparedError",)),
     ):

@@ -21,8 +21,8 @@ import warnings
 from typing import Optional
 
 from keras_vit import hub, names, presets
-from keras_vit.checkpoints.common import CheckpointError
 from keras_vit.checkpoints.registry import CheckpointFormat, detect_format, hub_fallback_patterns, hub_file_patterns
+from keras_vit.errors import CheckpointError
 
 #: File endings that make a string a path rather than a name.
 _PATH_ENDINGS = (".npz", ".keras", ".h5", ".safetensors", ".json")

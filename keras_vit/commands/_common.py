@@ -7,6 +7,8 @@ import math
 import os
 import re
 
+from keras_vit.storage.json_files import read_json_object
+
 #: The embedded datasets and the prefix of tfds ones, for --help texts.
 DATA_HELP = (
     "data: 'digits' or 'shapes' (embedded, no download), 'tfds:NAME' (a prepared tensorflow-datasets "
@@ -338,12 +340,8 @@ def _check_split(data, split):
 def check_out_is_own(args):
     """Refuse, before anything loads, an --out that holds the run of another command (a finetune
     run's config.json and metrics would be replaced); a folder of the same command is rewritten."""
-    try:
-        with open(os.path.join(args.out, "config.json")) as f:
-            saved = json.load(f)
-    except (OSError, ValueError):
-        return
-    other = saved.get("command") if isinstance(saved, dict) else None
+    saved = read_json_object(os.path.join(args.out, "config.json"), missing={}, malformed={})
+    other = saved.get("command")
     if isinstance(other, str) and other != args.command:
         raise ValueError(
             f"--out {args.out} holds a `keras-vit {other}` run; its config.json and metrics would be replaced. Write "
@@ -655,10 +653,8 @@ def check_resume(args, config=None):
     if not getattr(args, "resume", False):
         return
     path = os.path.join(args.out, "config.json")
-    try:
-        with open(path) as f:
-            saved = json.load(f)
-    except (OSError, ValueError):
+    saved = read_json_object(path, missing=None, malformed=None)
+    if saved is None:
         return  # nothing recorded to resume from: a new run
     if config is None:
         config = run_config(args, warmup=args.warmup if args.warmup is not None else default_warmup(args.steps))

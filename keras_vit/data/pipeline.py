@@ -21,12 +21,9 @@ Randomness is derived from `seed` only: the same seed gives the same batches.
 import dataclasses
 import os
 
+from keras_vit.data.augmentation import INCEPTION_AREA_RANGE, INCEPTION_ASPECT_RANGE
 from keras_vit.data.embedded import EMBEDDED_DATASETS, load_embedded
 from keras_vit.data.tfds_sources import TFDS_DATASETS
-
-#: The paper's / original repo's Inception crop ranges: area fraction and aspect ratio (w / h).
-INCEPTION_AREA_RANGE = (0.05, 1.0)
-INCEPTION_ASPECT_RANGE = (3.0 / 4.0, 4.0 / 3.0)
 
 
 @dataclasses.dataclass

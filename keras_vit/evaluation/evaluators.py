@@ -213,9 +213,10 @@ def load_for_evaluation(path):
         return None
     import keras
 
-    import keras_vit  # noqa: F401  registers the layers
+    from keras_vit.models.family import import_model_classes
     from keras_vit.training import callbacks
 
+    import_model_classes()  # registers every model class and layer for load_model
     model = keras.saving.load_model(path)
     pairs = callbacks._ema_pairs(model)
     if not pairs:

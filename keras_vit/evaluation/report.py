@@ -7,8 +7,9 @@ Table 2's rows, with the paper's figures beside them.
 
 import csv
 import io
-import json
 import os
+
+from keras_vit.storage.json_files import read_json_object
 
 #: Table 2's rows, in its order.
 ROWS = ("ImageNet", "ImageNet ReaL", "CIFAR-10", "CIFAR-100", "Oxford-IIIT Pets", "Oxford Flowers-102",
@@ -60,17 +61,7 @@ def _unreadable(path, what):
 def _read_json(path):
     """The JSON object in `path` (None when there is no such file); a file that is not JSON, or
     not a JSON object, is an error that names it."""
-    try:
-        with open(path) as f:
-            value = json.load(f)
-    except FileNotFoundError:
-        return None
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise _unreadable(path, f"is not valid JSON ({error})") from None
-    if not isinstance(value, dict):
-        kind = {list: "an array", str: "a string", type(None): "null"}.get(type(value), "a number")
-        raise _unreadable(path, f"holds {kind}, not a JSON object")
-    return value
+    return read_json_object(path, missing=None, malformed=_unreadable)
 
 
 def _check_run_folder(run_dir):

@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from keras_vit.data.tfds_sources import TFDS_DATASETS, VTAB_TASKS, get_tfds_source
+from keras_vit.storage.json_files import read_json_object
 
 GROUPS = ("natural", "specialized", "structured")
 
@@ -82,22 +83,17 @@ def summarise(rows):
     return summary
 
 
+def _not_a_task(path, reason):
+    return ValueError(f"{path} {reason}: it was not written by keras-vit vtab, or it was cut short; delete it to run "
+                      "that task again.")
+
+
 def _read_task(path):
     """A finished task's row (None when the task has not run); a file that is not one is an error
     that names it."""
-    try:
-        with open(path) as f:
-            row = json.load(f)
-    except FileNotFoundError:
-        return None
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        row, reason = None, f"is not valid JSON ({error})"
-    else:
-        reason = None if isinstance(row, dict) and isinstance(row.get("setting"), dict) and "top1" in row else \
-            "is not a task result (no top1 and setting)"
-    if reason:
-        raise ValueError(f"{path} {reason}: it was not written by keras-vit vtab, or it was cut short; delete it to "
-                         "run that task again.")
+    row = read_json_object(path, missing=None, malformed=_not_a_task)
+    if row is not None and not (isinstance(row.get("setting"), dict) and "top1" in row):
+        raise _not_a_task(path, "is not a task result (no top1 and setting)")
     return row
 
 
