@@ -34,10 +34,11 @@ from keras_vit.models.config_model import (
     serialized_activation,
 )
 from keras_vit.models.export_method import DeploymentExport
+from keras_vit.models.fit_checks import CheckedLabels
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class AxialResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
+class AxialResNet(DeploymentExport, CheckedLabels, TraceTrainStepOnce, keras.Model):
     """AxialResNet: a functional model whose layers carry the original's module names.
 
     The arguments are the fields of `keras_vit.models.axial_resnet_family.AxialResNetConfig`

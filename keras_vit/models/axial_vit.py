@@ -17,6 +17,7 @@ from keras_vit.layers.transformer import PatchEmbedding
 from keras_vit.models.axial_vit_family import AxialViTConfig
 from keras_vit.models.config_model import config_from_arguments, expose_config_fields, model_config, model_from_config
 from keras_vit.models.export_method import DeploymentExport
+from keras_vit.models.fit_checks import CheckedLabels
 
 
 def _graph(c, dtype):
@@ -59,7 +60,7 @@ def _graph(c, dtype):
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class AxialVisionTransformer(DeploymentExport, TraceTrainStepOnce, keras.Model):
+class AxialVisionTransformer(DeploymentExport, CheckedLabels, TraceTrainStepOnce, keras.Model):
     """Axial-ViT (Appendix D.6 of Dosovitskiy et al., 2021), keras_vit's reading of it.
 
     The patches stay a (rows, cols) grid: ViT's patch embedding (`embedding`), no class token,

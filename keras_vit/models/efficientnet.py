@@ -47,6 +47,7 @@ from keras_vit.models.config_model import (
     serialized_activation,
 )
 from keras_vit.models.export_method import DeploymentExport
+from keras_vit.models.fit_checks import CheckedLabels
 from keras_vit.models.efficientnet_family import (
     BATCH_NORM_MOMENTUM,
     EfficientNetConfig,
@@ -78,7 +79,7 @@ def _layer_name(path):
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class EfficientNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
+class EfficientNet(DeploymentExport, CheckedLabels, TraceTrainStepOnce, keras.Model):
     """EfficientNet: a functional model whose layers carry timm's module paths.
 
     The arguments are the fields of `keras_vit.models.efficientnet_family.EfficientNetConfig`
