@@ -24,7 +24,7 @@ import zipfile
 
 import numpy as np
 
-from keras_vit.errors import DataError, data_error
+from keras_vit.errors import DataError
 from keras_vit.evaluation.metrics import ClassificationMetrics
 from keras_vit.evaluation.objectnet import load_mapping, objectnet_dataset, objectnet_scores
 
@@ -78,29 +78,24 @@ def _batches_of_files(ds, paths, batch_size, image_size):
     cannot be read is a DataError naming that file, not TensorFlow's error."""
     import tensorflow as tf
 
+    from keras_vit.data.pipeline import numpy_batches
     from keras_vit.evaluation.objectnet import failing_image
 
-    iterator, seen = ds.as_numpy_iterator(), 0
-    while True:
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            return
-        except tf.errors.OpError as error:
-            found = data_error(error)
-            if found is not None:
-                raise found from None
-            window = paths[seen: seen + 2 * batch_size]  # prefetching may fail on the batch after this one
-            bad, problem = failing_image(window, image_size)
-            if isinstance(problem, DataError):
-                raise problem from None
-            if bad is None:  # each image reads on its own: name the window
-                bad, problem = f"among images {seen}-{seen + len(window) - 1}", error.message or str(error)
-            reason = re.sub(r"\{\{[^}]*\}\}", "", problem).strip().splitlines()[0].strip()
-            raise DataError(f"Cannot decode the image {bad} ({reason}): replace it with the download's file, or "
-                            "remove it.") from None
-        seen += len(batch[0])
-        yield batch
+    seen = 0
+    try:
+        for batch in numpy_batches(ds):  # keras_vit's own checks end in their DataError there
+            yield batch
+            seen += len(batch[0])
+    except tf.errors.OpError as error:
+        window = paths[seen: seen + 2 * batch_size]  # prefetching may fail on the batch after this one
+        bad, problem = failing_image(window, image_size)
+        if isinstance(problem, DataError):
+            raise problem from None
+        if bad is None:  # each image reads on its own: name the window
+            bad, problem = f"among images {seen}-{seen + len(window) - 1}", error.message or str(error)
+        reason = re.sub(r"\{\{[^}]*\}\}", "", problem).strip().splitlines()[0].strip()
+        raise DataError(f"Cannot decode the image {bad} ({reason}): replace it with the download's file, or "
+                        "remove it.") from None
 
 
 def _is_real(data):
