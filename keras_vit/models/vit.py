@@ -18,6 +18,7 @@ from keras_vit.layers.transformer import (
     TokenPooling,
     make_norm,
 )
+from keras_vit.models.fit_checks import CheckedLabels
 from keras_vit.models.vit_family import ViTConfig
 from keras_vit.models.config_model import config_from_arguments, expose_config_fields, model_config, model_from_config
 from keras_vit.models.export_method import DeploymentExport
@@ -152,7 +153,9 @@ def _distilled_heads(tokens, c, dtype):
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class VisionTransformer(DeploymentExport, FeatureMaps, TraceTrainStepOnce, TorchOnBatchInputs, keras.Model):
+class VisionTransformer(
+    DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepOnce, TorchOnBatchInputs, keras.Model
+):
     """Vision Transformer (Dosovitskiy et al., 2021), optionally on a BiT ResNet (R+ViT hybrids).
 
     A functional model: its layers carry the original Flax module names, and `get_config()`
