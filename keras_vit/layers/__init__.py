@@ -28,6 +28,7 @@ from keras_vit.layers.transformer import (
     EncoderBlock,
     MlpBlock,
     MultiHeadDotProductAttention,
+    PatchDropout,
     PatchEmbedding,
     SplitFanXavierUniform,
     TokenPooling,

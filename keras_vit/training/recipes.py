@@ -33,6 +33,7 @@ def for_finetuning(
     dropout_rate=None,
     attention_dropout_rate=None,
     drop_path_rate=None,
+    patch_drop_rate=None,
     remat=None,
     name=None,
 ):
@@ -59,6 +60,8 @@ def for_finetuning(
         dropout_rate, attention_dropout_rate, drop_path_rate: default: the family's (0 for the
             transformers, the model's own for an EfficientNet); a family without the argument
             refuses it.
+        patch_drop_rate: a ViT's patch dropout in training (timm's `patch_drop_rate`, e.g. 0.5
+            for FLIP-style fast fine-tuning); default 0.
         remat: recompute each encoder block in the backward pass (`VisionTransformer(remat=True)`):
             the same gradients with the activation memory of one block, for about a third more
             compute; for big models at high resolution (ViT-H/14 at 518 px). Default: the model's
@@ -78,7 +81,7 @@ def for_finetuning(
     common = dict(classes=int(classes), include_top=True, keep_representation=keep_representation, fresh_head=True,
                   warn=False)  # a new head is the point of fine-tuning
     asked = dict(dropout_rate=dropout_rate, attention_dropout_rate=attention_dropout_rate,
-                 drop_path_rate=drop_path_rate, remat=remat)
+                 drop_path_rate=drop_path_rate, patch_drop_rate=patch_drop_rate, remat=remat)
     asked = {k: v for k, v in asked.items() if v is not None}
     if isinstance(model, (str, os.PathLike)):
         resolved = loading.resolve(model, image_size=image_size)
