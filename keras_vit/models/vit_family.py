@@ -429,6 +429,12 @@ class ViTConfig(FieldGroupConfig):
                     f"Resize the images to a multiple of {stride}, e.g. {examples}."
                 )
 
+    @classmethod
+    def head_pooling(cls, arguments):
+        """Without a head (`classes=0`), the features as the classifier reads them: the class token,
+        the average, the MAP head or the first token ("none": the token sequence itself)."""
+        return {"none": None}.get(arguments.get("classifier", "token"), arguments.get("classifier", "token"))
+
     def _check_variant_fields(self):
         """Normalise and validate the fields of timm's switches (the "Variants" block)."""
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
