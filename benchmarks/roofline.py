@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/roofline.py                         # JAX, TensorFlow, PyTorch; float32
     .venv/bin/python benchmarks/roofline.py --dtypes float32 mixed_bfloat16 --train
     .venv/bin/python benchmarks/roofline.py --backends jax --rounds 3 --readme benchmarks/README.md
-    .venv/bin/python benchmarks/roofline.py --backends jax --keras-vit-from /tmp/old   # git archive OLD keras_vit | tar -x -C /tmp/old
+    git archive OLD keras_vit | tar -x -C /tmp/old        # another commit's keras_vit, for a before/after
+    .venv/bin/python benchmarks/roofline.py --backends jax --keras-vit-from /tmp/old
 
 One process per backend and dtype policy. In it, for batch 8 at 224 px:
 
@@ -23,9 +24,9 @@ One process per backend and dtype policy. In it, for batch 8 at 224 px:
 
 Every timed call alternates with the others round by round (the machine's drift hits all
 alike); the best of --rounds is kept and the load average printed. The table's "of matmul" is
-GFLOP/s against the best matmul rate measured in that same process. With --readme the table
-for this CPU replaces the one between `<!-- roofline: CPU -->` and `<!-- /roofline -->` in the
-file (a new section is appended for a CPU not seen before).
+GFLOP/s against the best matmul rate measured in that same process. With --readme the tables
+for this CPU replace the ones between `<!-- roofline: CPU -->` and `<!-- /roofline -->` in the
+file (a CPU not seen before gets its section after the last CPU's).
 """
 
 import argparse
@@ -194,7 +195,8 @@ def worker(backend, policy, rounds, train):
             best[name] = min(best[name], time.perf_counter() - start)
         loads.append(os.getloadavg()[0])
     return {
-        "backend": backend, "policy": policy, "jit_compile": jit, "loads": loads, "commit": commit.stdout.strip() or source,
+        "backend": backend, "policy": policy, "jit_compile": jit, "loads": loads,
+        "commit": commit.stdout.strip() or source,
         "rows": [{"name": n, "seconds": best[n], "count": calls[n][1], "flops": calls[n][2]} for n in names],
     }
 
@@ -210,7 +212,8 @@ def table(result, roof_all):
     roof_all = max(roof, roof_all)
     model = rows["model inference"]["seconds"]
     lines = [
-        f"#### {result['backend']}, {result['policy']}, keras_vit {result['commit']} (jit_compile={result['jit_compile']}; "
+        f"#### {result['backend']}, {result['policy']}, keras_vit {result['commit']} "
+        f"(jit_compile={result['jit_compile']}; "
         f"best matmul {roof / 1e9:.0f} GFLOP/s, all backends {max(roof, roof_all) / 1e9:.0f}; "
         f"load {min(result['loads']):.1f}-{max(result['loads']):.1f})",
         "",
@@ -218,6 +221,7 @@ def table(result, roof_all):
         "|---|---|---|---|---|---|---|",
     ]
     accounted = 0.0
+    whole = model * 1e3
     for name, r in rows.items():
         ms = r["seconds"] * 1e3
         rate = r["flops"] / r["seconds"] if r["flops"] else 0.0
@@ -227,11 +231,11 @@ def table(result, roof_all):
         elif r["count"]:
             total = ms * r["count"]
             accounted += total
-            lines.append(f"| {name} | {ms:.2f} | {r['count']} | {total:.0f} | {total / (model * 1e3):.0%} | {rate_cols} |")
+            lines.append(f"| {name} | {ms:.2f} | {r['count']} | {total:.0f} | {total / whole:.0%} | {rate_cols} |")
         elif name.startswith("  "):
-            lines.append(f"| {name} | {ms:.2f} | ({DEPTH}) | {ms * DEPTH:.0f} | {ms * DEPTH / (model * 1e3):.0%} | - | - |")
-    rest = model * 1e3 - accounted
-    lines.append(f"| fusion, layout and dispatch (model - pieces) | - | - | {rest:.0f} | {rest / (model * 1e3):.0%} | - | - |")
+            lines.append(f"| {name} | {ms:.2f} | ({DEPTH}) | {ms * DEPTH:.0f} | {ms * DEPTH / whole:.0%} | - | - |")
+    rest = whole - accounted
+    lines.append(f"| fusion, layout and dispatch (model - pieces) | - | - | {rest:.0f} | {rest / whole:.0%} | - | - |")
     for name in ("model inference", "timm inference", "model train step"):
         if name in rows:
             r = rows[name]
@@ -251,6 +255,9 @@ def update_readme(path, cpu, text):
     pattern = re.escape(start) + r".*?" + re.escape(end)
     if re.search(pattern, readme, flags=re.S):
         readme = re.sub(pattern, lambda _: block, readme, flags=re.S)
+    elif end in readme:  # a new CPU kind: after the last one's table
+        at = readme.rindex(end) + len(end)
+        readme = readme[:at] + f"\n\n##### {cpu}\n\n{block}" + readme[at:]
     else:
         readme = readme.rstrip("\n") + f"\n\n##### {cpu}\n\n{block}\n"
     with open(path, "w") as f:
@@ -287,7 +294,10 @@ def main(argv=None):
                 sys.exit(f"{backend} {policy} failed:\n{out.stderr[-3000:]}")
             results.append(json.loads(line[0][len("RESULT "):]))
             print(table(results[-1], 0.0), flush=True)  # as it comes; the summary follows
-    text = f"CPU: {cpu}; ViT-B/16, batch {B}, {forward_flops() / 1e9:.1f} GFLOP per image forward; best of {args.rounds} rounds.\n\n"
+    text = (
+        f"CPU: {cpu}; ViT-B/16, batch {B}, {forward_flops() / 1e9:.1f} GFLOP per image forward; "
+        f"best of {args.rounds} rounds.\n\n"
+    )
     for result in results:
         same = [r for r in results if r["policy"] == result["policy"]]
         roof_all = max(x["flops"] / x["seconds"] for r in same for x in r["rows"] if x["name"].startswith("matmul "))
