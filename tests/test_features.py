@@ -76,7 +76,7 @@ def _timm_intermediates(ref, x, indices, norm, prefix, output):
 
 
 def _flat(structure):
-    return [np.asarray(t, np.float64) for t in keras.tree.flatten(structure)]
+    return [np.asarray(keras.ops.convert_to_numpy(t), np.float64) for t in keras.tree.flatten(structure)]
 
 
 @pytest.mark.parametrize("case", [c[0] for c in CASES])
@@ -175,3 +175,18 @@ def test_simple_feature_pyramid_equals_vitdet_formula():
         SimpleFeaturePyramid(scale_factors=(8.0,))
     with pytest.raises(ValueError, match="channels 4 divides"):
         SimpleFeaturePyramid(channels=8).build((None, 4, 4, 6))
+
+
+@pytest.mark.backend_independent
+def test_cnn_feature_info_equals_timm():
+    """BiT, EfficientNet and the R+ViT hybrid list timm's features: the same channels and
+    reductions as timm's `feature_info` of the same architecture."""
+    from keras_vit.layers.init_scope import skip_random_init
+
+    for name, arch in [("BiTResNet50x1", "resnetv2_50x1_bit"), ("EfficientNetB0", "tf_efficientnet_b0"),
+                       ("RViTTi16", "vit_tiny_r_s16_p8_224")]:
+        with skip_random_init():  # shapes only: zero-filled variables build faster
+            ours = getattr(keras_vit, name)(weights=None, input_shape=(64, 64, 3)).feature_info
+        ref = timm.create_model(arch, pretrained=False, img_size=64) if "vit" in arch else timm.create_model(arch)
+        assert [(f["channels"], f["reduction"]) for f in ours] == [
+            (f["num_chs"], f["reduction"]) for f in ref.feature_info], name
