@@ -101,3 +101,77 @@ def test_feature_info_equals_timm(models):
         ours = [(f["channels"], f["reduction"]) for f in model.feature_info]
         assert ours == [(f["num_chs"], f["reduction"]) for f in ref.feature_info], case
         assert [f["layer"] for f in model.feature_info] == [f"encoderblock_{i}" for i in range(DEPTH)]
+
+
+class _ChannelNorm(torch.nn.Module):
+    """detectron2's LayerNorm over the channels of an NCHW map."""
+
+    def __init__(self, channels, eps):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(channels))
+        self.bias = torch.nn.Parameter(torch.zeros(channels))
+        self.eps = eps
+
+    def forward(self, x):
+        mean = x.mean(1, keepdim=True)
+        var = (x - mean).pow(2).mean(1, keepdim=True)
+        return self.weight[:, None, None] * (x - mean) / torch.sqrt(var + self.eps) + self.bias[:, None, None]
+
+
+def _torch_pyramid(layer, dim):
+    """ViTDet's SimpleFeaturePyramid in PyTorch (the paper's section 3, detectron2's layout), with
+    the Keras layer's weights: one nn.Sequential per scale."""
+    from torch import nn
+
+    levels = []
+    for scale, keras_layers in zip(layer.scale_factors, layer.levels):
+        if scale == 4.0:
+            mods = [nn.ConvTranspose2d(dim, dim // 2, 2, 2), _ChannelNorm(dim // 2, layer.epsilon), nn.GELU(),
+                    nn.ConvTranspose2d(dim // 2, dim // 4, 2, 2)]
+            width = dim // 4
+        elif scale == 2.0:
+            mods, width = [nn.ConvTranspose2d(dim, dim // 2, 2, 2)], dim // 2
+        elif scale == 1.0:
+            mods, width = [], dim
+        else:
+            mods, width = [nn.MaxPool2d(2, 2)], dim
+        mods += [nn.Conv2d(width, layer.channels, 1, bias=False), _ChannelNorm(layer.channels, layer.epsilon),
+                 nn.Conv2d(layer.channels, layer.channels, 3, padding=1, bias=False),
+                 _ChannelNorm(layer.channels, layer.epsilon)]
+        weighted = [m for m in mods if list(m.parameters())]
+        with torch.no_grad():
+            for mod, k in zip(weighted, [k for k in keras_layers if k.weights]):
+                w = [keras.ops.convert_to_numpy(v).astype(np.float64) for v in k.weights]
+                if isinstance(mod, nn.ConvTranspose2d):  # Keras (kh, kw, out, in) -> torch (in, out, kh, kw)
+                    mod.weight.copy_(torch.from_numpy(w[0].transpose(3, 2, 0, 1)))
+                    mod.bias.copy_(torch.from_numpy(w[1]))
+                elif isinstance(mod, nn.Conv2d):  # (kh, kw, in, out) -> (out, in, kh, kw)
+                    mod.weight.copy_(torch.from_numpy(w[0].transpose(3, 2, 0, 1)))
+                else:
+                    mod.weight.copy_(torch.from_numpy(w[0]))
+                    mod.bias.copy_(torch.from_numpy(w[1]))
+        levels.append(nn.Sequential(*mods).double())
+    return levels
+
+
+def test_simple_feature_pyramid_equals_vitdet_formula():
+    from keras_vit.layers import SimpleFeaturePyramid
+
+    rng = np.random.default_rng(5)
+    x = rng.normal(size=(2, 4, 6, 16)).astype("float32")
+    layer = SimpleFeaturePyramid(channels=8)
+    inputs = keras.Input(x.shape[1:])
+    model = keras.Model(inputs, layer(inputs))
+    for v in layer.weights:  # random values everywhere (biases and norms too)
+        v.assign(rng.normal(1.0 if v.path.endswith("gamma") else 0.0, 0.3, v.shape).astype("float32"))
+    ours = model.predict(x, verbose=0)
+    assert [m.shape for m in ours] == [(2, 16, 24, 8), (2, 8, 12, 8), (2, 4, 6, 8), (2, 2, 3, 8)]
+    images = torch.from_numpy(x.transpose(0, 3, 1, 2).astype(np.float64))
+    for got, level in zip(ours, _torch_pyramid(layer, 16)):
+        with torch.no_grad():
+            want = level(images).numpy().transpose(0, 2, 3, 1)
+        assert np.abs(got - want).max() / np.abs(want).max() < 1e-5
+    with pytest.raises(ValueError, match="scale_factors must be distinct values among"):
+        SimpleFeaturePyramid(scale_factors=(8.0,))
+    with pytest.raises(ValueError, match="channels 4 divides"):
+        SimpleFeaturePyramid(channels=8).build((None, 4, 4, 6))

@@ -11,6 +11,7 @@ float64), relative to the output's scale.
 
 import json
 import os
+import shutil
 import sys
 import warnings
 
@@ -79,13 +80,21 @@ def zoo(tmp_path_factory):
         x = np.random.default_rng(i).uniform(-1, 1, (2, *size, 3)).astype("float32")
         np.save(root / f"x_{case}.npy", x)
         out[case] = dict(folder=str(folder), model=model, x=x, ref=_timm_outputs(model, x))
+    # timm's QuickGELU CLIPs read the GELU models' repositories: the QuickGELU case's weights in a
+    # repository whose config.json names the GELU architecture.
+    quick = out["clip_b32_quickgelu"]["model"]
+    args = dict(depth=2, **dict((c[0], c[2]) for c in CASES)["clip_b32_quickgelu"])
+    args["num_classes"] = quick.num_classes
+    gelu = timm.create_model("vit_base_patch32_clip_224", pretrained=False, **args)
+    gelu.load_state_dict(quick.state_dict())
+    save_for_hf(gelu.eval(), root / "repos" / OWNER / "clip_b32_gelu_repo", safe_serialization=True, model_args=args)
     return dict(root=root, cases=out)
 
 
 # === The constructors' weights= (a local folder), on every backend ===
 
 
-def test_constructor_loads_its_timm_architecture(zoo):
+def test_constructor_loads_its_timm_architecture(zoo, tmp_path):
     case = zoo["cases"][DINOV2[0]]
     model = keras_vit.DINOv2S14Reg4(weights=case["folder"], input_shape=(28, 28, 3), include_top=False,
                                     pooling="token")
@@ -93,10 +102,15 @@ def test_constructor_loads_its_timm_architecture(zoo):
     assert ok, errors
     # The weights' normalisation (timm's pretrained_cfg: ImageNet's) comes with the model.
     assert model.config.input_normalization == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
-    # Another head: a fresh zero-initialised one on the same features.
-    head = keras_vit.DINOv2S14Reg4(weights=case["folder"], input_shape=(28, 28, 3), classes=5,
-                                   classifier_activation=None)
-    np.testing.assert_array_equal(head.predict(case["x"], verbose=0), 0.0)
+    # Weights that expect another input than the row's default (as CLIPL14's LAION-2B weights take
+    # [-1, 1], not CLIP's mean/std): the weights' normalisation wins.
+    other = tmp_path / "other_normalisation"
+    shutil.copytree(case["folder"], other)
+    config = json.loads((other / "config.json").read_text())
+    config["pretrained_cfg"].update(mean=[0.5, 0.5, 0.5], std=[0.5, 0.5, 0.5])
+    (other / "config.json").write_text(json.dumps(config))
+    model = keras_vit.DINOv2S14Reg4(weights=str(other), input_shape=(28, 28, 3), include_top=False, pooling="token")
+    assert model.config.input_normalization is None
 
 
 def test_constructor_refuses_another_zoo_architecture(zoo):
@@ -164,6 +178,12 @@ with warnings.catch_warnings(record=True) as caught:
                                         pooling="token")
 result["constructor_tag"] = model.predict(x, verbose=0).tolist()
 result["tag_warnings"] = [str(w.message) for w in caught if "licensed" in str(w.message)]
+# A preset stating what its architecture changes in the repository's config.json (QuickGELU).
+presets.register_preset("CLIPB16QuickGELU", "test_quick", 64, f"{owner}/clip_b32_gelu_repo", classes=64,
+                        config=(("mlp_activation", "quick_gelu"),))
+x = np.load(os.path.join(root, "x_clip_b32_quickgelu.npy"))
+model = keras_vit.load_checkpoint("CLIPB16QuickGELU.test_quick", classifier_activation=None)
+result["quick_preset"] = model.predict(x, verbose=0).tolist()
 result["convert"] = main(["convert", f"hf://{owner}/siglip_b16_map", os.path.join(root, "converted")])
 print("RESULT" + json.dumps(result))
 """
@@ -185,6 +205,9 @@ def test_zoo_cases_load_from_the_hub(zoo, tmp_path):
     for key in ("constructor_hf", "constructor_tag"):
         ok, errors = _within(result[key], *dinov2["ref"])
         assert ok, (key, errors)
+    # The QuickGELU preset read from the GELU repository gives timm's QuickGELU model's outputs.
+    ok, errors = _within(result["quick_preset"], *zoo["cases"]["clip_b32_quickgelu"]["ref"])
+    assert ok, errors
     # Two loads of the non-commercial tag: one line, naming the licence.
     assert len(result["tag_warnings"]) == 1 and "cc-by-nc-4.0" in result["tag_warnings"][0]
     # keras-vit convert hf://... wrote a preset folder that loads to timm's outputs.

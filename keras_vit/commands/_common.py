@@ -389,10 +389,12 @@ def training_api():
     return training
 
 
-def add_model_args(parser, *, source=True, default_arch=None, square_reason=None):
+def add_model_args(parser, *, source=True, default_arch=None, square_reason=None,
+                   image_size_default="the checkpoint's, or 224"):
     """The model arguments every command shares: --arch, --weights, --preset (with `source`)
     and --image-size (square, or HxW unless `square_reason` says why the command cannot run
-    at one). Read them back with `load_model(args, ...)`."""
+    at one; `image_size_default` says what it is when not given). Read them back with
+    `load_model(args, ...)`."""
     group = parser.add_argument_group("model")
     if source:
         group.add_argument(
@@ -413,7 +415,7 @@ def add_model_args(parser, *, source=True, default_arch=None, square_reason=None
     group.add_argument("--image-size", type=image_size_type(square_reason), default=None, metavar="SIZE",
                        help="input resolution: " + (
                            "one number of pixels (a square input)" if square_reason else IMAGE_SIZE_FORMS)
-                       + " (default: the checkpoint's, or 224); the patch size must divide it")
+                       + f" (default: {image_size_default}); the patch size must divide it")
     return group
 
 
@@ -601,9 +603,25 @@ def resolve_weights(args, *, image_size=None):
     return args._resolved_weights
 
 
+def weights_id(args):
+    """What the weights of a run are, wherever it is read from: the preset's name, hf://owner/repo
+    (@ the commit downloaded), or the absolute path of a local checkpoint; None for --weights none.
+    `keras-vit report` gives runs of the same weights one column."""
+    resolved = getattr(args, "_resolved_weights", None)
+    if resolved is None:
+        return None
+    if resolved.preset is not None:
+        return resolved.preset.name
+    if resolved.repo:
+        return f"hf://{resolved.repo}" + (f"@{resolved.commit}" if resolved.commit else "")
+    return os.path.realpath(resolved.path)
+
+
 def run_config(args, **extra):
-    """The arguments of a run as its config.json records them (as typed, with `extra`)."""
-    return dict({k: v for k, v in vars(args).items() if not k.startswith("_")}, func=None, **extra)
+    """The arguments of a run as its config.json records them (as typed, with `extra`), and the
+    weights it ran (`weights_id`)."""
+    config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
+    return dict(config, func=None, weights_id=weights_id(args), **extra)
 
 
 def default_warmup(steps):
@@ -624,7 +642,7 @@ def check_training_args(args):
 #: Arguments that do not change what a resumed run computes.
 #: How many processes compute a step does not change what it computes (the global batch is the same).
 _RESUME_IGNORES = ("command", "func", "out", "resume", "verbose", "data_dir", "distribute", "coordinator_address",
-                   "num_processes", "process_id", "join_timeout")
+                   "num_processes", "process_id", "join_timeout", "weights_id")
 #: The recorded settings that the command works out when a flag is not given.
 _RESUME_DERIVED = {"image_size", "classes"}
 

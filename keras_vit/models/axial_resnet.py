@@ -35,10 +35,11 @@ from keras_vit.models.config_model import (
 )
 from keras_vit.models.export_method import DeploymentExport
 from keras_vit.models.features import FeatureEndpoint, FeatureMaps
+from keras_vit.models.fit_checks import CheckedLabels
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class AxialResNet(DeploymentExport, FeatureMaps, TraceTrainStepOnce, keras.Model):
+class AxialResNet(DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepOnce, keras.Model):
     """AxialResNet: a functional model whose layers carry the original's module names.
 
     The arguments are the fields of `keras_vit.models.axial_resnet_family.AxialResNetConfig`

@@ -18,6 +18,7 @@ from keras_vit.models.axial_vit_family import AxialViTConfig
 from keras_vit.models.config_model import config_from_arguments, expose_config_fields, model_config, model_from_config
 from keras_vit.models.export_method import DeploymentExport
 from keras_vit.models.features import FeatureEndpoint, FeatureMaps
+from keras_vit.models.fit_checks import CheckedLabels
 
 
 def _graph(c, dtype):
@@ -60,7 +61,9 @@ def _graph(c, dtype):
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class AxialVisionTransformer(DeploymentExport, FeatureMaps, TraceTrainStepOnce, keras.Model):
+class AxialVisionTransformer(
+    DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepOnce, keras.Model
+):
     """Axial-ViT (Appendix D.6 of Dosovitskiy et al., 2021), keras_vit's reading of it.
 
     The patches stay a (rows, cols) grid: ViT's patch embedding (`embedding`), no class token,

@@ -26,10 +26,11 @@ from keras_vit.models.config_model import (
 )
 from keras_vit.models.export_method import DeploymentExport
 from keras_vit.models.features import FeatureEndpoint, FeatureMaps
+from keras_vit.models.fit_checks import CheckedLabels
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class BiTResNet(DeploymentExport, FeatureMaps, TraceTrainStepOnce, keras.Model):
+class BiTResNet(DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepOnce, keras.Model):
     """BiT ResNet-v2: a functional model whose layers carry big_transfer's module names.
 
     The arguments are the fields of `keras_vit.models.bit_family.BiTConfig` (normalised and

@@ -120,7 +120,34 @@ class FieldGroupConfig:
         check_keywords(config, cls.fields(), cls.__name__)
         return cls(**config)
 
+    @classmethod
+    def head_pooling(cls, arguments):
+        """The pooling a model of `arguments` reads its features with when it has no head
+        (`classes=0`): global average pooling unless the config class says otherwise."""
+        return "avg"
+
     def replace(self, **changes):
         """A copy with `changes` applied (validated again); unknown names raise with a suggestion."""
         check_keywords(changes, self.fields(), f"{type(self).__name__}.replace")
         return dataclasses.replace(self, **changes)
+
+
+def without_head(config_class, arguments):
+    """Model arguments with timm's `num_classes=0` read as Keras says it: `classes=0` means no head,
+    the features pooled as the head would have read them (`include_top=False` and the pooling
+    `config_class.head_pooling` gives, unless `pooling` is set). Other arguments come back as
+    they are.
+
+    Example:
+        >>> from keras_vit.models.bit_family import BiTConfig
+        >>> without_head(BiTConfig, {"classes": 0, "block_units": [1]})
+        {'block_units': [1], 'include_top': False, 'pooling': 'avg'}
+    """
+    classes = arguments.get("classes")
+    if isinstance(classes, bool) or classes != 0:
+        return arguments
+    out = {k: v for k, v in arguments.items() if k != "classes"}
+    out["include_top"] = False
+    if out.get("pooling") is None:
+        out["pooling"] = config_class.head_pooling(out)
+    return out

@@ -48,6 +48,7 @@ from keras_vit.models.config_model import (
 )
 from keras_vit.models.export_method import DeploymentExport
 from keras_vit.models.features import FeatureEndpoint, FeatureMaps
+from keras_vit.models.fit_checks import CheckedLabels
 from keras_vit.models.efficientnet_family import (
     BATCH_NORM_MOMENTUM,
     EfficientNetConfig,
@@ -79,7 +80,7 @@ def _layer_name(path):
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class EfficientNet(DeploymentExport, FeatureMaps, TraceTrainStepOnce, keras.Model):
+class EfficientNet(DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepOnce, keras.Model):
     """EfficientNet: a functional model whose layers carry timm's module paths.
 
     The arguments are the fields of `keras_vit.models.efficientnet_family.EfficientNetConfig`

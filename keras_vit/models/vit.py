@@ -13,11 +13,13 @@ from keras_vit.layers.resnet import GroupNorm, MaxPoolSame, ResNetStage, StdConv
 from keras_vit.layers.transformer import (
     ClassToken,
     EncoderBlock,
+    PatchDropout,
     PatchEmbedding,
     RegisterTokens,
     TokenPooling,
     make_norm,
 )
+from keras_vit.models.fit_checks import CheckedLabels
 from keras_vit.models.vit_family import ViTConfig
 from keras_vit.models.config_model import config_from_arguments, expose_config_fields, model_config, model_from_config
 from keras_vit.models.export_method import DeploymentExport
@@ -83,6 +85,8 @@ def _graph(config, dtype):
     if position is not None and c.class_token_position_embedding:
         x = add_position(x)
     x = keras.layers.Dropout(c.dropout_rate, dtype=dtype, name="dropout")(x)
+    if c.patch_drop_rate:  # timm's order: position dropout, patch dropout, norm_pre
+        x = PatchDropout(c.patch_drop_rate, c.num_prefix_tokens, dtype=dtype, name="patch_dropout")(x)
     if c.pre_norm:
         x = make_norm(c.norm, c.layer_norm_epsilon, dtype, "norm_pre")(x)
     relative = c.num_tokens if c.position_embedding == "relative" else None
@@ -152,7 +156,9 @@ def _distilled_heads(tokens, c, dtype):
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class VisionTransformer(DeploymentExport, FeatureMaps, TraceTrainStepOnce, TorchOnBatchInputs, keras.Model):
+class VisionTransformer(
+    DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepOnce, TorchOnBatchInputs, keras.Model
+):
     """Vision Transformer (Dosovitskiy et al., 2021), optionally on a BiT ResNet (R+ViT hybrids).
 
     A functional model: its layers carry the original Flax module names, and `get_config()`
@@ -200,6 +206,9 @@ class VisionTransformer(DeploymentExport, FeatureMaps, TraceTrainStepOnce, Torch
         classifier_activation: activation of the head ("softmax", None for logits, ...).
         dropout_rate, attention_dropout_rate: dropout after embeddings / in blocks, and on the
             attention weights.
+        patch_drop_rate: in training, drop this fraction of each image's patch tokens after the
+            position embedding (timm's `patch_drop_rate`; the class, distillation and register
+            tokens are kept); no effect on inference.
         remat: recompute each encoder block in the backward pass instead of keeping its
             activations (`keras.remat`): the same gradients, the activation memory of one block
             instead of all of them, about a third more compute per step. For training big models
