@@ -126,13 +126,14 @@ def _model_description(arch=None, weights=None):
         return None if row is None else (arch, family_of(arch), row.kwargs())
     if not isinstance(weights, str) or not weights.strip() or os.path.exists(os.path.expanduser(weights)):
         return None
-    from keras_vit.presets import preset_by_name
+    from keras_vit.loading import describe
 
     try:
-        preset = preset_by_name(weights.strip())
+        described = describe(weights.strip())
     except ValueError:  # a known constructor with an unknown tag: resolving the weights says which exist
         return None
-    if preset is None:
+    preset = described.preset
+    if described.kind != "preset":
         return None
     row = all_architectures().get(preset.architecture)
     return None if row is None else (f"{preset.name} ({preset.architecture})", family_of(row), row.kwargs())
