@@ -263,7 +263,8 @@ def test_objectnet_command_warns_in_one_line_and_names_the_bad_image(vit_409, tm
     (root / "images" / "banana" / "notes.png").write_text("not an image\n")
     Image.fromarray(np.full((3, 3, 3), 128, np.uint8)).save(root / "images" / "banana" / "grey.png")
     with warnings.catch_warnings():
-        warnings.simplefilter("always")
+        warnings.simplefilter("ignore")  # other libraries' (Keras' on PyTorch)
+        warnings.filterwarnings("always", module="keras_vit")
         assert main(["evaluate", "--weights", vit_409, "--data", f"objectnet:{root}", "--batch-size", "2",
                      "--verbose", "0", "--out", str(tmp_path / "o")]) == 2
     lines = capsys.readouterr().err.strip().splitlines()
@@ -630,13 +631,14 @@ def test_report_columns_are_the_weights_each_run_records(tmp_path, monkeypatch):
     vtab = _run(tmp_path / "vtab", vtab={"groups": {"all": {"mean": 0.25, "tasks": 1, "of": 19}}, "weights": first},
                 config={"command": "vtab", "weights_id": first})
     bare = _run(tmp_path / "c" / "run", {"data": "tfds:cifar10", "top1": 0.3})
-    table = evaluation.table2([a, b, a100, vtab, bare], paper=False)
-    assert table["columns"] == [first, second, "run"]
+    bare2 = _run(tmp_path / "e" / "run", {"data": "tfds:cifar10", "top1": 0.4})
+    table = evaluation.table2([a, b, a100, vtab, bare, bare2], paper=False)
+    assert table["columns"] == [first, second, bare, bare2]
     rows = {row[0]: row[1:] for row in table["rows"]}
-    assert rows["CIFAR-10"] == ["11.39", "99.00", "30.00"] and rows["CIFAR-100"] == ["50.00", "", ""]
-    assert rows["VTAB (19 tasks)"] == ["25.00 (1 of 19 tasks)", "", ""]
+    assert rows["CIFAR-10"] == ["11.39", "99.00", "30.00", "40.00"] and rows["CIFAR-100"] == ["50.00", "", "", ""]
+    assert rows["VTAB (19 tasks)"] == ["25.00 (1 of 19 tasks)", "", "", ""]
     monkeypatch.chdir(tmp_path / "a")  # the same table from another folder, with relative paths
-    again = evaluation.table2([os.path.relpath(p) for p in (a, b, a100, vtab, bare)], paper=False)
+    again = evaluation.table2([os.path.relpath(p) for p in (a, b, a100, vtab, bare, bare2)], paper=False)
     assert again == table
     # One name per model where names differ; a preset's name as it is.
     c = _run(tmp_path / "d" / "run", {"data": "tfds:cifar100", "top1": 0.7}, {"weights_id": "ViTB16.augreg_in21k"})

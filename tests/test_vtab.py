@@ -268,6 +268,8 @@ def test_an_empty_test_split_is_an_error_not_a_zero(tmp_path):
     assert not (out / "tasks" / "dtd.json").exists() and evaluation.vtab.read_results(str(out)) == []
 
 
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="each backend's fit turns a failed pipeline check into "
+                    "its one line: test_training_fit.test_fit_refuses_a_label_outside_the_classes")
 def test_label_outside_the_classes_is_one_line_and_weights_are_recorded(tmp_path, capsys):
     """dtd has 47 classes: a label of 50 stops the fine-tuning with one line, not TensorFlow's
     traceback. A run records its weights (config.json), and the help states the real default size."""
