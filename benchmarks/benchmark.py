@@ -3,6 +3,7 @@
 
     .venv/bin/python benchmarks/benchmark.py            # the full comparison (make bench)
     .venv/bin/python benchmarks/benchmark.py --quick    # a few minutes: fewer contenders and reps
+    .venv/bin/python benchmarks/benchmark.py --models dinov2_s14_518,clip_b16,siglip_b16   # timm's zoo
 
 ViT-B/16 at 224: inference images/s at batch 1 and 8 and one training step (SGD momentum,
 batch 8) for keras_vit on the JAX, TensorFlow and PyTorch backends, timm (PyTorch eager) and
@@ -37,15 +38,55 @@ VIT_B16 = dict(image_size=224, patch_size=16, hidden_size=768, num_layers=12, nu
 VIT_H14 = dict(image_size=224, patch_size=14, hidden_size=1280, num_layers=32, num_heads=16, mlp_dim=5120)
 KERAS_BF16 = "mixed_bfloat16"
 
+#: The models --models selects: (keras_vit constructor, timm architecture, image size, classes,
+#: pooling without a head). "vit_b16" is the default comparison (with keras-hub, the training step
+#: and the extras); the others are inference comparisons of timm's zoo, each against timm's own
+#: model of the same architecture (headless ones return their pooled features, as timm's do).
+MODELS = {
+    "vit_b16": ("ViTB16", "vit_base_patch16_224", 224, 1000, None),
+    "dinov2_s14_518": ("DINOv2S14", "vit_small_patch14_dinov2", 518, 0, "token"),
+    "clip_b16": ("CLIPB16", "vit_base_patch16_clip_224", 224, 512, None),
+    "siglip_b16": ("SigLIPB16", "vit_base_patch16_siglip_224", 224, 0, "map"),
+}
+
 
 def contender(library, backend, dtype, **options):
     label = f"{library}/{backend}/{dtype}" + "".join(f"/{k}={v}" for k, v in sorted(options.items()))
     return dict(id=label, library=library, backend=backend, dtype=dtype, options=options)
 
 
+def zoo_contenders(models):
+    """timm and keras_vit (JAX, TensorFlow) in float32 and bfloat16 for each zoo model of --models.
+    JAX's bfloat16 on CPU (no oneDNN path, see `vit_b16_contenders`) times batch 1 only."""
+    out = []
+    for model in models:
+        for dtype in ("float32", "bfloat16"):
+            both = "predict1,predict8"
+            out.append(contender("timm", "torch", dtype, model=model, tasks=both))
+            out.append(contender("keras_vit", "jax", dtype, model=model,
+                                 tasks="predict1" if dtype == "bfloat16" else both))
+            out.append(contender("keras_vit", "tensorflow", dtype, model=model, tasks=both))
+    return out
+
+
 def contenders(args):
     """The (library, backend, dtype) workers of the speed table, the main comparisons first
     (a run stopped early still has them): timm and keras_vit's best path per dtype, then the rest."""
+    models = args.models.split(",")
+    unknown = [m for m in models if m not in MODELS]
+    if unknown:
+        raise SystemExit(f"--models: unknown {unknown}; known: {', '.join(MODELS)}")
+    out = vit_b16_contenders(args) if "vit_b16" in models else []
+    out += zoo_contenders([m for m in models if m != "vit_b16"])
+    if args.only:
+        import re
+
+        out = [c for c in out if re.search(args.only, c["id"])]
+    return out
+
+
+def vit_b16_contenders(args):
+    """ViT-B/16's contenders (see `contenders`)."""
     slow = {} if args.all else dict(tasks="predict1,predict8")
     # bfloat16 training on JAX:CPU: XLA has no AMX/oneDNN path here (bf16 matmuls run ~10x
     # slower than oneDNN's), a step takes minutes; time inference only unless --all.
@@ -75,10 +116,6 @@ def contenders(args):
         out.append(contender("keras_vit", "torch", "bfloat16", weights="bfloat16", tasks="predict8"))
         if args.all:
             out.append(contender("keras_vit", "tensorflow", "bfloat16", jit_compile=True, tasks="predict8"))
-    if args.only:
-        import re
-
-        out = [c for c in out if re.search(args.only, c["id"])]
     return out
 
 
@@ -130,13 +167,13 @@ def _time(fn, reps, warmup):
     return first, times[0], times[len(times) // 2]
 
 
-def _images(batch, seed=0):
+def _images(batch, seed=0, size=224):
     """A smooth, image-like input in [-1, 1] (gradients, a disc and stripes) rather than noise."""
     import numpy as np
 
     r = np.random.default_rng(seed)
-    yy, xx = np.mgrid[0:224, 0:224] / 223.0
-    out = np.empty((batch, 224, 224, 3), "float32")
+    yy, xx = np.mgrid[0:size, 0:size] / (size - 1.0)
+    out = np.empty((batch, size, size, 3), "float32")
     for i in range(batch):
         cy, cx, rad = r.uniform(0.3, 0.7), r.uniform(0.3, 0.7), r.uniform(0.15, 0.35)
         disc = ((yy - cy) ** 2 + (xx - cx) ** 2 < rad**2).astype("float32")
@@ -147,8 +184,18 @@ def _images(batch, seed=0):
     return out
 
 
+def _model_name(spec):
+    return spec["options"].get("model", "vit_b16")
+
+
 def _keras_model(spec):
     lib = spec["library"]
+    if lib == "keras_vit" and _model_name(spec) != "vit_b16":
+        import keras_vit
+
+        constructor, _, size, classes, pooling = MODELS[_model_name(spec)]
+        return getattr(keras_vit, constructor)(weights=None, input_shape=(size, size, 3), include_top=bool(classes),
+                                               classes=classes or 1000, pooling=pooling, classifier_activation=None)
     if lib == "keras_vit":
         import keras_vit
 
@@ -181,15 +228,16 @@ def worker_speed(spec):
 
     tasks, reps = spec["tasks"], spec["reps"]
     result = dict(rss_start_mb=_rss_mb())
-    x8 = _images(8)
-    y8 = np.random.default_rng(1).integers(0, 1000, 8)
+    _, timm_name, size, classes, _ = MODELS[_model_name(spec)]
+    x8 = _images(8, size=size)
+    y8 = np.random.default_rng(1).integers(0, max(classes, 1), 8)
     t0 = time.perf_counter()
     if spec["library"] == "timm":
         import timm
         import torch
 
         bf16 = spec["dtype"] == "bfloat16"
-        model = timm.create_model("vit_base_patch16_224", pretrained=False, num_classes=1000)
+        model = timm.create_model(timm_name, pretrained=False, num_classes=classes, img_size=size)
         result["build_s"] = time.perf_counter() - t0
         xt = torch.from_numpy(x8).permute(0, 3, 1, 2).contiguous()
         yt = torch.from_numpy(y8)
@@ -470,7 +518,9 @@ def summarise(speed_runs, specs, tasks):
     for spec in specs:
         row = dict(id=spec["id"], library=spec["library"], backend=spec["backend"], dtype=spec["dtype"],
                    options=spec["options"])
-        ref_id = f"timm/torch/{spec['dtype']}"
+        # timm's contender of the same dtype and model.
+        ref_id = next((s["id"] for s in specs if s["library"] == "timm" and s["dtype"] == spec["dtype"]
+                       and s["options"].get("model") == spec["options"].get("model")), f"timm/torch/{spec['dtype']}")
         for task in tasks:
             vals, ratios = [], []
             for rnd in speed_runs:
@@ -597,6 +647,9 @@ def main(argv=None):
     parser.add_argument("--threads", type=int, default=os.cpu_count(), help="threads for every contender")
     parser.add_argument("--cores", default=None, help="taskset core list (default 0-<threads-1>)")
     parser.add_argument("--tasks", default="predict1,predict8,train8")
+    parser.add_argument("--models", default="vit_b16",
+                        help=f"comma-separated models to compare ({', '.join(MODELS)}); models other than vit_b16 "
+                             "time inference against timm's own model (float32 and bfloat16, JAX and TensorFlow)")
     parser.add_argument("--only", default=None, help="regex on contender ids, e.g. 'keras_vit|timm'")
     parser.add_argument("--train-rounds", type=int, default=1,
                         help="rounds that also time the training step (it dominates the run time)")
@@ -674,7 +727,7 @@ def main(argv=None):
         extras(args, report, reps, save)
         return 0
     speed_round(0)
-    if not args.skip_extras and not args.quick:
+    if not args.skip_extras and not args.quick and "vit_b16" in args.models.split(","):
         extras(args, report, reps, save)
     for rnd in range(1, rounds):
         speed_round(rnd)

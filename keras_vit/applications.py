@@ -9,7 +9,7 @@ of the family record (`keras_vit.models.family`).
 
 import keras
 
-from keras_vit.models.config import UnknownArgumentError, suggest
+from keras_vit.models.config import UnknownArgumentError, suggest, without_head
 from keras_vit.models.family import families, family_of, get_architecture
 
 
@@ -87,6 +87,7 @@ def build_application(
         classifier_activation=classifier_activation,
         name=name or arch.name.lower(),
     )
+    kwargs = without_head(family.config_class, kwargs)  # classes=0: no head, pooled features
     if weights is None:
         model = family.build(**kwargs)
     else:
@@ -94,8 +95,11 @@ def build_application(
 
         if kwargs.get("image_size") is None:
             kwargs.pop("image_size", None)
+        # What the weights state (the row's variant too: timm's zoo rows' switches, numerics and input
+        # normalisation) is read from the checkpoint.
+        stated = set(family.checkpoint_fields) | {k for k, _ in getattr(arch, "variant", ())}
         for key in arch.kwargs():
-            if key not in family.checkpoint_fields:  # a training default of the row (dropout): kept
+            if key not in stated:  # a training default of the row (dropout): kept
                 continue
             if key != "patch_size" or "patch_size" not in overrides:  # patch_size=: run at another patch size
                 kwargs.pop(key, None)  # the checkpoint states the architecture; load() checks it is `arch`
@@ -108,9 +112,12 @@ def build_application(
 
 
 def _make_constructor(family, arch):
+    # A row may name its own default weights (timm's zoo: DINOv2's "lvd142m"); otherwise "imagenet".
+    default_weights = getattr(arch, "default_weights", "imagenet")
+
     def constructor(
         include_top=True,
-        weights="imagenet",
+        weights=default_weights,
         input_tensor=None,
         input_shape=None,
         pooling=None,

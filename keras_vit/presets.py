@@ -44,25 +44,59 @@ class Preset:
     sha256: str = None  # sha256 of the weights file, where known
     weights_file: str = None  # the file `sha256` refers to (default: the largest weights file)
     source: str = "timm"  # "timm", "transformers", "keras" (the repository's layout)
+    license: str = None  # the weights' licence (timm's pretrained_cfg `license`, e.g. "apache-2.0"); None: unknown
+    mean: tuple = (0.5, 0.5, 0.5)  # the input normalisation the weights expect, per channel of [0, 1]
+    std: tuple = (0.5, 0.5, 0.5)  # pixels: (pixels / 255 - mean) / std; 0.5 / 0.5 is [-1, 1]
+    timm_name: str = None  # timm's "<architecture>.<tag>" name, where it is not the repository's name
+    config: tuple = ()  # ((field, value), ...) the architecture changes in the repository's config
 
     @property
     def name(self):
         return f"{self.architecture}.{self.tag}"
 
     @property
+    def upstream_name(self):
+        """The name upstream gives these weights (timm's "<architecture>.<tag>")."""
+        return self.timm_name or self.repo.split("/", 1)[-1]
+
+    @property
+    def non_commercial(self):
+        """Whether the licence restricts the weights to non-commercial use."""
+        return is_non_commercial(self.license)
+
+    @property
+    def normalization(self):
+        """(mean, std) of [0, 1] pixels, or None for [-1, 1] (0.5 / 0.5: `preprocess_input`'s default)."""
+        if all(v == 0.5 for v in (*self.mean, *self.std)):
+            return None
+        return tuple(self.mean), tuple(self.std)
+
+    @property
     def dataset(self):
         return "ImageNet-21k" if self.classes != 1000 else "ImageNet-1k"
 
 
+#: Licences that allow no commercial use (a model loaded from such weights says so once).
+NON_COMMERCIAL_LICENSES = ("cc-by-nc-4.0", "cc-by-nc-sa-4.0", "cc-by-nc-nd-4.0", "cc-by-nc-3.0", "apple-amlr")
+
+
+def is_non_commercial(license):
+    """Whether the licence name `license` (a Hub licence id) restricts use to non-commercial."""
+    return license is not None and (str(license).lower() in NON_COMMERCIAL_LICENSES
+                                    or str(license).lower().startswith("cc-by-nc"))
+
+
+def _preset(row):
+    a, t, r, c, top1, repo, original, source, *extra = row
+    return Preset(a, t, r, c, top1, repo, original, source=source, **(extra[0] if extra else {}))
+
+
 #: Every preset of every model family, keyed by its Hub repository, in table order. Extend it with
 #: `register_preset`.
-PRESETS = {
-    repo: Preset(a, t, r, c, top1, repo, original, source=source)
-    for family in families()
-    for a, t, r, c, top1, repo, original, source in family.preset_rows()
-}
-#: The presets by repository name without the owner (timm's "<architecture>.<tag>" names).
-_BY_REPO_NAME = {repo.split("/", 1)[-1]: p for repo, p in PRESETS.items()}
+PRESETS = {p.repo: p for p in map(_preset, (row for family in families() for row in family.preset_rows()))}
+#: The presets by upstream name (timm's "<architecture>.<tag>", else the repository name without
+#: the owner).
+_BY_REPO_NAME = {p.upstream_name: p for p in PRESETS.values()}
 
 #: The aliases every constructor accepts besides its tags.
 ALIASES = ("imagenet", "imagenet21k")
@@ -70,7 +104,8 @@ _ALIAS_TEXT = {"imagenet": "ImageNet(-1k)", "imagenet21k": "ImageNet-21k"}
 
 
 def register_preset(architecture, tag, resolution, repo, *, classes, top1=None, **fields):
-    """Add a row to the preset table (e.g. your own fine-tuned weights on the Hub).
+    """Add a row to the preset table (e.g. your own fine-tuned weights on the Hub). `fields` are
+    further `Preset` fields: license, mean, std, revision, sha256, source, ...
 
     Example:
         >>> register_preset("ViTB16", "my_pets", 384, "me/vit-b16-pets", classes=37)  # doctest: +SKIP
@@ -84,9 +119,9 @@ def register_preset(architecture, tag, resolution, repo, *, classes, top1=None, 
     for key, p in list(PRESETS.items()):
         if (p.architecture, p.tag, p.resolution) == (architecture, tag, preset.resolution):
             del PRESETS[key]
-            _BY_REPO_NAME.pop(key.split("/", 1)[-1], None)
+            _BY_REPO_NAME.pop(p.upstream_name, None)
     PRESETS[repo] = preset
-    _BY_REPO_NAME[repo.split("/", 1)[-1]] = preset
+    _BY_REPO_NAME[preset.upstream_name] = preset
     return preset
 
 

@@ -18,38 +18,22 @@ import re
 
 import numpy as np
 
-from keras_vit.checkpoints.common import (
-    CheckpointError,
-    LazyArray,
-    describe_keys,
-    materialize,
-    looks_like_safetensors,
-    read_json,
-    read_json_or_empty,
-    safetensors_flavour,
-    reading,
-)
-from keras_vit.checkpoints.registry import CheckpointFormat
-from keras_vit.checkpoints.torch_zip import open_weights, weights_in_folder
+from keras_vit.checkpoints.registry import CheckpointFormat, safetensors_flavour
+from keras_vit.errors import CheckpointError
 from keras_vit.models.config import NUMERICS
-from keras_vit.models.vit_family import VIT, heads_from_table, infer_config, infer_resnet
+from keras_vit.models.vit_family import VIT, heads_from_table, infer_config, infer_resnet, timm_zoo_table
+from keras_vit.storage.files import describe_keys, looks_like_safetensors, reading
+from keras_vit.storage.json_files import read_json_object
+from keras_vit.storage.lazy import LazyArray, materialize
+from keras_vit.storage.torch_zip import open_weights, weights_in_folder
 
 # === timm's ViT zoo: the architecture table ===
 
-_TABLE_FILE = os.path.join(os.path.dirname(__file__), "timm_vit_architectures.json")
-_TABLE = None
-
-
 def timm_vit_table():
     """{"timm_version", "modules": {module: {"architectures": {name: entrypoint kwargs},
-    "pretrained": {tag: pretrained_cfg}}}} of timm's vision_transformer.py and deit.py."""
-    global _TABLE
-    if _TABLE is None:
-        import json
-
-        with open(_TABLE_FILE) as f:
-            _TABLE = json.load(f)
-    return _TABLE
+    "pretrained": {tag: pretrained_cfg}}}} of timm's vision_transformer.py and deit.py
+    (`keras_vit.models.vit_family.timm_zoo_table`)."""
+    return timm_zoo_table()
 
 
 def timm_vit_arguments(architecture):
@@ -403,14 +387,24 @@ def timm_state_to_tree(files, num_heads=None, *, source="checkpoint", config_hin
     return tree
 
 
-def _image_size(config):
+def _image_size(config, source):
+    """(height, width) of config.json's model_args.img_size (an int or a pair), else of
+    pretrained_cfg.input_size (C, H, W); None when it states neither."""
     args = config.get("model_args") or {}
-    size = args.get("img_size")
+    size, name = args.get("img_size"), "model_args.img_size"
     if size is None:
-        size = (config.get("pretrained_cfg") or {}).get("input_size", [None, None, None])[1:]
+        size, name = (config.get("pretrained_cfg") or {}).get("input_size", [None, None, None]), "input_size"
+        if not isinstance(size, (list, tuple)) or len(size) != 3:
+            raise CheckpointError(f"{source}: config.json {name} is {str(size)[:40]!r}; expected [channels, height, "
+                                  "width].")
+        size = list(size[1:])
         if None in size:
             return None
-    return (size, size) if isinstance(size, int) else tuple(size)
+    pair = [size, size] if not isinstance(size, (list, tuple)) else list(size)
+    if len(pair) != 2:
+        raise CheckpointError(f"{source}: config.json {name} is {str(size)[:40]!r}; expected an image size "
+                              "(an int or [height, width]).")
+    return tuple(_positive_int(v, name, source) for v in pair)
 
 
 def read_timm(path, lazy=False):
@@ -441,7 +435,7 @@ def _read_timm(path, lazy):
     if os.path.isdir(path):
         weights = weights_in_folder(path, "save the model with safe_serialization=True")
     config_path = os.path.join(folder, "config.json")
-    config = read_json(config_path) if os.path.exists(config_path) else {}
+    config = read_json_object(config_path, missing={})
     if config and "architecture" not in config:
         config = {}  # a config.json of another library, not timm's
     if config.get("architecture") is not None and not isinstance(config["architecture"], str):
@@ -462,7 +456,7 @@ def _read_timm(path, lazy):
         )
     files = open_weights(weights)  # safetensors, or a PyTorch zip read without pickle
     tree = timm_state_to_tree(files, num_heads, source=weights)
-    out = infer_config(tree, NUMERICS["timm"], source=weights, image_size=_image_size(config))
+    out = infer_config(tree, NUMERICS["timm"], source=weights, image_size=_image_size(config, config_path))
     pool = args.get("global_pool", config.get("global_pool"))
     expected = "token" if out["classifier"] == "token" else "avg"
     if pool not in (None, "", expected):
@@ -487,8 +481,9 @@ def _normalization(pretrained_cfg):
 def _read_timm_zoo(weights, config, args, config_path, lazy):
     """A model of timm's ViT zoo: `args` are the entrypoint's keyword arguments overridden by
     config.json's model_args (as timm builds it)."""
-    # The pooling the saved model had (config.json's global_pool) is the one its head was trained on.
-    if "global_pool" in config and "global_pool" not in (config.get("model_args") or {}):
+    # The pooling the saved model had (config.json's global_pool) is the one its head was trained on;
+    # null there means the architecture's own, as in the original ViT's reader above.
+    if config.get("global_pool") is not None and "global_pool" not in (config.get("model_args") or {}):
         args["global_pool"] = config["global_pool"]
     variant, mlp_layer = timm_variant(args, config_path)
     num_heads = _positive_int(args.get("num_heads"), "num_heads", config_path)
@@ -498,7 +493,7 @@ def _read_timm_zoo(weights, config, args, config_path, lazy):
     patch, hidden = int(embed.shape[0]), int(embed.shape[-1])
     prefix = int(variant["classifier"] == "token" if variant["class_token"] is None else variant["class_token"])
     prefix += int(variant["distillation_token"]) + variant["register_tokens"]
-    size = _image_size(config)
+    size = _image_size(config, config_path)
     if "Transformer/posembed_input/pos_embedding" in tree:
         tokens = int(tree["Transformer/posembed_input/pos_embedding"].shape[1])
         tokens -= prefix if variant["class_token_position_embedding"] else 0
@@ -538,12 +533,21 @@ def _read_timm_zoo(weights, config, args, config_path, lazy):
 # === Format ===
 
 
+def license_of(path):
+    """The licence timm's config.json names for the weights (`pretrained_cfg.license`), or None."""
+    folder = path if os.path.isdir(path) else os.path.dirname(path)
+    config = read_json_object(os.path.join(folder, "config.json"), missing={}, malformed={})
+    cfg = config.get("pretrained_cfg")
+    license = cfg.get("license") if isinstance(cfg, dict) else None
+    return license if isinstance(license, str) else None
+
+
 def detect(path):
     """A folder whose config.json names a timm architecture, or a .safetensors that is not
     transformers' (a bare timm file)."""
     if os.path.isdir(path):
         config_path = os.path.join(path, "config.json")
-        return os.path.isfile(config_path) and "architecture" in read_json_or_empty(config_path)
+        return os.path.isfile(config_path) and "architecture" in read_json_object(config_path, missing={}, malformed={})
     if path.endswith((".safetensors", ".safetensors.index.json")) or looks_like_safetensors(path):
         return safetensors_flavour(path) == "timm"
     return False
@@ -556,5 +560,6 @@ FORMAT = CheckpointFormat(
     read=lambda path: read_timm(path, lazy=True),
     numerics="timm",
     hub_files=("*.safetensors", "*.safetensors.index.json"),
-    hub_fallback_files=("pytorch_model.bin",),  # read by checkpoints.torch_zip, which runs nothing from it
+    hub_fallback_files=("pytorch_model.bin",),  # read by storage.torch_zip, which runs nothing from it
+    license=license_of,
 )

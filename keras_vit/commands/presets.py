@@ -4,7 +4,7 @@
 def add_parser(subparsers):
     parser = subparsers.add_parser(
         "presets",
-        help="list the published weights (tags, resolutions, classes, ImageNet top-1, GFLOPs, Hub repos)",
+        help="list the published weights (tags, resolutions, classes, ImageNet top-1, GFLOPs, input, licence, Hub repos)",
         description="List the pretrained weights of every constructor, or of ARCH only. "
         "Load one with keras_vit.ARCH(weights=TAG) or keras_vit.load_checkpoint('ARCH.TAG').",
     )
@@ -18,6 +18,27 @@ def format_table(rows, headers):
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)).rstrip() for row in [headers, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+#: Short names of the input normalisations of the table (mean and std of [0, 1] pixels).
+_INPUTS = {
+    ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)): "[-1,1]",
+    ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)): "imagenet",
+    ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711)): "clip",
+}
+
+
+def input_name(preset):
+    """"[-1,1]", "imagenet", "clip", or "mean=... std=..." for the input a preset's weights expect."""
+    key = (tuple(float(v) for v in preset.mean), tuple(float(v) for v in preset.std))
+    return _INPUTS.get(key) or f"mean={list(key[0])} std={list(key[1])}"
+
+
+def license_name(preset):
+    """The licence, marked "(non-commercial)" where it allows no commercial use; "-" when unknown."""
+    if preset.license is None:
+        return "-"
+    return preset.license + (" (non-commercial)" if preset.non_commercial else "")
 
 
 def run(args):
@@ -48,11 +69,16 @@ def run(args):
             f"{p.top1:.2f}" if p.top1 is not None else "-",
             f"{flops(p.architecture, p.resolution, classes=p.classes) / 1e9:.1f}",
             ", ".join(aliases.get((p.architecture, p.tag), [])),
+            input_name(p),
+            license_name(p),
             p.repo,
         )
         for p in rows
     ]
-    print(format_table(table, ("ARCH", "TAG", "RES", "CLASSES", "TOP-1", "GFLOPS", "ALIAS", "HUB REPO")))
+    headers = ("ARCH", "TAG", "RES", "CLASSES", "TOP-1", "GFLOPS", "ALIAS", "INPUT", "LICENSE", "HUB REPO")
+    print(format_table(table, headers))
     print(f"\n{len(rows)} presets. Top-1: ImageNet-1k accuracy reported by the source; CLASSES '-': no head. "
-          "GFLOPS: forward FLOPs per image at RES (keras_vit.flops).")
+          "GFLOPS: forward FLOPs per image at RES (keras_vit.flops). INPUT: the normalisation the weights expect "
+          "(keras_vit.preprocess_input(x, model=model) applies it). LICENSE: the weights' licence (timm's "
+          "pretrained_cfg); a model loaded from non-commercial weights says so once.")
     return 0

@@ -7,12 +7,13 @@ model. Every layer lists its variables under those names in `weight_tree_variabl
 original shapes, which is all the checkpoint code needs.
 """
 
-import math
 
 import keras
 import numpy as np
 from keras import ops
 
+from keras_vit.choices import MLP_ACTIVATIONS, NORMS
+from keras_vit.layers.init_scope import SplitFanXavierUniform  # noqa: F401  (re-exported)
 from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.layers.matmul import dot_product_attention, gelu, matmul, matmul_add, seeded_dropout
 from keras_vit.layers.position import PositionEmbedding  # noqa: F401  (re-exported)
@@ -20,29 +21,6 @@ from keras_vit.layers.quantized import Dense, Int8AttentionMixin
 from keras_vit.layers.resize import resize_patch_embedding
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
-
-
-@register
-class SplitFanXavierUniform(keras.initializers.Initializer):
-    """Xavier-uniform for kernels whose leading `in_axes` dims are the fan-in (Flax's convention
-    for the per-head attention kernels); Keras' glorot would treat them as a receptive field."""
-
-    def __init__(self, in_axes=1, seed=None):
-        self.in_axes = int(in_axes)
-        self.seed = seed
-
-    def limit(self, shape):
-        """The bound of the uniform draws, sqrt(6 / (fan_in + fan_out))."""
-        fan_in = math.prod(shape[: self.in_axes])
-        fan_out = math.prod(shape[self.in_axes :])
-        return math.sqrt(6.0 / (fan_in + fan_out))
-
-    def __call__(self, shape, dtype=None):
-        limit = self.limit(shape)
-        return keras.random.uniform(shape, -limit, limit, dtype=dtype, seed=self.seed)
-
-    def get_config(self):
-        return {"in_axes": self.in_axes, "seed": self.seed}
 
 
 # === Embeddings ===
@@ -272,20 +250,12 @@ class RMSNorm(keras.layers.Layer):
         return config
 
 
-#: The norms a ViT's blocks can use: "layer_norm" (the original's) and "rms_norm" (AIMv2's).
-NORMS = ("layer_norm", "rms_norm")
-
-
 def make_norm(kind, epsilon, dtype, name):
     """A LayerNormalization or RMSNorm layer (`kind` one of NORMS) with `epsilon`."""
     if kind == "rms_norm":
         return RMSNorm(epsilon, dtype=dtype, name=name)
     return keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
 
-
-#: MLP activations: "gelu" (erf), "gelu_tanh", "quick_gelu" (x * sigmoid(1.702 x), OpenAI CLIP's),
-#: "silu". None: GELU in the form `gelu_approximate` says (the original and timm's default).
-MLP_ACTIVATIONS = (None, "gelu", "gelu_tanh", "quick_gelu", "silu")
 
 
 def mlp_activation(x, activation, gelu_approximate=True):

@@ -326,6 +326,13 @@ def families():
     return tuple(_LOADED)
 
 
+def import_model_classes():
+    """{class name: class} of every family's model class, imported: importing them registers each
+    model class and every keras_vit layer with keras.saving, which `keras.saving.load_model` needs
+    to load a saved model of any family."""
+    return {family.class_name: family.model_class() for family in families()}
+
+
 def get_family(name):
     """The family called `name` ("vit", "bit", ...)."""
     for family in families():

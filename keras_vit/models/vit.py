@@ -19,9 +19,11 @@ from keras_vit.layers.transformer import (
     TokenPooling,
     make_norm,
 )
+from keras_vit.models.fit_checks import CheckedLabels
 from keras_vit.models.vit_family import ViTConfig
 from keras_vit.models.config_model import config_from_arguments, expose_config_fields, model_config, model_from_config
 from keras_vit.models.export_method import DeploymentExport
+from keras_vit.models.features import FeatureEndpoint, FeatureMaps
 
 _POSITION_LAYERS = {
     "learned": PositionEmbedding,
@@ -154,7 +156,9 @@ def _distilled_heads(tokens, c, dtype):
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class VisionTransformer(DeploymentExport, TraceTrainStepOnce, TorchOnBatchInputs, keras.Model):
+class VisionTransformer(
+    DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepOnce, TorchOnBatchInputs, keras.Model
+):
     """Vision Transformer (Dosovitskiy et al., 2021), optionally on a BiT ResNet (R+ViT hybrids).
 
     A functional model: its layers carry the original Flax module names, and `get_config()`
@@ -274,6 +278,14 @@ class VisionTransformer(DeploymentExport, TraceTrainStepOnce, TorchOnBatchInputs
     def encoder_blocks(self):
         """The EncoderBlock layers in order."""
         return [self.get_layer(f"encoderblock_{i}") for i in range(self.num_layers)]
+
+    def _feature_endpoints(self):
+        # timm: every block, normed by the final norm (none when it follows pooling: fc_norm).
+        norm = "encoder_norm" if self.final_norm and not self.fc_norm else None
+        return [FeatureEndpoint(f"encoderblock_{i}", self.stride, norm) for i in range(self.num_layers)]
+
+    def _final_feature_layer(self):
+        return "encoder_norm" if self.final_norm and not self.fc_norm else f"encoderblock_{self.num_layers - 1}"
 
     def get_config(self):
         return model_config(self)

@@ -8,13 +8,17 @@ field of `ViTConfig` and a layer of `keras_vit.models.vit`, registered nowhere e
 """
 
 import dataclasses
+import functools
+import json
+import os
 import re
 from typing import ClassVar
 
+from keras_vit.choices import MLP_ACTIVATIONS, NORMS
 from keras_vit.errors import CheckpointError
 from keras_vit.models.bit_family import conv_flops, count_units, resnet_flops, width_factor
 from keras_vit.models.config import NUMERICS, RESIZE_RULES, FieldGroupConfig, as_pair, config_field, suggest
-from keras_vit.models.family import ModelFamily, ShardingRules
+from keras_vit.models.family import IMAGENET_NORMALIZATION, ModelFamily, ShardingRules
 from keras_vit.models.transfer import Transfer
 
 # === Architectures ===
@@ -34,12 +38,19 @@ class Architecture:
     resnet: tuple = None
     classifier: str = "token"
     timm_name: str = None  # timm's architecture name at 224, e.g. "vit_base_patch16_224"
+    # ((field, value), ...): further VisionTransformer fields of the row (timm's zoo: its switches
+    # and numerics, e.g. DINOv2's layer scale), as timm builds the architecture `timm_name`.
+    variant: tuple = ()
+    default_size: tuple = (224, 224)  # the input size without input_shape (the weights' resolution)
+    default_weights: str = "imagenet"  # the constructors' default `weights=`
+    reference: str = None  # the paper and source the constructor's docstring names (None: the ViT paper)
 
     def kwargs(self):
         """The VisionTransformer keyword arguments of this architecture."""
         out = {f: getattr(self, f) for f in TABLE_FIELDS}
         if out["resnet"] is None:
             del out["resnet"]
+        out.update(self.variant)
         return out
 
     @property
@@ -103,6 +114,105 @@ EXTRA_ARCHITECTURES = {
         hidden_size=768, mlp_dim=3072, num_heads=16, num_layers=12,
     ),
 }
+
+
+# === timm's ViT zoo: the architectures people load today ===
+
+#: timm's ViT zoo as timm builds it: every architecture of its vision_transformer.py and deit.py
+#: with the keyword arguments its entrypoint passes, and every pretrained tag with its
+#: pretrained_cfg (resolution, mean/std, licence, Hub repository). Written by
+#: weights/timm_vit_table.py from timm itself; the timm reader (keras_vit.checkpoints.timm) reads the
+#: architectures, the preset rows below the pretrained_cfgs.
+TIMM_ZOO_TABLE_FILE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "checkpoints",
+                                   "timm_vit_architectures.json")
+
+
+@functools.lru_cache(maxsize=None)
+def timm_zoo_table():
+    """{"timm_version", "modules": {module: {"architectures": {name: entrypoint kwargs},
+    "pretrained": {tag: pretrained_cfg}}}} of timm's vision_transformer.py and deit.py."""
+    with open(TIMM_ZOO_TABLE_FILE) as f:
+        return json.load(f)
+
+
+def timm_pretrained_cfg(name):
+    """timm's pretrained_cfg of "<architecture>.<tag>" (num_classes, input_size, mean, std, license,
+    hf_hub_id, ...), or None when the tag is not in the zoo table."""
+    for module in timm_zoo_table()["modules"].values():
+        if name in module["pretrained"]:
+            return dict(module["pretrained"][name])
+    return None
+
+
+#: CLIP's (OpenAI's) mean and std of [0, 1] pixels (timm's OPENAI_CLIP_MEAN / OPENAI_CLIP_STD).
+CLIP_NORMALIZATION = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
+
+
+def _zoo_row(name, paper_name, timm_name, size, *, reference, default_weights, dims, patch_size, classifier="token",
+             **variant):
+    """A row of timm's zoo: timm's numerics, then the architecture's own switches."""
+    fields = {**NUMERICS["timm"], **variant}
+    return Architecture(name, paper_name, patch_size=patch_size, classifier=classifier, timm_name=timm_name,
+                        variant=tuple(sorted(fields.items())), default_size=(size, size),
+                        default_weights=default_weights, reference=reference, **dims)
+
+
+_G = dict(hidden_size=1536, mlp_dim=4096, num_heads=24, num_layers=40)  # DINOv2-g: SwiGLU, 2 x 4096 wide
+_SO400M = dict(hidden_size=1152, mlp_dim=4304, num_heads=16, num_layers=27)
+_DINOV2 = "DINOv2 (Oquab et al., 2023: \"DINOv2: Learning Robust Visual Features without Supervision\")"
+_DINOV2_REG = "DINOv2 with registers (Darcet et al., 2024: \"Vision Transformers Need Registers\")"
+_CLIP = "CLIP's image tower (Radford et al., 2021: \"Learning Transferable Visual Models From Natural Language Supervision\")"
+_SIGLIP = "SigLIP's image tower (Zhai et al., 2023: \"Sigmoid Loss for Language Image Pre-Training\")"
+_DEIT = "DeiT (Touvron et al., 2021: \"Training data-efficient image transformers & distillation through attention\")"
+_DEIT3 = "DeiT III (Touvron et al., 2022: \"DeiT III: Revenge of the ViT\")"
+_IN = dict(input_normalization=IMAGENET_NORMALIZATION)
+_CLIP_ARGS = dict(pre_norm=True, patch_embedding_bias=False, layer_norm_epsilon=1e-5,
+                  input_normalization=CLIP_NORMALIZATION)
+
+#: The zoo's constructors, one per timm architecture (at the resolution its weights were trained).
+ZOO_ARCHITECTURES = {
+    a.name: a
+    for a in [
+        *(
+            _zoo_row(f"DINOv2{s}14{'Reg4' if reg else ''}", f"DINOv2 ViT-{s}/14{' + 4 registers' if reg else ''}",
+                     f"vit_{size}_patch14_{'reg4_' if reg else ''}dinov2", 518, reference=_DINOV2_REG if reg else _DINOV2,
+                     default_weights="lvd142m", dims=dims, patch_size=14, layer_scale=1e-5, **_IN,
+                     **(dict(register_tokens=4, class_token_position_embedding=False) if reg else {}),
+                     **(dict(glu=True, mlp_activation="silu") if s == "G" else {}))
+            for reg in (False, True)
+            for s, size, dims in (("S", "small", _S), ("B", "base", _B), ("L", "large", _L), ("G", "giant", _G))
+        ),
+        _zoo_row("CLIPB16", "CLIP ViT-B/16", "vit_base_patch16_clip_224", 224, reference=_CLIP,
+                 default_weights="laion2b", dims=_B, patch_size=16, **_CLIP_ARGS),
+        _zoo_row("CLIPB16QuickGELU", "CLIP ViT-B/16 (QuickGELU)", "vit_base_patch16_clip_quickgelu_224", 224,
+                 reference=_CLIP, default_weights="openai", dims=_B, patch_size=16, mlp_activation="quick_gelu",
+                 **_CLIP_ARGS),
+        _zoo_row("CLIPL14", "CLIP ViT-L/14", "vit_large_patch14_clip_224", 224, reference=_CLIP,
+                 default_weights="laion2b", dims=_L, patch_size=14, **_CLIP_ARGS),
+        _zoo_row("CLIPL14QuickGELU", "CLIP ViT-L/14 (QuickGELU)", "vit_large_patch14_clip_quickgelu_224", 224,
+                 reference=_CLIP, default_weights="openai", dims=_L, patch_size=14, mlp_activation="quick_gelu",
+                 **_CLIP_ARGS),
+        _zoo_row("SigLIPB16", "SigLIP ViT-B/16", "vit_base_patch16_siglip_224", 224, reference=_SIGLIP,
+                 default_weights="webli", dims=_B, patch_size=16, classifier="map"),
+        _zoo_row("SigLIPSo400m14", "SigLIP So400m/14", "vit_so400m_patch14_siglip_224", 224, reference=_SIGLIP,
+                 default_weights="webli", dims=_SO400M, patch_size=14, classifier="map"),
+        _zoo_row("DeiTS16", "DeiT-S/16", "deit_small_patch16_224", 224, reference=_DEIT, default_weights="fb_in1k",
+                 dims=_S, patch_size=16, **_IN),
+        _zoo_row("DeiTB16", "DeiT-B/16", "deit_base_patch16_224", 224, reference=_DEIT, default_weights="fb_in1k",
+                 dims=_B, patch_size=16, **_IN),
+        _zoo_row("DeiTS16Distilled", "DeiT-S/16 distilled", "deit_small_distilled_patch16_224", 224, reference=_DEIT,
+                 default_weights="fb_in1k", dims=_S, patch_size=16, distillation_token=True, **_IN),
+        _zoo_row("DeiTB16Distilled", "DeiT-B/16 distilled", "deit_base_distilled_patch16_224", 224, reference=_DEIT,
+                 default_weights="fb_in1k", dims=_B, patch_size=16, distillation_token=True, **_IN),
+        *(
+            _zoo_row(f"DeiT3{s}16", f"DeiT III ViT-{s}/16", f"deit3_{size}_patch16_224", 224, reference=_DEIT3,
+                     default_weights="fb_in22k_ft_in1k", dims=dims, patch_size=16, layer_scale=1e-6,
+                     class_token_position_embedding=False, **_IN)
+            for s, size, dims in (("S", "small", _S), ("B", "base", _B), ("L", "large", _L))
+        ),
+    ]
+}
+ARCHITECTURES.update(ZOO_ARCHITECTURES)
 
 
 # === The model's configuration ===
@@ -319,10 +429,14 @@ class ViTConfig(FieldGroupConfig):
                     f"Resize the images to a multiple of {stride}, e.g. {examples}."
                 )
 
+    @classmethod
+    def head_pooling(cls, arguments):
+        """Without a head (`classes=0`), the features as the classifier reads them: the class token,
+        the average, the MAP head or the first token ("none": the token sequence itself)."""
+        return {"none": None}.get(arguments.get("classifier", "token"), arguments.get("classifier", "token"))
+
     def _check_variant_fields(self):
         """Normalise and validate the fields of timm's switches (the "Variants" block)."""
-        from keras_vit.layers.transformer import MLP_ACTIVATIONS, NORMS
-
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
         if self.class_token is not None:
             set_("class_token", bool(self.class_token))
@@ -482,10 +596,16 @@ def vit_flops(config, image_size, classes):
     tokens = gh * gw
     total += conv_flops(gh, gw, p, channels, d)  # patch embedding
     classifier = config.get("classifier", "token")
-    t = tokens + (1 if classifier == "token" else 0)
+    class_token = config.get("class_token")
+    class_token = classifier == "token" if class_token is None else class_token
+    distilled = bool(config.get("distillation_token"))
+    # The prefix tokens (class, distillation, registers) run through every block with the patches.
+    t = tokens + int(bool(class_token)) + int(distilled) + int(config.get("register_tokens") or 0)
     m = config["mlp_dim"]
     relative = config.get("position_embedding") == "relative"
     total += config["num_layers"] * attention_flops(t, d, m, relative)
+    if config.get("glu"):  # a gated MLP's second input projection (SwiGLU: Dense_2)
+        total += config["num_layers"] * 2 * t * d * m
     # The read-out runs with a head, or when a headless model pools (pooling= given).
     if not (classes or config.get("pooling") is not None):
         return total
@@ -497,8 +617,8 @@ def vit_flops(config, image_size, classes):
     if rep:
         total += heads * 2 * d * rep
         d = rep
-    if classes:
-        total += heads * 2 * d * classes
+    if classes:  # DeiT's distilled models run two heads (class and distillation token)
+        total += heads * 2 * d * classes * (2 if distilled else 1)
     return total
 
 
@@ -740,12 +860,76 @@ _TRANSFORMERS_ROWS = [
     ("ViTH14", "google_in21k", 224, 0, None, "google/vit-huge-patch14-224-in21k", "imagenet21k/ViT-H_14.npz"),
 ]
 
+# timm's zoo: (constructor, tag, timm architecture). Resolution, head size, mean/std, licence and
+# Hub repository are timm's pretrained_cfg of "<architecture>.<tag>" (`timm_zoo_table`).
+_ZOO_TAGS = [
+    *((f"DINOv2{s}14{r}", "lvd142m", f"vit_{size}_patch14_{r.lower() + '_' if r else ''}dinov2")
+      for r in ("", "Reg4") for s, size in (("S", "small"), ("B", "base"), ("L", "large"), ("G", "giant"))),
+    ("CLIPB16", "laion2b", "vit_base_patch16_clip_224"),
+    ("CLIPB16", "datacompxl", "vit_base_patch16_clip_224"),
+    ("CLIPB16", "metaclip_400m", "vit_base_patch16_clip_224"),
+    ("CLIPB16", "laion2b_ft_in1k", "vit_base_patch16_clip_224"),
+    ("CLIPB16", "laion2b_ft_in12k_in1k", "vit_base_patch16_clip_224"),
+    ("CLIPB16QuickGELU", "openai", "vit_base_patch16_clip_quickgelu_224"),
+    ("CLIPL14", "laion2b", "vit_large_patch14_clip_224"),
+    ("CLIPL14", "datacompxl", "vit_large_patch14_clip_224"),
+    ("CLIPL14", "laion2b_ft_in1k", "vit_large_patch14_clip_224"),
+    ("CLIPL14QuickGELU", "openai", "vit_large_patch14_clip_quickgelu_224"),
+    ("SigLIPB16", "webli", "vit_base_patch16_siglip_224"),
+    ("SigLIPB16", "v2_webli", "vit_base_patch16_siglip_224"),
+    ("SigLIPSo400m14", "webli", "vit_so400m_patch14_siglip_224"),
+    ("SigLIPSo400m14", "v2_webli", "vit_so400m_patch14_siglip_224"),
+    ("DeiTS16", "fb_in1k", "deit_small_patch16_224"),
+    ("DeiTB16", "fb_in1k", "deit_base_patch16_224"),
+    ("DeiTB16", "fb_in1k", "deit_base_patch16_384"),
+    ("DeiTS16Distilled", "fb_in1k", "deit_small_distilled_patch16_224"),
+    ("DeiTB16Distilled", "fb_in1k", "deit_base_distilled_patch16_224"),
+    ("DeiTB16Distilled", "fb_in1k", "deit_base_distilled_patch16_384"),
+    *((f"DeiT3{s}16", tag, f"deit3_{size}_patch16_{res}")
+      for s, size in (("S", "small"), ("B", "base"), ("L", "large"))
+      for tag in ("fb_in22k_ft_in1k", "fb_in1k") for res in (224, 384)),
+    # MAE (He et al., 2022): pre-trained encoders of the original architectures, no head.
+    ("ViTB16", "mae", "vit_base_patch16_224"),
+    ("ViTL16", "mae", "vit_large_patch16_224"),
+    ("ViTH14", "mae", "vit_huge_patch14_224"),
+]
+
+
+def _signed_unit(cfg):
+    return dict(mean=tuple(cfg.get("mean") or (0.5,) * 3), std=tuple(cfg.get("std") or (0.5,) * 3))
+
+
+def _zoo_preset_row(constructor, tag, timm_architecture):
+    name = f"{timm_architecture}.{tag}"
+    cfg = timm_pretrained_cfg(name)
+    if cfg is None:
+        raise ValueError(f"{name} is not a pretrained tag of timm's zoo table ({TIMM_ZOO_TABLE_FILE}).")
+    row = ARCHITECTURES[constructor]
+    extra = dict(license=cfg.get("license"), timm_name=name, **_signed_unit(cfg))
+    # The repository may be another architecture's (timm's QuickGELU CLIPs read the GELU ones'
+    # files): the preset states what its architecture changes in the repository's config.json.
+    repo_architecture = cfg["hf_hub_id"].split("/", 1)[-1].split(".", 1)[0]
+    if repo_architecture != timm_architecture and "mlp_activation" in dict(row.variant):
+        extra["config"] = (("mlp_activation", dict(row.variant)["mlp_activation"]),)
+    return (constructor, tag, int(cfg["input_size"][-1]), int(cfg["num_classes"] or 0), None, cfg["hf_hub_id"], None,
+            "timm", extra)
+
+
+def _timm_preset_row(a, t, r, c, top1, repo, orig):
+    cfg = timm_pretrained_cfg(repo.split("/", 1)[-1]) or {}
+    extra = dict(license=cfg.get("license"), **_signed_unit(cfg))
+    return (a, t, r, c, top1, repo, _GS + orig if orig else None, "timm", extra)
+
+
 #: Each family's preset rows (`ModelFamily.presets`): (constructor, tag, resolution, classes,
-#: top-1, Hub repository, original file or None, source).
-VIT_PRESET_ROWS = tuple(
-    (a, t, r, c, top1, repo, _GS + orig if orig else None, source)
-    for rows, source in ((_TIMM_ROWS, "timm"), (_TRANSFORMERS_ROWS, "transformers"))
-    for a, t, r, c, top1, repo, orig in rows
+#: top-1, Hub repository, original file or None, source, {further `Preset` fields: license, mean,
+#: std, timm_name, config}).
+VIT_PRESET_ROWS = (
+    *(_timm_preset_row(*row) for row in _TIMM_ROWS),
+    # google/vit-* on the Hub: Apache-2.0, as the original checkpoints.
+    *((a, t, r, c, top1, repo, _GS + orig, "transformers", dict(license="apache-2.0"))
+      for a, t, r, c, top1, repo, orig in _TRANSFORMERS_ROWS),
+    *(_zoo_preset_row(*row) for row in _ZOO_TAGS),
 )
 
 
@@ -916,6 +1100,8 @@ def _patch_resize_refusal(config):
 
 def _vit_to_checkpoint(model_config):
     config = {k: model_config[k] for k in ARCHITECTURE_FIELDS if k in model_config}
+    if model_config.get("input_normalization") is not None:  # the weights' own input (timm's zoo)
+        config["input_normalization"] = tuple(tuple(part) for part in model_config["input_normalization"])
     size = config["image_size"]
     config["image_size"] = (size, size) if isinstance(size, int) else tuple(size)
     if config.get("resnet") is not None:
@@ -954,19 +1140,18 @@ def _vit_card(config):
 
 VIT_DOC = """Instantiates the {paper_name} architecture{hybrid}.
 
-Reference: "An Image is Worth 16x16 Words: Transformers for Image Recognition at Scale"
-(Dosovitskiy et al., ICLR 2021). Hidden size {hidden_size}, {num_layers} layers, {num_heads} heads,
+Reference: {reference}. Hidden size {hidden_size}, {num_layers} layers, {num_heads} heads,
 MLP {mlp_dim}, {stride}x{stride} input pixels per token.
 
-Inputs are channels-last images scaled to [-1, 1] (see `keras_vit.preprocess_input`).
+Inputs are channels-last images {inputs} (see `keras_vit.preprocess_input`).
 
 Args:
     include_top: whether to end in the classification head.
-    weights: None (random initialisation), a preset tag (e.g. "augreg_in21k_ft_in1k",
-        "augreg_in21k", "orig_in21k"; aliases "imagenet" and "imagenet21k"; see
+    weights: None (random initialisation), a preset tag ({tags}; see
         `keras_vit.list_presets("{name}")`), a local checkpoint path, or "hf://owner/repo".
+        Default {default_weights!r}.
     input_tensor: optional Keras tensor to use as the image input.
-    input_shape: (height, width, 3); default (224, 224, 3). Any size that {stride} divides,
+    input_shape: (height, width, 3); default ({size}, {size}, 3). Any size that {stride} divides,
         square or not; pretrained position embeddings are resized to it. (None, None, 3)
         builds a model for any such size at run time: its position embeddings are
         interpolated inside the graph to each batch's grid, with the weights' own rule.
@@ -985,12 +1170,31 @@ Returns:
     A `keras_vit.VisionTransformer` (a `keras.Model`).
 
 Example:
-    >>> model = keras_vit.{name}(weights=None, input_shape=(224, 224, 3))
+    >>> model = keras_vit.{name}(weights=None, input_shape=({size}, {size}, 3))
 """
 
 
+_VIT_PAPER = ('"An Image is Worth 16x16 Words: Transformers for Image Recognition at Scale"\n'
+              "(Dosovitskiy et al., ICLR 2021)")
+
+
 def _vit_doc_fields(row):
-    return dict(hybrid=" (ViT on a BiT ResNet)" if row.resnet is not None else "")
+    variant = dict(row.variant)
+    normalization = variant.get("input_normalization")
+    if normalization is None:
+        inputs = "scaled to [-1, 1]"
+    else:
+        inputs = f"normalised with mean {normalization[0]} and std {normalization[1]} (of [0, 1] pixels)"
+    row_tags = list(dict.fromkeys(r[1] for r in VIT_PRESET_ROWS if r[0] == row.name))
+    if row_tags:
+        tags = ", ".join(repr(t) for t in row_tags[:4]) + (", ..." if len(row_tags) > 4 else "")
+    else:
+        tags = "none published"
+    if row.default_weights == "imagenet" and row_tags:
+        tags += '; aliases "imagenet" and "imagenet21k"'
+    reference = _VIT_PAPER if row.reference is None else f"{row.reference}, timm's `{row.timm_name}`"
+    return dict(hybrid=" (ViT on a BiT ResNet)" if row.resnet is not None else "", reference=reference,
+                inputs=inputs, tags=tags, size=row.default_size[0])
 
 
 def _positive_int(config, key, source, default=None):
