@@ -235,7 +235,8 @@ def plan_head(config, *, include_top=True, classes=None, pooling=None, keep_repr
       (unless `warn=False`): pass the checkpoint's classes to keep it.
     - fresh_head=True: a fresh head whatever the classes (training.for_finetuning).
     - keep_representation=False drops `pre_logits` (the paper drops it for fine-tuning).
-    `head` is the prefix of the head's weights in the tree; `features_pooling` how a headless
+    `head` is the prefix of the head's weights in the tree (or a tuple of prefixes: every head,
+    e.g. DeiT's `head/` and `head_dist/`); `features_pooling` how a headless
     model is pooled "as it is" (default: its classifier's pooling).
     """
     ckpt_classes = config.get("classes")
@@ -246,6 +247,7 @@ def plan_head(config, *, include_top=True, classes=None, pooling=None, keep_repr
             pooling = features_pooling or config.get("classifier", "token")
             pooling = None if pooling == "none" else pooling  # no pooling: the token sequence
     skip, allow_missing = [], []
+    heads = (head,) if isinstance(head, str) else tuple(head)
     if include_top:
         if classes is None:
             if ckpt_classes is None:
@@ -262,10 +264,10 @@ def plan_head(config, *, include_top=True, classes=None, pooling=None, keep_repr
                     f"classes={ckpt_classes} to keep the trained head.",
                     stacklevel=5,
                 )
-            skip.append(head)
-            allow_missing.append(head)
+            skip.extend(heads)
+            allow_missing.extend(heads)
     else:
-        skip.append(head)
+        skip.extend(heads)
     args = dict(include_top=bool(include_top), classes=int(classes or ckpt_classes or 1000), pooling=pooling)
     if not keep_representation and "representation_size" in config:
         args["representation_size"] = None
@@ -440,7 +442,7 @@ def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, cl
     head_config = dict(config, **{k: v for k, v in overrides.items() if k == "classifier"})
     plan = plan_head(head_config, include_top=include_top, classes=classes, pooling=pooling,
                      keep_representation=keep_representation, fresh_head=fresh_head, source=source, warn=warn,
-                     head=family.head, features_pooling=family.features_pooling)
+                     head=family.head_prefixes, features_pooling=family.features_pooling)
     kwargs = dict(config)
     kwargs.update(plan.model_args, classifier_activation=classifier_activation)
     if image_size is not None:

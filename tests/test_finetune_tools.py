@@ -254,6 +254,9 @@ def test_patch_dropout_in_the_model():
     assert config["patch_drop_rate"] == 0.5
     again = keras_vit.VisionTransformer.from_config(config)
     assert again.get_layer("patch_dropout").rate == 0.5
+    tuned = training.for_finetuning(plain, classes=3, patch_drop_rate=0.25)
+    assert tuned.get_layer("patch_dropout").rate == 0.25 and tuned.config.patch_drop_rate == 0.25
+    assert not keras_vit.get_weight_tree(tuned)["head_dist/kernel"].any()  # both heads fresh for 3 classes
     with pytest.raises(ValueError, match="patch_drop_rate=0.5 drops patch tokens.*relative"):
         keras_vit.VisionTransformer(**CONFIG, position_embedding="relative", patch_drop_rate=0.5)
     with pytest.raises(ValueError, match=r"patch_drop_rate must be in \[0, 1\)"):

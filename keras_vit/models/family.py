@@ -112,6 +112,7 @@ class ModelFamily:
         presets: preset rows (constructor, tag, resolution, classes, top-1, Hub repo, original
             file or None, source), added to `keras_vit.presets`' table.
         head: prefix of the classification head's weights in the canonical tree.
+        extra_heads: prefixes of further heads replaced or dropped with it (DeiT's `head_dist/`).
         optional_weights: tree prefixes a saved file may lack (head, pre_logits).
         resizable_weights: tree prefixes whose shape a load may change (resized or replaced).
         features_pooling: how a headless model "as the checkpoint is" pools (None: its classifier).
@@ -162,6 +163,7 @@ class ModelFamily:
     extra_architectures: Mapping = dataclasses.field(default_factory=dict)
     presets: tuple = ()
     head: str = "head/"
+    extra_heads: tuple = ()
     optional_weights: tuple = ("head/", "pre_logits/")
     resizable_weights: tuple = ("head/",)
     features_pooling: Optional[str] = None
@@ -271,6 +273,11 @@ class ModelFamily:
         if self.sharding is None:
             raise ValueError(f"{self.title} models have no sharding rules; get_layout_map cannot lay them out.")
         return _resolve(self.sharding)
+
+    @property
+    def head_prefixes(self):
+        """The prefixes of every head's weights: `head` and `extra_heads`."""
+        return (self.head, *self.extra_heads)
 
     def layer_group_ordinals(self, keys):
         """{canonical key: ordinal} of `layer_groups`, or None when the family has none."""

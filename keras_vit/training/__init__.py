@@ -31,8 +31,9 @@ under gradient accumulation):
 
 Recipes:
     for_finetuning(model, *, image_size=None, classes, classifier_activation=<model's>,
-                   keep_representation=False)  -> new VisionTransformer, weights copied, position
-                   embedding resized, zero head, pre_logits dropped, dropout 0
+                   keep_representation=False, patch_drop_rate=None)  -> new VisionTransformer,
+                   weights copied, position embedding resized, zero head(s), pre_logits dropped,
+                   dropout 0 (patch dropout as asked)
     classification_loss(model=None, *, label_smoothing=0.0, from_logits=None)
                    -> ClassificationCrossentropy (integer or one-hot labels, label smoothing)
     PRETRAIN_DROPOUT                                         # {"ViTL16": 0.1, "ViTH14": 0.1}
