@@ -4,7 +4,7 @@
     model = keras_vit.ViTB16(weights=None, input_shape=(384, 384, 3), classes=10)
 """
 
-__version__ = "0.1.0"
+from keras_vit.version import __version__  # noqa: F401
 
 import os as _os
 import sys as _sys
@@ -17,11 +17,11 @@ def _import_public_api():
     from keras_vit import layers  # noqa: F401
     from keras_vit.applications import ALL_CONSTRUCTORS
     from keras_vit.models import get_weight_tree, set_weight_tree  # noqa: F401
-    from keras_vit.models.family import families, family_of  # noqa: F401
+    from keras_vit.models.family import families, family_of, import_model_classes  # noqa: F401
 
     # Every family's model class (VisionTransformer, BiTResNet, ...), imported so that it is
     # registered with keras.saving: a saved model of any family loads with safe_mode on.
-    model_classes = {family.class_name: family.model_class() for family in families()}
+    model_classes = import_model_classes()
 
     # === Checkpoints, presets and loading ===
     from keras_vit.checkpoints import CheckpointError, read_checkpoint, save_preset, write_npz  # noqa: F401
@@ -38,7 +38,7 @@ def _import_public_api():
     from keras_vit.export import export_many, export_model, export_models  # noqa: F401  (TensorFlow loads on use)
     from keras_vit.models import ViTConfig, feature_extractor  # noqa: F401
 
-    public = {k: v for k, v in locals().items() if k not in ("ALL_CONSTRUCTORS", "model_classes", "family")}
+    public = {k: v for k, v in locals().items() if k not in ("ALL_CONSTRUCTORS", "model_classes", "import_model_classes")}
     globals().update(public, **model_classes, **ALL_CONSTRUCTORS)
 
 

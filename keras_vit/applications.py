@@ -9,7 +9,7 @@ of the family record (`keras_vit.models.family`).
 
 import keras
 
-from keras_vit.models.config import UnknownArgumentError, suggest
+from keras_vit.models.config import UnknownArgumentError, suggest, without_head
 from keras_vit.models.family import families, family_of, get_architecture
 
 
@@ -87,6 +87,7 @@ def build_application(
         classifier_activation=classifier_activation,
         name=name or arch.name.lower(),
     )
+    kwargs = without_head(family.config_class, kwargs)  # classes=0: no head, pooled features
     if weights is None:
         model = family.build(**kwargs)
     else:

@@ -22,6 +22,7 @@ import re
 import shutil
 import sys
 import tempfile
+import warnings
 
 #: Subcommand modules under keras_vit.commands, in the order `keras-vit --help` lists them.
 COMMANDS = ["explain", "finetune", "evaluate", "vtab", "report", "fewshot", "presets", "convert", "export"]
@@ -144,7 +145,7 @@ def user_error_types():
     types = [FileNotFoundError, NotADirectoryError, IsADirectoryError, ValueError, ImportError]
     for module, names in (
         ("keras_vit.hub", ("HubError",)),
-        ("keras_vit.checkpoints.common", ("CheckpointError",)),
+        ("keras_vit.errors", ("CheckpointError",)),
         ("keras_vit.data.tfds_sources", ("DatasetNotPreparedError",)),
         ("keras_vit.data", ("DatasetNotPreparedError",)),
     ):
@@ -199,6 +200,25 @@ def _remove_if_left_empty(folder, existed):
     shutil.rmtree(folder, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def _one_line_warnings(command):
+    """keras_vit's own warnings (a file left out, ...) as one line `keras-vit <command>: warning:
+    ...`, without Python's file, line number and source line; other libraries' as they are."""
+    package = os.path.dirname(os.path.abspath(__file__)) + os.sep
+    default = warnings.formatwarning
+
+    def format_warning(message, category, filename, lineno, line=None):
+        if os.path.abspath(str(filename)).startswith(package):
+            return f"keras-vit {command}: warning: {' '.join(str(message).split())}\n"
+        return default(message, category, filename, lineno, line)
+
+    warnings.formatwarning = format_warning
+    try:
+        yield
+    finally:
+        warnings.formatwarning = default
+
+
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -209,7 +229,8 @@ def main(argv=None):
     out = _out_folder(args)
     out_existed = out is not None and os.path.exists(out)
     try:
-        status = args.func(args) or 0
+        with _one_line_warnings(args.command):
+            status = args.func(args) or 0
     except KeyboardInterrupt:
         _remove_if_left_empty(out, out_existed)
         print(f"keras-vit {args.command}: interrupted", file=sys.stderr)

@@ -402,7 +402,9 @@ def _export_in_subprocess(models_and_jobs):
 def _subprocess_main(spec_file):
     import keras
 
-    import keras_vit  # noqa: F401  (registers the layers for load_model)
+    from keras_vit.models.family import import_model_classes
+
+    import_model_classes()  # registers every model class and layer for load_model
 
     with open(spec_file) as f:
         spec = json.load(f)

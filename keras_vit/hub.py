@@ -22,6 +22,7 @@ import os
 import re
 
 from keras_vit import names
+from keras_vit.storage.json_files import read_json_object
 
 logger = logging.getLogger("keras_vit")
 
@@ -30,7 +31,7 @@ logger = logging.getLogger("keras_vit")
 #: the checkpoint formats' own patterns (keras_vit.checkpoints.registry.hub_file_patterns).
 ALLOW_PATTERNS = ["*.json", "*.safetensors", "model.weights.h5", "*.npz", "*.keras", "*.md"]
 #: Files fetched only from a repository that holds no weights file of ALLOW_PATTERNS: a PyTorch
-#: zip `pytorch_model.bin` (read without unpickling code, keras_vit.checkpoints.torch_zip) of an
+#: zip `pytorch_model.bin` (read without unpickling code, keras_vit.storage.torch_zip) of an
 #: older timm or transformers repository. Never downloaded beside safetensors.
 FALLBACK_PATTERNS = ["pytorch_model.bin"]
 #: Patterns of the files that describe a checkpoint (configs, shard indexes, model cards) rather
@@ -219,12 +220,7 @@ def _stat_record(path):
 
 
 def _read_marker(path):
-    try:
-        with open(path) as f:
-            value = json.load(f)
-    except (OSError, ValueError):
-        return {}
-    return value if isinstance(value, dict) else {}
+    return read_json_object(path, missing={}, malformed={})
 
 
 def _write_marker(path, record):

@@ -1,7 +1,9 @@
 """Naming and loading: what a `weights=` value means, and the one way a model is loaded.
 
 Every entry point (the constructors' `weights=`, `load_checkpoint`, every CLI command,
-`training.for_finetuning`, weights/publish.py) goes through `resolve` and `load` here:
+`training.for_finetuning`, weights/publish.py) goes through `resolve` and `load` here; `describe`
+is the decision `resolve` starts from (what kind of value it is, which preset row), which the CLI
+also asks before anything loads:
 
     resolved = resolve("ViTB16.augreg2_in21k_ft_in1k")   # -> local files, their format, the preset
     model = load("hf://timm/vit_base_patch16_224.augreg2_in21k_ft_in1k", image_size=384)
@@ -21,8 +23,8 @@ import warnings
 from typing import Optional
 
 from keras_vit import hub, names, presets
-from keras_vit.checkpoints.common import CheckpointError
 from keras_vit.checkpoints.registry import CheckpointFormat, detect_format, hub_fallback_patterns, hub_file_patterns
+from keras_vit.errors import CheckpointError
 
 #: File endings that make a string a path rather than a name.
 _PATH_ENDINGS = (".npz", ".keras", ".h5", ".safetensors", ".json")
@@ -95,6 +97,63 @@ def _fetch_preset(preset, source, what):
     return ResolvedWeights(source, folder, detect_format(folder), preset, preset.repo, preset.revision, commit)
 
 
+@dataclasses.dataclass(frozen=True)
+class Description:
+    """What a weights value names, told from the names and the preset table alone (nothing is
+    downloaded and no checkpoint is read).
+
+    Attributes:
+        source: the value the user passed.
+        kind: "resolved" (an already `ResolvedWeights`), "path" (an existing local file or folder:
+            its checkpoint tells the model), "hub" ("hf://owner/repo[@revision]": its files tell),
+            "preset" (a row of the preset table), "missing" (a path that does not exist) or
+            "unknown" (no preset of that name).
+        preset: the preset row, for kind "preset".
+        what: how errors and download messages name the weights.
+    """
+
+    source: object
+    kind: str
+    preset: Optional[presets.Preset] = None
+    what: str = ""
+
+
+def describe(source, *, architecture=None, image_size=None):
+    """What the weights value `source` means (with `architecture`, the constructor name its tags
+    and aliases refer to; `image_size` picks the 224 or 384 repository), without downloading or
+    reading anything: the one decision that `resolve` and the CLI's checks before loading share.
+
+    Raises:
+        TypeError for a value that is no path or name; ValueError (keras_vit.names'
+        InvalidNameError) for a name that cannot be one, and for a tag `architecture` does not have.
+
+    Example:
+        >>> describe("ViTTi16.augreg_in21k").preset.repo
+        'timm/vit_tiny_patch16_224.augreg_in21k'
+        >>> describe("hf://timm/vit_tiny_patch16_224.augreg_in21k").kind
+        'hub'
+    """
+    if isinstance(source, ResolvedWeights):
+        return Description(source, "resolved", source.preset, source.source)
+    if isinstance(source, presets.Preset):
+        return Description(source, "preset", source, source.name)
+    if not isinstance(source, (str, os.PathLike)):
+        raise TypeError(f"weights must be None, a path or a string; got {type(source).__name__}.")
+    source = os.fspath(source)
+    if os.path.exists(source):
+        return Description(source, "path", what=source)
+    if source.startswith("hf://"):
+        return Description(source, "hub", what=source)
+    if _looks_like_path(source):
+        return Description(source, "missing", what=source)
+    names.check_name(source, "weights name")
+    if architecture is not None and "." not in source:
+        preset = presets.find_preset(architecture, source, image_size)
+        return Description(source, "preset", preset, f"weights={source!r} of {architecture}")
+    preset = presets.preset_by_name(source, image_size)
+    return Description(source, "unknown" if preset is None else "preset", preset, source)
+
+
 def resolve(source, *, architecture=None, image_size=None):
     """Resolve any way of naming weights to local files: the one place that decides what a
     `weights=` value means.
@@ -120,40 +179,34 @@ def resolve(source, *, architecture=None, image_size=None):
         >>> resolve("ViTTi16.augreg_in21k", image_size=224).preset.repo   # doctest: +SKIP
         'timm/vit_tiny_patch16_224.augreg_in21k'
     """
-    if isinstance(source, ResolvedWeights):
+    described = describe(source, architecture=architecture, image_size=image_size)
+    source = described.source
+    if described.kind == "resolved":
         return source
-    if isinstance(source, presets.Preset):
-        return _fetch_preset(source, source.name, source.name)
-    if not isinstance(source, (str, os.PathLike)):
-        raise TypeError(f"weights must be None, a path or a string; got {type(source).__name__}.")
-    source = os.fspath(source)
-    if os.path.exists(source):
+    if described.kind == "path":
         path = _run_folder_model(source)
         return ResolvedWeights(source, path, detect_format(path))
-    if source.startswith("hf://"):
+    if described.kind == "hub":
         repo, revision = hub.parse_hf_handle(source)
         folder, commit = hub.fetch(repo, revision, what=source, allow_patterns=hub_file_patterns(),
                                    fallback_patterns=hub_fallback_patterns())
         return ResolvedWeights(source, folder, detect_format(folder), None, repo, revision, commit)
-    if _looks_like_path(source):
+    if described.kind == "missing":
         raise FileNotFoundError(
             f"No checkpoint at {source!r}. Pass an existing checkpoint file or folder, 'hf://owner/repo' or a preset "
             "name (keras_vit.list_presets()); or weights=None for a randomly initialised model."
         )
-    names.check_name(source, "weights name")
-    if architecture is not None and "." not in source:
-        preset = presets.find_preset(architecture, source, image_size)
-        if source == "imagenet" and preset.classes != 1000:
-            warnings.warn(
-                f"No ImageNet-1k fine-tuned weights are published for {architecture}; weights='imagenet' loads "
-                f"{preset.tag!r} (pre-trained on ImageNet-21k) instead.",
-                stacklevel=4,
-            )
-        return _fetch_preset(preset, source, f"weights={source!r} of {architecture}")
-    preset = presets.preset_by_name(source, image_size)
-    if preset is None:
+    if described.kind == "unknown":
         raise _unknown_name_error(source, architecture)
-    return _fetch_preset(preset, source, source)
+    preset = described.preset
+    if source == "imagenet" and architecture is not None and preset.classes != 1000:
+        warnings.warn(
+            f"No ImageNet-1k fine-tuned weights are published for {architecture}; weights='imagenet' loads "
+            f"{preset.tag!r} (pre-trained on ImageNet-21k) instead.",
+            stacklevel=4,
+        )
+    name = preset.name if isinstance(source, presets.Preset) else source
+    return _fetch_preset(preset, name, described.what)
 
 
 # === The head policy ===

@@ -28,6 +28,8 @@ import os
 import keras
 import numpy as np
 
+from keras_vit.storage.json_files import read_json_object
+
 
 def _jsonable(value):
     if isinstance(value, dict):
@@ -44,6 +46,11 @@ def _jsonable(value):
     if value is None or isinstance(value, (str, int, bool)):
         return value
     return str(value)
+
+
+def _unreadable(path, reason):
+    return ValueError(f"{path} {reason}: the run folder's record was cut short or edited. Delete that file (or "
+                      "the whole run folder) and run again.")
 
 
 def _write_csv(path, rows):
@@ -85,11 +92,7 @@ class RunFolder:
             json.dump(_jsonable(dict(config)), f, indent=2, sort_keys=True)
 
     def read_metrics(self):
-        try:
-            with open(self.file("metrics.json")) as f:
-                return json.load(f)
-        except FileNotFoundError:
-            return {}
+        return read_json_object(self.file("metrics.json"), missing={}, malformed=_unreadable)
 
     def write_metrics(self, metrics):
         """Merge `metrics` into metrics.json and rewrite metrics.csv (one row, a column per metric)."""
@@ -113,10 +116,8 @@ class RunFolder:
 
     def load_history(self):
         """Read history.json back (to continue a resumed run's curves)."""
-        try:
-            with open(self.file("history.json")) as f:
-                saved = json.load(f)
-        except FileNotFoundError:
+        saved = read_json_object(self.file("history.json"), missing=None, malformed=_unreadable)
+        if saved is None:
             return
         self.history = saved.get("evaluations", [])
         self.steps = [tuple(s) for s in saved.get("steps", [])]

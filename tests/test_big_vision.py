@@ -205,7 +205,7 @@ def test_reading_is_lazy_and_unscans_per_layer(tmp_path):
     """The reader's tree holds LazyArrays (shapes known, nothing read); a scanned file gives each
     block its slice of the stacked arrays, stored or compressed, and what else a training
     checkpoint holds beside `params/` (optimizer state) is left alone."""
-    from keras_vit.checkpoints.common import LazyArray
+    from keras_vit.storage.lazy import LazyArray
     from keras_vit.checkpoints.registry import get_format
 
     params = big_vision_params(pool_type="map")

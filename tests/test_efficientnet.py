@@ -91,7 +91,7 @@ def test_parameter_counts_equal_timm(name):
     assert sum(math.prod(v.shape) for v in model.non_trainable_weights) == running
     # timm's full-size state dict, mapped by the reader, is the Keras model's weight tree: same
     # keys, same shapes (nothing read: the tensors are on the meta device).
-    from keras_vit.checkpoints.common import LazyArray
+    from keras_vit.storage.lazy import LazyArray
     from keras_vit.checkpoints.timm_efficientnet import efficientnet_state_to_tree
 
     state = reference.state_dict()

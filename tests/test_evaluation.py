@@ -250,6 +250,30 @@ def test_objectnet_files_that_are_not_images(tmp_path):
         evaluation.evaluate_classifier(model, f"objectnet:{root}", batch_size=2, verbose=0)
 
 
+def test_objectnet_command_warns_in_one_line_and_names_the_bad_image(vit_409, tmp_path, capsys, monkeypatch):
+    """The skipped file is one warning line; an image too small for the border crop (3x3, which
+    Pillow decodes) is an error naming that file only, not its neighbours."""
+    import warnings
+
+    import sys
+
+    # Printed to stderr as Python does outside pytest (which records them instead).
+    monkeypatch.setattr(warnings, "_showwarnmsg_impl", lambda message: sys.stderr.write(warnings._formatwarnmsg(message)))
+    root = _objectnet_folder(tmp_path / "objectnet-1.0")
+    (root / "images" / "banana" / "notes.png").write_text("not an image\n")
+    Image.fromarray(np.full((3, 3, 3), 128, np.uint8)).save(root / "images" / "banana" / "grey.png")
+    with warnings.catch_warnings():
+        warnings.simplefilter("always")
+        assert main(["evaluate", "--weights", vit_409, "--data", f"objectnet:{root}", "--batch-size", "2",
+                     "--verbose", "0", "--out", str(tmp_path / "o")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert lines[0].startswith("keras-vit evaluate: warning: 1 of 8 image files under ") and lines[0].endswith(
+        "(banana/notes.png). Left them out."), lines
+    grey = str(root / "images" / "banana" / "grey.png")
+    assert lines[1:] == [f"keras-vit evaluate: error: The image {grey} is too small for ObjectNet's 2-pixel border "
+                         "crop (it needs at least 5x5 pixels): replace it with the download's file, or remove it."]
+
+
 def test_real_labels_that_do_not_fit():
     scores = np.eye(5)[[2, 0, 1]]
     with pytest.raises(ValueError, match="ReaL labels for 2 images but scores for 3"):
@@ -329,6 +353,7 @@ def test_evaluate_command_real_metrics_json(vit_409, tmp_path):
     # The other 999 classes tie: classes 0-3 follow 409 in the top 5, so the image labelled 0 counts too.
     assert metrics["top5"] == pytest.approx(2 / 5)
     assert metrics["real_examples"] == 3 and metrics["examples"] == 5 and metrics["ema_weights"] is False
+    assert metrics["split"] == "validation"  # the images ReaL labels (--split defaults to test)
     assert {"per_class.csv", "confusion.png", "config.json"} <= set(os.listdir(out))
 
 
@@ -369,6 +394,101 @@ def test_ema_weights_are_evaluated(tmp_path):
     plain = tmp_path / "plain.keras"
     _tiny_vit(10).save(plain)
     assert evaluation.load_for_evaluation(plain) is None
+
+
+#: ImageNet-V2 images (red value, label) for the colour classifier of V2_CENTRES: predicted 954,
+#: 530, 671, 0, 434, 530, so top-1 hits rows 0, 2, 3, 5 (4 of 6); the label 440 of row 4 (centre
+#: 205, second nearest to 190) is in its top 5, the label 409 of row 1 (no centre) is not: top-5 5 of 6.
+V2_EXAMPLES = [(110, 954), (131, 409), (140, 671), (100, 0), (190, 440), (130, 530)]
+V2_CENTRES = {954: 110, 530: 130, 671: 140, 0: 100, 434: 190, 440: 205}
+
+
+def _v2_as_dataset(self, split, **kwargs):
+    examples = [] if getattr(self, "_empty", False) else V2_EXAMPLES
+
+    def generate():
+        for i, (red, label) in enumerate(examples):
+            yield {"image": uniform_image(red, 8), "label": label, "file_name": f"{label}/{i}.jpeg"}
+
+    return tf.data.Dataset.from_generator(generate, output_signature={
+        "image": tf.TensorSpec((None, None, 3), tf.uint8), "label": tf.TensorSpec((), tf.int64),
+        "file_name": tf.TensorSpec((), tf.string)})
+
+
+def test_imagenet_v2_known_answer():
+    """Hits and misses worked out by hand (V2_EXAMPLES), on the default and another tfds config."""
+    model = colour_classifier(V2_CENTRES)
+    with tfds.testing.mock_data(as_dataset_fn=_v2_as_dataset, policy=tfds.testing.MockPolicy.USE_CODE):
+        for data in ("tfds:imagenet_v2", "tfds:imagenet_v2/topimages"):
+            m = evaluation.evaluate_classifier(model, data, batch_size=4, verbose=0).metrics
+            assert m["examples"] == 6 and m["split"] == "test"
+            assert m["top1"] == pytest.approx(4 / 6) and m["top5"] == pytest.approx(5 / 6)
+
+
+# === Data that cannot give a number ===
+
+
+def test_metrics_refuse_non_finite_scores_labels_outside_and_no_examples():
+    from keras_vit.errors import DataError
+
+    metrics = evaluation.ClassificationMetrics(3)
+    metrics.update(np.eye(3), np.arange(3))
+    scores = np.array([[0.1, 0.2, 0.3], [np.nan, np.nan, np.nan], [1.0, np.inf, 0.0], [0.0, 1.0, 2.0]])
+    with pytest.raises(DataError, match=r"not finite \(NaN or infinity\) in 2 of the 4 rows of batch 2 \(images 3-6, "
+                       r"first row 4\)"):
+        metrics.update(scores, np.array([0, 0, 1, 2]))
+    assert metrics.examples == 3  # nothing of that batch counted
+    for batch, label in ((3, -1), (4, 3)):  # the batches given, counted
+        with pytest.raises(DataError, match=rf"^Label {label} in batch {batch} \(images 3-4\) is outside \[0, 3\): the model "
+                           "has 3 classes"):
+            metrics.update(np.eye(3)[:2], np.array([1, label]))
+    assert metrics.confusion.sum() == 3 and metrics.result()["top1"] == 1.0
+    with pytest.raises(DataError, match="No examples were evaluated"):
+        evaluation.ClassificationMetrics(3).result()
+
+
+def test_an_empty_split_is_an_error_that_names_it():
+    from keras_vit.errors import DataError
+
+    model = colour_classifier(V2_CENTRES)
+
+    def empty(self, split, **kwargs):
+        self._empty = True
+        return _v2_as_dataset(self, split)
+
+    with tfds.testing.mock_data(as_dataset_fn=empty, policy=tfds.testing.MockPolicy.USE_CODE):
+        with pytest.raises(DataError, match=r"^'tfds:imagenet_v2' split 'test' has no examples"):
+            evaluation.evaluate_classifier(model, "tfds:imagenet_v2", verbose=0)
+    with tfds.testing.mock_data(as_dataset_fn=lambda self, split, **k: _real_as_dataset(self, split).take(0),
+                                policy=tfds.testing.MockPolicy.USE_CODE):
+        with pytest.raises(DataError, match=r"^'tfds:imagenet2012_real' split 'validation' has no examples"):
+            evaluation.evaluate_classifier(model, "tfds:imagenet2012_real", verbose=0)
+
+
+def test_non_finite_outputs_stop_the_evaluation():
+    """(A file with NaN weights is refused when it loads; in-memory weights can still diverge.)"""
+    from keras_vit.errors import DataError
+
+    model = _tiny_vit(1000, predicted=409)
+    kernel, bias = model.get_layer("head").get_weights()
+    bias[5] = np.nan  # every row's logits hold a NaN
+    model.get_layer("head").set_weights([kernel, bias])
+    with tfds.testing.mock_data(as_dataset_fn=_v2_as_dataset, policy=tfds.testing.MockPolicy.USE_CODE):
+        with pytest.raises(DataError, match=r"not finite \(NaN or infinity\) in 4 of the 4 rows of batch 1 \(images "
+                           r"0-3, first row 0\)"):
+            evaluation.evaluate_classifier(model, "tfds:imagenet_v2", batch_size=4, verbose=0)
+
+
+def test_a_label_outside_the_classes_in_the_pipeline_is_one_line(vit_409, tmp_path, capsys):
+    def labels_past_the_end(self, split, **kwargs):
+        return _v2_as_dataset(self, split).map(lambda ex: {**ex, "label": ex["label"] + 600})
+
+    with tfds.testing.mock_data(as_dataset_fn=labels_past_the_end, policy=tfds.testing.MockPolicy.USE_CODE):
+        assert main(["evaluate", "--weights", vit_409, "--data", "tfds:imagenet_v2", "--verbose", "0",
+                     "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("keras-vit evaluate: error: label 1554 of 'tfds:imagenet_v2' split 'test' is outside [0, 1000) "
+                   "(1000 classes): the class count contradicts the data, or the labels are not class indices"), err
 
 
 # === Bad input ===
@@ -425,6 +545,17 @@ def test_tfds_name_that_does_not_exist(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+def test_tfds_config_that_does_not_exist(tmp_path, capsys):
+    path = tmp_path / "m.keras"
+    _tiny_vit(1000).save(path)
+    assert main(["evaluate", "--weights", str(path), "--data", "tfds:imagenet_v2/foo", "--out",
+                 str(tmp_path / "o")]) == 2
+    assert capsys.readouterr().err == (
+        "keras-vit evaluate: error: tensorflow-datasets' imagenet_v2 has no config 'foo'; its configs: "
+        "matched-frequency, threshold-0.7, topimages. Pass tfds:imagenet_v2/CONFIG with one of them, e.g. "
+        "tfds:imagenet_v2/matched-frequency.\n")
+
+
 # === Report: Table 2's layout ===
 
 
@@ -454,3 +585,82 @@ def test_report_table2(tmp_path, capsys):
     assert (tmp_path / "t" / "table2.csv").read_text().splitlines()[1].startswith("ImageNet,80.00")
     assert main(["report", str(tmp_path / "missing")]) == 2
     assert "does not exist" in capsys.readouterr().err
+
+
+#: The paper's Table 2 (Dosovitskiy et al. 2021, "Comparison with state of the art on popular
+#: image classification benchmarks"), typed from the paper: top-1 accuracy in %, mean ± std over
+#: three fine-tuning runs. Columns: ViT-H/14 (JFT), ViT-L/16 (JFT), BiT-L (ResNet152x4).
+PAPER = """
+ImageNet            | 88.55 ± 0.04 | 87.76 ± 0.03 | 87.54 ± 0.02
+ImageNet ReaL       | 90.72 ± 0.05 | 90.54 ± 0.03 | 90.54
+CIFAR-10            | 99.50 ± 0.06 | 99.42 ± 0.03 | 99.37 ± 0.06
+CIFAR-100           | 94.55 ± 0.04 | 93.90 ± 0.05 | 93.51 ± 0.08
+Oxford-IIIT Pets    | 97.56 ± 0.03 | 97.32 ± 0.11 | 96.62 ± 0.23
+Oxford Flowers-102  | 99.68 ± 0.02 | 99.74 ± 0.00 | 99.63 ± 0.03
+VTAB (19 tasks)     | 77.63 ± 0.23 | 76.28 ± 0.46 | 76.29 ± 1.70
+"""
+
+
+def test_report_paper_columns_are_table2():
+    """All 21 figures of the report's paper columns, row by row."""
+    table = evaluation.PAPER_TABLE2
+    expected = [[cell.strip() for cell in line.split("|")] for line in PAPER.strip().splitlines()]
+    assert list(evaluation.ROWS) == [row[0] for row in expected]
+    assert list(table) == ["ViT-H/14 (JFT)", "ViT-L/16 (JFT)", "BiT-L (ResNet152x4)"]
+    got = [[row, *(table[column][row] for column in table)] for row in evaluation.ROWS]
+    assert got == expected
+
+
+def _run(folder, metrics=None, config=None, vtab=None):
+    folder.mkdir(parents=True)
+    for name, value in (("metrics.json", metrics), ("config.json", config), ("vtab.json", vtab)):
+        if value is not None:
+            (folder / name).write_text(json.dumps(value))
+    return str(folder)
+
+
+def test_report_columns_are_the_weights_each_run_records(tmp_path, monkeypatch):
+    """Two folders named `run` of two models stay two columns (labelled by their paths when their
+    names are the same); runs of one checkpoint share one, read from any folder; a vtab run joins
+    the evaluate runs of its weights; a run that records no weights has its own column."""
+    first, second = str(tmp_path / "a" / "m.keras"), str(tmp_path / "b" / "m.keras")
+    a = _run(tmp_path / "a" / "run", {"data": "tfds:cifar10", "top1": 0.1139}, {"weights_id": first})
+    b = _run(tmp_path / "b" / "run", {"data": "tfds:cifar10", "top1": 0.99}, {"weights_id": second})
+    a100 = _run(tmp_path / "a" / "c100", {"data": "tfds:cifar100", "top1": 0.5}, {"weights_id": first})
+    vtab = _run(tmp_path / "vtab", vtab={"groups": {"all": {"mean": 0.25, "tasks": 1, "of": 19}}, "weights": first},
+                config={"command": "vtab", "weights_id": first})
+    bare = _run(tmp_path / "c" / "run", {"data": "tfds:cifar10", "top1": 0.3})
+    table = evaluation.table2([a, b, a100, vtab, bare], paper=False)
+    assert table["columns"] == [first, second, "run"]
+    rows = {row[0]: row[1:] for row in table["rows"]}
+    assert rows["CIFAR-10"] == ["11.39", "99.00", "30.00"] and rows["CIFAR-100"] == ["50.00", "", ""]
+    assert rows["VTAB (19 tasks)"] == ["25.00 (1 of 19 tasks)", "", ""]
+    monkeypatch.chdir(tmp_path / "a")  # the same table from another folder, with relative paths
+    again = evaluation.table2([os.path.relpath(p) for p in (a, b, a100, vtab, bare)], paper=False)
+    assert again == table
+    # One name per model where names differ; a preset's name as it is.
+    c = _run(tmp_path / "d" / "run", {"data": "tfds:cifar100", "top1": 0.7}, {"weights_id": "ViTB16.augreg_in21k"})
+    assert evaluation.table2([a, c], paper=False)["columns"] == ["m.keras", "ViTB16.augreg_in21k"]
+    # Two results of one row and model: an error, not one silently replacing the other.
+    twice = _run(tmp_path / "a" / "again", {"data": "tfds:cifar10", "top1": 0.2}, {"weights_id": first})
+    with pytest.raises(ValueError, match="both hold the CIFAR-10 result of the weights"):
+        evaluation.table2([a, twice])
+
+
+@pytest.mark.parametrize("value, problem", [
+    (float("nan"), r"holds top1=nan, not a finite accuracy"),
+    (57.3, r"holds top1=57.3, not a fraction in \[0, 1\] \(a percentage\? 57.3 % is 0.573\)"),
+    (-0.1, r"holds top1=-0.1, not a fraction in \[0, 1\]; keras-vit writes accuracies as fractions"),
+    ("0.5", r"holds top1='0.5', not a number"),
+])
+def test_report_refuses_what_is_not_an_accuracy(tmp_path, capsys, value, problem):
+    import re
+
+    run = _run(tmp_path / "run", {"data": "tfds:cifar10", "top1": value})
+    assert main(["report", run]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and re.search(problem, err), err
+    assert os.path.join(run, "metrics.json") in err
+    vtab = _run(tmp_path / "vtab", vtab={"groups": {"all": {"mean": value, "tasks": 1, "of": 19}}})
+    assert main(["report", vtab]) == 2
+    assert "groups.all.mean" in capsys.readouterr().err

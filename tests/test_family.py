@@ -32,11 +32,18 @@ def test_every_family_is_registered_once():
 
 
 def _models():
-    return {
+    """One tiny model of every registered family."""
+    models = {
         "vit": keras_vit.VisionTransformer(**TINY_VIT),
         "bit": keras_vit.models.BiTResNet(**TINY_BIT),
         "axial_vit": keras_vit.models.AxialVisionTransformer(**TINY_AXIAL),
+        "axial_resnet": keras_vit.models.AxialResNet(image_size=16, block_units=(1,), width_multiplier=0.125,
+                                                     groups=2, classes=3),
+        "efficientnet": keras_vit.models.EfficientNet(image_size=32, width_multiplier=0.1, depth_multiplier=0.1,
+                                                      classes=3),
     }
+    assert sorted(models) == sorted(f.name for f in families())  # a new family needs a model here
+    return models
 
 
 def test_family_of_every_form():
@@ -51,6 +58,8 @@ def test_family_of_every_form():
         # The checkpoint config round trip: what a saved file's config says rebuilds the same model.
         rebuilt = family.build(**family.model_kwargs(family.checkpoint_config(config)))
         assert rebuilt.count_params() == model.count_params()
+        assert {k: v for k, v in rebuilt.get_config().items() if k != "name"} == {
+            k: v for k, v in config.items() if k != "name"}, name
         # A model wrapping one (the constructors' input_tensor=) belongs to the same family.
         wrapper = keras.Model(model.inputs, model(model.inputs[0]))
         assert family_of(wrapper) is family

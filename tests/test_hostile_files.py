@@ -48,8 +48,8 @@ from keras_vit import CheckpointError, build_model, read_checkpoint, write_npz
 from keras_vit.checkpoints.big_vision import write_big_vision_npz
 from keras_vit.checkpoints.bit import write_bit_npz
 from keras_vit.checkpoints.keras_format import save_preset
-from keras_vit.checkpoints.torch_zip import TorchZipFile
 from keras_vit.models.weight_tree import get_weight_tree
+from keras_vit.storage.torch_zip import TorchZipFile
 
 pytestmark = pytest.mark.backend_independent
 

@@ -161,8 +161,9 @@ def test_feature_extractor_grids(hybrid):
         keras_vit.get_weight_tree(model), x, patch_size=model.patch_size, num_layers=2, include_top=False, **ref_kw
     )
     np.testing.assert_allclose(grids[2], ref[:, 1:].reshape(2, rows, cols, 24), rtol=2e-4, atol=2e-5)
-    tokens = feature_extractor(model, -1, output="tokens").predict(x, verbose=0)
-    np.testing.assert_allclose(tokens[:, 1:].reshape(2, rows, cols, 24), grids[1], rtol=1e-5, atol=1e-6)
+    tokens, prefix = feature_extractor(model, [-1], output="tokens", return_prefix_tokens=True).predict(x, verbose=0)
+    np.testing.assert_allclose(tokens.reshape(2, rows, cols, 24), grids[1], rtol=1e-5, atol=1e-6)
+    assert prefix.shape == (2, 1, 24)
     with pytest.raises(ValueError, match=r"no layer 'encoder_nrom' \(did you mean 'encoder_norm'\?\)"):
         feature_extractor(model, ["encoder_nrom"])
 

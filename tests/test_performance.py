@@ -139,3 +139,26 @@ def test_layers_gelu_tanh_form_traced_by_torch_compile(monkeypatch, dtype):
     rounding = 2.0**-8 if dtype == "bfloat16" else 1e-6
     np.testing.assert_allclose(as64(out), expected, rtol=rounding, atol=1e-6)
     np.testing.assert_array_equal(as64(m.gelu(xs, False)), as64(keras.ops.gelu(xs, False)))  # erf: Keras'
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_layers_dot_product_attention_is_softmax_attention(dtype):
+    """layers.dot_product_attention (JAX's CPU: heads merged into the batch of two 3-D products)
+    is softmax(q k^T * scale) v per batch item and head, in NumPy float64: queries and keys of
+    different lengths, every head and batch item distinct, the output in the inputs' dtype."""
+    from keras_vit.layers.matmul import dot_product_attention
+
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.normal(size=(3, n, 4, 16)).astype("float32") for n in (7, 11, 11))
+    qs, ks, vs = (keras.ops.cast(t, dtype) for t in (q, k, v))
+    as64 = lambda t: keras.ops.convert_to_numpy(keras.ops.cast(t, "float32")).astype("float64")  # noqa: E731
+    q64, k64, v64 = as64(qs), as64(ks), as64(vs)
+    logits = np.einsum("bqhd,bkhd->bhqk", q64, k64) * 0.3
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    expected = np.einsum("bhqk,bkhd->bqhd", weights, v64)
+    out = dot_product_attention(qs, ks, vs, 0.3)
+    assert keras.backend.standardize_dtype(out.dtype) == dtype
+    # bfloat16: the scaled queries and the weights are rounded to 8 significant bits on the way.
+    tol = 3e-2 if dtype == "bfloat16" else 1e-5
+    np.testing.assert_allclose(as64(out), expected, rtol=tol, atol=tol)

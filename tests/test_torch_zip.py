@@ -28,7 +28,7 @@ from torch_zip_files import (
 
 from keras_vit import CheckpointError, read_checkpoint
 from keras_vit.checkpoints.registry import detect_format
-from keras_vit.checkpoints.torch_zip import TorchStateFile, TorchZipFile
+from keras_vit.storage.torch_zip import TorchStateFile, TorchZipFile
 
 pytestmark = pytest.mark.backend_independent
 

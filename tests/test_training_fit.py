@@ -270,3 +270,63 @@ def test_tensorflow_traces_the_train_step_once(data, monkeypatch):
         history = model.fit(x, y, batch_size=8, epochs=2, verbose=0)
     assert len(traces) == 1
     assert model.optimizer.iterations.numpy() == 4 and np.isfinite(history.history["loss"]).all()
+
+
+# === Labels outside the classes ===
+
+
+def _tiny_classifier(classes=3):
+    return keras_vit.VisionTransformer(image_size=16, patch_size=8, hidden_size=8, num_layers=1, num_heads=2,
+                                       mlp_dim=16, classes=classes, classifier_activation=None)
+
+
+def test_loss_of_a_label_outside_the_classes_is_nan():
+    """The cross-entropy of NumPy's formula for the labels in range; NaN (not 0) for -1 and 3 of 3
+    classes, as integers and as tf.one_hot's all-zero rows."""
+    logits = np.array([[1.0, 2.0, 0.5], [0.2, -1.0, 3.0], [0.0, 0.0, 0.0], [1.0, 1.0, -2.0]], "float32")
+    labels = np.array([1, 2, -1, 3])
+    shifted = logits - logits.max(1, keepdims=True)
+    log_softmax = shifted - np.log(np.exp(shifted).sum(1, keepdims=True))
+    loss = training.classification_loss(from_logits=True)
+    per_row = keras.ops.convert_to_numpy(loss.call(keras.ops.convert_to_tensor(labels), logits))
+    np.testing.assert_allclose(per_row[:2], -log_softmax[[0, 1], [1, 2]], rtol=1e-6)
+    assert np.isnan(per_row[2:]).all()
+    one_hot = np.zeros((4, 3), "float32")
+    one_hot[[0, 1], [1, 2]] = 1  # rows 2 and 3: what tf.one_hot makes of -1 and 3
+    per_row = keras.ops.convert_to_numpy(loss.call(keras.ops.convert_to_tensor(one_hot), logits))
+    np.testing.assert_allclose(per_row[:2], -log_softmax[[0, 1], [1, 2]], rtol=1e-6)
+    assert np.isnan(per_row[2:]).all()
+    assert np.isnan(float(loss(labels, logits)))  # the batch's loss
+
+
+@pytest.mark.parametrize("label", [-1, 3])
+def test_fit_refuses_a_label_outside_the_classes(label):
+    """NumPy labels are checked before the first step, a tf.data pipeline's batch by batch as it is
+    read (on every backend, as one DataError line), the validation data too; no update is made
+    from them."""
+    import tensorflow as tf
+
+    from keras_vit.errors import DataError
+
+    model = _tiny_classifier()
+    model.compile(optimizer="sgd", loss=training.classification_loss(model))
+    x = np.zeros((8, 16, 16, 3), "float32")
+    y = np.array([0, 1, 2, 0, 1, 2, label, 0])
+    with pytest.raises(DataError, match=rf"^Label {label} \(row 6 of the training labels\) is outside \[0, 3\): the "
+                       "model's head has 3 classes"):
+        model.fit(x, y, batch_size=4, verbose=0)
+    assert int(model.optimizer.iterations) == 0
+    good = np.array([0, 1, 2, 0, 1, 2, 1, 0])
+    with pytest.raises(DataError, match=rf"^Label {label} \(row 1 of the validation labels\)"):
+        model.fit(x, good, validation_data=(x[:2], np.array([0, label])), verbose=0)
+    ds = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
+    steps = _RecordWeights()
+    with pytest.raises(DataError, match=rf"^Label {label} in a batch of the training data is outside \[0, 3\): the "
+                       r"model's head has 3 classes\. Pass labels 0 to 2") as caught:
+        model.fit(ds, epochs=1, verbose=0, shuffle=False, callbacks=[steps])
+    assert "\n" not in str(caught.value) and caught.value.__cause__ is None
+    assert len(steps.after_batch) == 1  # the first batch is fine; the second stops the run
+    good_ds = tf.data.Dataset.from_tensor_slices((x, good)).batch(4)
+    with pytest.raises(DataError, match=rf"^Label {label} in a batch of the validation data"):
+        model.fit(good_ds, validation_data=ds, epochs=1, verbose=0, shuffle=False)
+    model.fit(good_ds, epochs=1, verbose=0, shuffle=False)  # labels in range train

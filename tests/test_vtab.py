@@ -200,3 +200,93 @@ def test_missing_task_data_names_the_command(tmp_path, capsys):
                  "--batch-size", "2", "--image-size", "16", "--data-dir", str(tmp_path), "--out",
                  str(tmp_path / "o")]) == 2
     assert "run `tfds build sun397/tfds`" in capsys.readouterr().err
+
+
+# === Known answers and data that cannot give one ===
+
+
+def _dtd_as_dataset(train_labels, test_labels):
+    """vtab/dtd examples (random 8x8 images) with the given labels: `train_labels` in each of
+    dtd's train and validation splits, `test_labels` in its test split."""
+
+    def as_dataset(self, split, **kwargs):
+        labels = test_labels if str(split).startswith("test") else train_labels
+        rng = np.random.default_rng(len(labels))
+        examples = [{"image": rng.integers(0, 255, (8, 8, 3), np.uint8), "label": np.int64(label),
+                     "file_name": f"{i}.jpg"} for i, label in enumerate(labels)]
+        return tf.data.Dataset.from_generator(lambda: iter(examples), output_signature={
+            "image": tf.TensorSpec((None, None, 3), tf.uint8), "label": tf.TensorSpec((), tf.int64),
+            "file_name": tf.TensorSpec((), tf.string)})
+
+    return tfds.testing.mock_data(as_dataset_fn=as_dataset, policy=tfds.testing.MockPolicy.USE_CODE)
+
+
+@pytest.mark.backend_independent
+def test_warmup_of_the_papers_setting():
+    """The original fine-tuning warm-up: 500 steps of the paper's 2500, at most a fifth of shorter runs."""
+    assert evaluation.VTAB_1K.warmup_steps == 500 == evaluation.VTAB_1K.steps // 5
+    from keras_vit.evaluation.vtab import effective_setting
+
+    for steps, warmup in ((2500, 500), (5000, 500), (2000, 400), (100, 20), (4, 0)):
+        assert effective_setting(steps=steps).warmup_steps == warmup, steps
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="each backend's fine-tuning path runs in "
+                    "test_resume_gradient_accumulation_and_cli; what is checked here comes after it")
+def test_known_answer_task(tmp_path):
+    """A zero head that learns nothing (learning rate 0) predicts class 0 for every image: its
+    top-1 is the fraction of test images of class 0, 3 of 5; the group and suite means are it."""
+    import dataclasses
+
+    setting = dataclasses.replace(evaluation.VTAB_1K, learning_rate=0.0)
+    with _dtd_as_dataset([1, 2, 3, 4], [0, 5, 0, 7, 0]):
+        result = evaluation.run_vtab(_tiny_base(), str(tmp_path / "vtab"), tasks=["dtd"], setting=setting, steps=5,
+                                     batch_size=2, image_size=16, verbose=0, weights="ViTTi16.augreg_in21k")
+    (row,) = result["tasks"]
+    assert row["top1"] == pytest.approx(3 / 5) and row["examples"] == 5
+    assert row["setting"]["warmup_steps"] == 1 and row["setting"]["learning_rate"] == 0.0
+    assert result["groups"]["natural"]["mean"] == pytest.approx(3 / 5)
+    assert result["groups"]["all"]["mean"] == pytest.approx(3 / 5)
+    saved = json.loads((tmp_path / "vtab" / "vtab.json").read_text())
+    assert saved["weights"] == "ViTTi16.augreg_in21k"  # what `keras-vit report` keys its columns by
+    # Other weights into the same folder are refused: the means would mix two models.
+    with pytest.raises(ValueError, match="holds VTAB results of the weights ViTTi16.augreg_in21k, not ViTS16"):
+        evaluation.run_vtab(_tiny_base(), str(tmp_path / "vtab"), tasks=["dtd"], setting=setting, steps=5,
+                            batch_size=2, image_size=16, verbose=0, weights="ViTS16.augreg_in21k")
+
+
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="each backend's fine-tuning path runs in "
+                    "test_resume_gradient_accumulation_and_cli; what is checked here comes after it")
+def test_an_empty_test_split_is_an_error_not_a_zero(tmp_path):
+    from keras_vit.errors import DataError
+
+    out = tmp_path / "vtab"
+    with _dtd_as_dataset([1, 2, 3, 4], []):
+        with pytest.raises(DataError, match=r"^'tfds:vtab/dtd' split 'test' has no examples"):
+            evaluation.run_vtab(_tiny_base(), str(out), tasks=["dtd"], steps=1, batch_size=2, image_size=16,
+                                verbose=0)
+    assert not (out / "tasks" / "dtd.json").exists() and evaluation.vtab.read_results(str(out)) == []
+
+
+def test_label_outside_the_classes_is_one_line_and_weights_are_recorded(tmp_path, capsys):
+    """dtd has 47 classes: a label of 50 stops the fine-tuning with one line, not TensorFlow's
+    traceback. A run records its weights (config.json), and the help states the real default size."""
+    path = tmp_path / "tiny.keras"
+    _tiny_base().save(path)
+    argv = ["vtab", "--weights", str(path), "--tasks", "dtd", "--steps", "2", "--batch-size", "2", "--image-size",
+            "16", "--verbose", "0", "--out"]
+    with _dtd_as_dataset([1, 50, 3, 4], [0, 1]):
+        assert main([*argv, str(tmp_path / "bad")]) == 2
+    assert capsys.readouterr().err == (
+        "keras-vit vtab: error: label 50 of 'tfds:vtab/dtd' split 'train800val200' is outside [0, 47) (47 classes): "
+        "the class count contradicts the data, or the labels are not class indices\n")
+    assert not (tmp_path / "bad").exists()
+    with _dtd_as_dataset([1, 2, 3, 4], [0, 1]):
+        assert main([*argv, str(tmp_path / "good")]) == 0
+    config = json.loads((tmp_path / "good" / "config.json").read_text())
+    assert config["command"] == "vtab" and config["weights_id"] == os.path.realpath(path)
+    assert json.loads((tmp_path / "good" / "vtab.json").read_text())["weights"] == os.path.realpath(path)
+    with pytest.raises(SystemExit):
+        main(["vtab", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "(default: the paper's 384)" in help_text and "or 224" not in help_text

@@ -3,7 +3,7 @@
 Its training script saves `torch.save({"epoch": ..., "state_dict": model.state_dict(),
 "optimizer": ...}, "....pth.tar")`, the keys prefixed `module.` when the model ran under
 (Distributed)DataParallel; a bare state dict (`torch.save(model.state_dict(), ...)`) reads too.
-The files are PyTorch zip files, read by keras_vit.checkpoints.torch_zip (no pickle code runs).
+The files are PyTorch zip files, read by keras_vit.storage.torch_zip (no pickle code runs).
 
 Mapping (PyTorch layout -> Keras layout, module paths kept, '.' -> '/'):
 
@@ -26,10 +26,12 @@ import re
 
 import numpy as np
 
-from keras_vit.checkpoints.common import CheckpointError, describe_keys, materialize, reading
 from keras_vit.checkpoints.registry import CheckpointFormat
-from keras_vit.checkpoints.torch_zip import TorchZipFile, is_torch_zip
+from keras_vit.errors import CheckpointError
 from keras_vit.models.axial_resnet_family import BATCH_NORM_EPSILON, axial_spans
+from keras_vit.storage.files import describe_keys, reading
+from keras_vit.storage.lazy import materialize
+from keras_vit.storage.torch_zip import TorchZipFile, is_torch_zip
 
 _BN = {"weight": "gamma", "bias": "beta", "running_mean": "moving_mean", "running_var": "moving_variance"}
 _BLOCK = re.compile(r"^layer(\d+)\.(\d+)\.")

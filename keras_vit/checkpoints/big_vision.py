@@ -31,15 +31,12 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from keras_vit.checkpoints.common import (
-    CheckpointError,
-    describe_keys,
-    reading,
-)
 from keras_vit.checkpoints.npz import _single_npz, lazy_member, open_members
 from keras_vit.checkpoints.registry import CheckpointFormat
+from keras_vit.errors import CheckpointError
 from keras_vit.models.config import NUMERICS
 from keras_vit.models.vit_family import infer_config
+from keras_vit.storage.files import describe_keys, reading
 
 #: Where the model's parameters sit in a file, tried in this order.
 PREFIXES = ("params/img/", "params/", "")

@@ -30,17 +30,14 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from keras_vit.checkpoints.common import (
-    CheckpointError,
-    describe_keys,
-    materialize,
-    read_json,
-    reading,
-)
 from keras_vit.checkpoints.npz import _single_npz, lazy_member, open_members
 from keras_vit.checkpoints.registry import CheckpointFormat
-from keras_vit.checkpoints.torch_zip import is_torch_zip, open_weights, weights_in_folder
+from keras_vit.errors import CheckpointError
 from keras_vit.models.bit_family import BIT_NUMERICS, count_units, width_factor
+from keras_vit.storage.files import describe_keys, endings, reading
+from keras_vit.storage.json_files import read_json_object
+from keras_vit.storage.lazy import materialize
+from keras_vit.storage.torch_zip import is_torch_zip, open_weights, weights_in_folder
 
 #: The numerics of google-research/big_transfer's own code, which trained and wrote the .npz
 #: files: weight standardisation (w - mean) / sqrt(var + 1e-10) (timm's port uses 1e-8),
@@ -95,8 +92,6 @@ _TIMM_UNIT = {
     "conv3.weight": "c/standardized_conv2d/kernel",
     "downsample.conv.weight": "a/proj/standardized_conv2d/kernel",
 }
-#: The names of PyTorch zip files `open_weights` reads as a state dict.
-_TORCH_NAMES = (".bin", ".pt", ".pth")
 _TIMM_STAGE = re.compile(r"^stages\.(\d+)\.blocks\.(\d+)\.(.+)$")
 
 
@@ -117,7 +112,7 @@ def _timm_files(path):
 def _timm_config(path):
     folder = path if os.path.isdir(path) else os.path.dirname(path)
     config_path = os.path.join(folder, "config.json")
-    config = read_json(config_path) if os.path.exists(config_path) else {}
+    config = read_json_object(config_path, missing={})
     return config if "architecture" in config else {}
 
 
@@ -134,7 +129,7 @@ def detect_timm_bit(path):
     if os.path.isdir(path):
         return False
     if not path.endswith((".safetensors", ".safetensors.index.json")) and not (
-            path.endswith(_TORCH_NAMES) and is_torch_zip(path)):
+            path.endswith(endings("pytorch")) and is_torch_zip(path)):
         return False
     try:
         keys = set(_timm_files(path))
@@ -328,7 +323,7 @@ FORMATS = (
         read=lambda path: read_timm_bit(path, lazy=True),
         numerics="timm",
         hub_files=("*.safetensors", "*.safetensors.index.json"),
-        hub_fallback_files=("pytorch_model.bin",),  # read by checkpoints.torch_zip, which runs nothing from it
+        hub_fallback_files=("pytorch_model.bin",),  # read by storage.torch_zip, which runs nothing from it
         torch_zip=True,
     ),
     CheckpointFormat(

@@ -8,29 +8,24 @@ non-square resolution travel with the weights), model.weights.h5 is Keras' own w
 
 import dataclasses
 import datetime
-import io
 import json
-import math
-import mmap
 import os
-import struct
-import zipfile
-import zlib
 
 import numpy as np
 
-from keras_vit.checkpoints.common import (
-    MAX_DEFLATE_RATIO,
-    MAX_JSON_BYTES,
-    CheckpointError,
-    LazyArray,
-    check_finite,
-    corrupt_file_error,
-    materialize,
-    read_json,
-    reading,
-)
 from keras_vit.checkpoints.registry import CheckpointFormat
+from keras_vit.errors import CheckpointError
+from keras_vit.storage.files import corrupt_file_error, file_kind, reading
+from keras_vit.storage.json_files import read_json_object
+from keras_vit.storage.keras_archive import (
+    check_h5_datasets,
+    check_members,
+    is_zip_with,
+    open_member,
+    read_h5_dataset,
+    read_member_json,
+)
+from keras_vit.storage.lazy import LazyArray, materialize
 
 CONFIG_FILE = "config.json"
 METADATA_FILE = "metadata.json"
@@ -86,32 +81,6 @@ def check_config_fits(config, weights_bytes, source):
             f"{source}: config.json describes a model of at least {params:,} parameters but the weights file holds "
             f"only {weights_bytes:,} bytes; the config does not belong to these weights (or a file is corrupt)."
         )
-
-
-def _scan_h5(file, limit, source):
-    """Check every dataset of a Keras weights file before Keras reads it: declared sizes within
-    `limit` bytes (h5py allocates a dataset's declared shape when it is read), float or integer
-    values only."""
-    import h5py
-
-    total = 0
-    try:
-        with h5py.File(file, "r") as h5:
-            datasets = []
-            h5.visititems(lambda name, obj: datasets.append((name, obj)) if isinstance(obj, h5py.Dataset) else None)
-            for name, ds in datasets:
-                if ds.dtype.kind not in "fiub" or ds.dtype.hasobject:
-                    raise CheckpointError(f"{source}: weight {name!r} has dtype {ds.dtype}; expected numbers.")
-                total += ds.dtype.itemsize * math.prod(ds.shape or ())
-                if total > limit:
-                    raise CheckpointError(
-                        f"{source}: the weights declare more than {limit:,} bytes of tensors ({name!r} and before), "
-                        "more than the file holds; the file is corrupt. Delete it and save or download it again."
-                    )
-    except CheckpointError:
-        raise
-    except Exception as err:  # h5py reports format damage as OSError, KeyError, ValueError, ...
-        raise corrupt_file_error(source, err) from None
 
 
 def _checked(model_config, source):
@@ -199,7 +168,7 @@ class KerasWeights:
             if not optional and tuple(dataset.shape) != tuple(variables[key].shape):
                 problems.append(f"{key} has shape {tuple(dataset.shape)}, the config implies {tuple(variables[key].shape)}")
                 continue
-            tree[key] = LazyArray(lambda h=handle, p=path: _read_dataset(h, p, self.source), dataset.shape)
+            tree[key] = LazyArray(lambda h=handle, p=path: read_h5_dataset(h, p, self.source), dataset.shape)
         if problems:
             raise CheckpointError(
                 f"{self.source}: the weights in it do not fit its config.json ({'; '.join(problems[:4])}"
@@ -217,14 +186,6 @@ class KerasWeights:
         return materialize(self.bind(model))
 
 
-def _read_dataset(handle, path, source):
-    try:
-        array = np.asarray(handle[path][()], dtype=np.float32)
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        raise corrupt_file_error(source, err) from None
-    return check_finite(array, path, source)
-
-
 def read_weights_h5(path, config_path=None):
     """A .weights.h5 (Keras' save_weights) with the VisionTransformer config.json beside it ->
     (KerasWeights, checkpoint config)."""
@@ -236,12 +197,12 @@ def read_weights_h5(path, config_path=None):
             "(VisionTransformer.get_config()) next to it, or save the model with save_preset()."
         )
     with reading(config_path):
-        config = _unwrap(read_json(config_path), config_path)
+        config = _unwrap(read_json_object(config_path), config_path)
         size = os.path.getsize(path)
         if size == 0:
             raise corrupt_file_error(path, EOFError("empty file"))
         check_config_fits(config, size, config_path)
-        _scan_h5(path, size, path)
+        check_h5_datasets(path, size, path)
         return KerasWeights(lambda: path, path), checkpoint_config(_checked(config, config_path))
 
 
@@ -260,141 +221,26 @@ def read_keras_file(path):
     The weights are read in place from the archive (Keras stores its members uncompressed)."""
     path = os.fspath(path)
     with reading(path):
-        weights = _check_keras_archive(path)
-    try:
-        with zipfile.ZipFile(path) as archive:
-            names = archive.namelist()
-            if CONFIG_FILE not in names or WEIGHTS_FILE not in names:
-                raise CheckpointError(f"{path}: not a .keras file (it lacks {CONFIG_FILE} or {WEIGHTS_FILE}).")
-            raw = json.loads(archive.read(CONFIG_FILE).decode("utf-8"))
-    except (zipfile.BadZipFile, OSError, ValueError, UnicodeDecodeError, RecursionError) as err:
-        if isinstance(err, (CheckpointError, FileNotFoundError)):
-            raise
-        raise corrupt_file_error(path, err) from None
+        weights, raw = _check_keras_archive(path)
     config = checkpoint_config(_checked(_unwrap(raw, path), path))
     return KerasWeights(lambda: weights, path), config
 
 
-class _MappedMember(io.RawIOBase):
-    """A read-only, seekable file over `size` bytes at `start` of a memory-mapped archive."""
-
-    def __init__(self, mapped, start, size):
-        super().__init__()
-        self._map, self._view = mapped, memoryview(mapped)
-        self._start, self._size, self._pos = start, size, 0
-
-    def readable(self):
-        return True
-
-    def seekable(self):
-        return True
-
-    def tell(self):
-        return self._pos
-
-    def seek(self, offset, whence=io.SEEK_SET):
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        if base + offset < 0:
-            raise ValueError(f"negative seek position {base + offset}")
-        self._pos = base + offset
-        return self._pos
-
-    def readinto(self, buffer):
-        out = memoryview(buffer).cast("B")
-        n = max(0, min(len(out), self._size - self._pos))
-        begin = self._start + self._pos
-        out[:n] = self._view[begin:begin + n]
-        self._pos += n
-        return n
-
-    def close(self):
-        if not self.closed:
-            self._view.release()
-            self._map.close()
-        super().close()
-
-
-def open_member(path, name):
-    """A seekable, read-only file object of the member `name` of the zip archive `path`.
-
-    A stored (uncompressed) member, as Keras writes them, is read in place through a memory map
-    of the archive, after its CRC-32 is checked once. zipfile's own reader re-reads a member
-    from its start on every backward seek (Python 3.11), and HDF5 seeks back and forth: a
-    ViT-B/16 .keras file took 17 s to load that way, and the time grows with the square of the
-    file's size. Other members (compressed, encrypted) are read through zipfile."""
-    with zipfile.ZipFile(path) as archive:
-        info = archive.getinfo(name)
-    if info.compress_type != zipfile.ZIP_STORED or info.flag_bits & 0x1:
-        return zipfile.ZipFile(path).open(name)
-    with open(path, "rb") as f:
-        f.seek(info.header_offset)
-        header = f.read(_LOCAL_HEADER_SIZE)
-        if len(header) != _LOCAL_HEADER_SIZE or header[:4] != b"PK\x03\x04":
-            raise corrupt_file_error(path, ValueError(f"bad local header of {name}"))
-        name_length, extra_length = struct.unpack("<HH", header[26:30])
-        start = info.header_offset + _LOCAL_HEADER_SIZE + name_length + extra_length
-        if start + info.file_size > os.fstat(f.fileno()).st_size:
-            raise corrupt_file_error(path, EOFError(f"{name} runs past the end of the archive"))
-        mapped = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-    member = _MappedMember(mapped, start, info.file_size)
-    if zlib.crc32(member._view[start:start + info.file_size]) != info.CRC:
-        member.close()
-        raise corrupt_file_error(path, ValueError(f"{name} fails the archive's CRC-32 check"))
-    return member
-
-
-#: The fixed part of a zip local file header (signature to extra-field length).
-_LOCAL_HEADER_SIZE = 30
-
-
 def _check_keras_archive(path):
     """The checks `read_weights_h5` makes, on the config.json and model.weights.h5 inside a .keras
-    zip, before Keras builds anything from it. Returns model.weights.h5 opened (`open_member`:
-    mapped and CRC-checked once), for the load to read from."""
-    try:
-        archive = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError, ValueError, EOFError) as err:
-        raise corrupt_file_error(path, err) from None
-    with archive:
-        infos = {i.filename: i for i in archive.infolist()}
-        for name in ("config.json", "model.weights.h5"):
-            if name not in infos:
-                raise CheckpointError(f"{path}: a .keras file holds config.json and model.weights.h5; {name} is missing.")
-            info = infos[name]
-            if info.compress_type != zipfile.ZIP_STORED and info.file_size > MAX_DEFLATE_RATIO * max(
-                    info.compress_size, 1):
-                raise corrupt_file_error(path, ValueError(f"{name} claims more bytes than deflate can expand"))
-        if infos["config.json"].file_size > MAX_JSON_BYTES:
-            raise CheckpointError(f"{path}: its config.json of {infos['config.json'].file_size:,} bytes is too large.")
-        try:
-            config = json.loads(archive.read("config.json").decode("utf-8"))
-        except (ValueError, RecursionError) as err:
-            raise corrupt_file_error(path, err) from None
-        if not isinstance(config, dict):
-            raise corrupt_file_error(path, ValueError("config.json is not a JSON object"))
-        weights_bytes = infos["model.weights.h5"].file_size
-        check_config_fits(_unwrap(config, path), weights_bytes, path)
+    zip, before Keras builds anything from it. Returns (model.weights.h5 opened (`open_member`:
+    mapped and CRC-checked once), for the load to read from; the config.json object)."""
+    infos = check_members(path, (CONFIG_FILE, WEIGHTS_FILE), "a .keras file")
+    config = read_member_json(path, CONFIG_FILE)
+    weights_bytes = infos[WEIGHTS_FILE].file_size
+    check_config_fits(_unwrap(config, path), weights_bytes, path)
     weights = open_member(path, WEIGHTS_FILE)
     try:
-        _scan_h5(weights, weights_bytes, path)
+        check_h5_datasets(weights, weights_bytes, path)
     except BaseException:
         weights.close()
         raise
-    return weights
-
-
-def _is_hdf5(path):
-    with open(path, "rb") as f:
-        return f.read(8) == b"\x89HDF\r\n\x1a\n"
-
-
-def _is_keras_zip(path):
-    try:
-        with zipfile.ZipFile(path) as archive:
-            names = set(archive.namelist())
-    except (zipfile.BadZipFile, OSError):
-        return False
-    return {CONFIG_FILE, WEIGHTS_FILE} <= names
+    return weights, config
 
 
 def _detect_preset(path):
@@ -406,11 +252,11 @@ def _detect_preset(path):
 
 
 def _detect_keras(path):
-    return os.path.isfile(path) and (path.endswith(".keras") or (not path.endswith(".npz") and _is_keras_zip(path)))
+    return os.path.isfile(path) and (path.endswith(".keras") or (not path.endswith(".npz") and is_zip_with(path, (CONFIG_FILE, WEIGHTS_FILE))))
 
 
 def _detect_weights(path):
-    return os.path.isfile(path) and (path.endswith(".h5") or _is_hdf5(path))
+    return os.path.isfile(path) and (path.endswith(".h5") or file_kind(path) == "hdf5")
 
 
 FORMATS = (
@@ -515,7 +361,7 @@ def save_preset(model, folder, metadata=None, readme=True):
     """
     import keras
 
-    from keras_vit import __version__
+    from keras_vit.version import __version__
     from keras_vit.models.family import families, family_of
 
     try:

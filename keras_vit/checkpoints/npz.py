@@ -14,17 +14,12 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from keras_vit.checkpoints.common import (
-    MAX_DEFLATE_RATIO,
-    CheckpointError,
-    LazyArray,
-    check_finite,
-    corrupt_file_error,
-    reading,
-)
 from keras_vit.checkpoints.registry import CheckpointFormat
+from keras_vit.errors import CheckpointError
 from keras_vit.models.config import NUMERICS
 from keras_vit.models.vit_family import infer_config
+from keras_vit.storage.files import MAX_DEFLATE_RATIO, check_finite, corrupt_file_error, reading
+from keras_vit.storage.lazy import LazyArray
 
 _TARGET_PREFIX = "opt/target/"
 

@@ -17,8 +17,12 @@ import importlib
 import os
 from typing import Callable, Optional
 
-from keras_vit.checkpoints.common import CheckpointError, check_file_name, materialize
+from keras_vit.errors import CheckpointError
 from keras_vit.models.config import NUMERICS
+from keras_vit.storage.files import check_file_name, endings
+from keras_vit.storage.json_files import read_json_object
+from keras_vit.storage.lazy import materialize
+from keras_vit.storage.safetensors import SafetensorsFile
 
 #: Format modules under keras_vit.checkpoints, in detection order. A new format: one module
 #: declaring FORMAT = CheckpointFormat(...), plus one line here.
@@ -33,7 +37,8 @@ _MODULES = (
     "npz",
 )
 
-_PICKLES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pth.tar")
+#: Names of pickles (PyTorch's and plain ones), which only the restricted torch zip reader opens.
+_PICKLES = endings("pytorch", "pickle")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,7 +63,7 @@ class CheckpointFormat:
             whose effect a load at another patch size inverts (FlexiViT's PI-resize), as the
             format's framework does it; None: timm's rule, the default of `load_checkpoint`.
         torch_zip: whether its files are PyTorch zip files (`.pth`, `.pth.tar`, `.bin`, ...), read
-            by checkpoints.torch_zip; only such formats are asked about one.
+            by storage.torch_zip; only such formats are asked about one.
         read_sized: (path, image_size) -> (tree, config), for formats whose grid the load's
             `image_size` may have to decide (see `read_at`).
         license: path -> the licence the file's own metadata names (timm's config.json
@@ -155,8 +160,8 @@ def detect_format(path):
         check_file_name(path)
     if os.path.isfile(path) and path.endswith(_PICKLES):
         # PyTorch zip files are read by a restricted unpickler that runs nothing from the file
-        # (checkpoints.torch_zip); legacy torch files and other pickles are never unpickled.
-        from keras_vit.checkpoints.torch_zip import TorchZipFile, is_legacy_torch_file, is_torch_zip, legacy_error
+        # (storage.torch_zip); legacy torch files and other pickles are never unpickled.
+        from keras_vit.storage.torch_zip import TorchZipFile, is_legacy_torch_file, is_torch_zip, legacy_error
 
         if is_legacy_torch_file(path):
             raise legacy_error(path)
@@ -202,3 +207,21 @@ def read_checkpoint(path, image_size=None):
     if hasattr(tree, "bind"):
         tree = tree.materialize(config)
     return materialize(tree), config
+
+
+# === Which library wrote a safetensors file ===
+
+
+def safetensors_flavour(path):
+    """"transformers" or "timm", from the tensor names of a .safetensors (or its index); "timm"
+    also for a file too damaged to tell (its reader then says what is wrong with it)."""
+    try:
+        if path.endswith(".index.json"):
+            keys = list(read_json_object(path, missing={}, malformed={}).get("weight_map", {}))
+        else:
+            keys = SafetensorsFile(path).keys()
+    except CheckpointError:
+        return "timm"
+    if any(k.endswith("embeddings.patch_embeddings.projection.weight") for k in keys):
+        return "transformers"
+    return "timm"

@@ -18,21 +18,14 @@ import re
 
 import numpy as np
 
-from keras_vit.checkpoints.common import (
-    CheckpointError,
-    LazyArray,
-    describe_keys,
-    materialize,
-    looks_like_safetensors,
-    read_json,
-    read_json_or_empty,
-    safetensors_flavour,
-    reading,
-)
-from keras_vit.checkpoints.registry import CheckpointFormat
-from keras_vit.checkpoints.torch_zip import open_weights, weights_in_folder
+from keras_vit.checkpoints.registry import CheckpointFormat, safetensors_flavour
+from keras_vit.errors import CheckpointError
 from keras_vit.models.config import NUMERICS
 from keras_vit.models.vit_family import VIT, heads_from_table, infer_config, infer_resnet, timm_zoo_table
+from keras_vit.storage.files import describe_keys, looks_like_safetensors, reading
+from keras_vit.storage.json_files import read_json_object
+from keras_vit.storage.lazy import LazyArray, materialize
+from keras_vit.storage.torch_zip import open_weights, weights_in_folder
 
 # === timm's ViT zoo: the architecture table ===
 
@@ -442,7 +435,7 @@ def _read_timm(path, lazy):
     if os.path.isdir(path):
         weights = weights_in_folder(path, "save the model with safe_serialization=True")
     config_path = os.path.join(folder, "config.json")
-    config = read_json(config_path) if os.path.exists(config_path) else {}
+    config = read_json_object(config_path, missing={})
     if config and "architecture" not in config:
         config = {}  # a config.json of another library, not timm's
     if config.get("architecture") is not None and not isinstance(config["architecture"], str):
@@ -543,8 +536,8 @@ def _read_timm_zoo(weights, config, args, config_path, lazy):
 def license_of(path):
     """The licence timm's config.json names for the weights (`pretrained_cfg.license`), or None."""
     folder = path if os.path.isdir(path) else os.path.dirname(path)
-    config = read_json_or_empty(os.path.join(folder, "config.json"))
-    cfg = config.get("pretrained_cfg") if isinstance(config, dict) else None
+    config = read_json_object(os.path.join(folder, "config.json"), missing={}, malformed={})
+    cfg = config.get("pretrained_cfg")
     license = cfg.get("license") if isinstance(cfg, dict) else None
     return license if isinstance(license, str) else None
 
@@ -554,7 +547,7 @@ def detect(path):
     transformers' (a bare timm file)."""
     if os.path.isdir(path):
         config_path = os.path.join(path, "config.json")
-        return os.path.isfile(config_path) and "architecture" in read_json_or_empty(config_path)
+        return os.path.isfile(config_path) and "architecture" in read_json_object(config_path, missing={}, malformed={})
     if path.endswith((".safetensors", ".safetensors.index.json")) or looks_like_safetensors(path):
         return safetensors_flavour(path) == "timm"
     return False
@@ -567,6 +560,6 @@ FORMAT = CheckpointFormat(
     read=lambda path: read_timm(path, lazy=True),
     numerics="timm",
     hub_files=("*.safetensors", "*.safetensors.index.json"),
-    hub_fallback_files=("pytorch_model.bin",),  # read by checkpoints.torch_zip, which runs nothing from it
+    hub_fallback_files=("pytorch_model.bin",),  # read by storage.torch_zip, which runs nothing from it
     license=license_of,
 )

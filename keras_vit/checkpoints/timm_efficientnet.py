@@ -4,7 +4,7 @@ EfficientNet weight tree.
 Read from a timm Hub folder (`model.safetensors` or `pytorch_model.bin` beside the config.json
 that `save_pretrained` / `push_to_hub` writes, whose `architecture` names the model), a bare
 `.safetensors`, or a state dict saved with `torch.save` (a PyTorch zip file, `.pth` or `.bin`, read by
-keras_vit.checkpoints.torch_zip: no pickle code runs; files in torch's legacy pre-1.6 format are
+keras_vit.storage.torch_zip: no pickle code runs; files in torch's legacy pre-1.6 format are
 refused, as for every format).
 
 Mapping (PyTorch layout -> Keras layout, module paths kept, '.' -> '/'):
@@ -36,18 +36,8 @@ import re
 
 import numpy as np
 
-from keras_vit.checkpoints.common import (
-    MALFORMED,
-    CheckpointError,
-    describe_keys,
-    looks_like_safetensors,
-    materialize,
-    read_json,
-    read_json_or_empty,
-    reading,
-)
 from keras_vit.checkpoints.registry import CheckpointFormat
-from keras_vit.checkpoints.torch_zip import TorchZipFile, is_torch_zip, open_weights, weights_in_folder
+from keras_vit.errors import CheckpointError
 from keras_vit.models.efficientnet_family import (
     BATCH_NORM_EPSILON,
     CROP_PCT,
@@ -57,6 +47,10 @@ from keras_vit.models.efficientnet_family import (
     TIMM_MULTIPLIERS,
     weight_shapes,
 )
+from keras_vit.storage.files import MALFORMED, describe_keys, looks_like_safetensors, reading
+from keras_vit.storage.json_files import read_json_object
+from keras_vit.storage.lazy import materialize
+from keras_vit.storage.torch_zip import TorchZipFile, is_torch_zip, open_weights, weights_in_folder
 
 _SUPPORTED = re.compile(r"^tf_efficientnet_(b[0-8]|l2)$")
 #: timm's EfficientNet-like architectures this reader recognises (to refuse them by name).
@@ -261,7 +255,7 @@ def _timm_config(path):
     config_path = os.path.join(folder, "config.json")
     if not os.path.isfile(config_path):
         return {}, config_path
-    config = read_json(config_path)
+    config = read_json_object(config_path)
     return (config if "architecture" in config else {}), config_path
 
 
@@ -437,7 +431,7 @@ def detect(path):
     file whose tensors are a timm EfficientNet's."""
     path = os.fspath(path)
     if os.path.isdir(path):
-        arch = read_json_or_empty(os.path.join(path, "config.json")).get("architecture")
+        arch = read_json_object(os.path.join(path, "config.json"), missing={}, malformed={}).get("architecture")
         return isinstance(arch, str) and bool(_EFFICIENTNET_LIKE.match(_base_name(arch)))
     if not os.path.isfile(path):
         return False

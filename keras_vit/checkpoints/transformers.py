@@ -10,21 +10,14 @@ import os
 
 import numpy as np
 
-from keras_vit.checkpoints.common import (
-    CheckpointError,
-    LazyArray,
-    describe_keys,
-    materialize,
-    looks_like_safetensors,
-    read_json,
-    read_json_or_empty,
-    safetensors_flavour,
-    reading,
-)
-from keras_vit.checkpoints.registry import CheckpointFormat
-from keras_vit.checkpoints.torch_zip import open_weights, weights_in_folder
+from keras_vit.checkpoints.registry import CheckpointFormat, safetensors_flavour
+from keras_vit.errors import CheckpointError
 from keras_vit.models.config import NUMERICS
 from keras_vit.models.vit_family import infer_config
+from keras_vit.storage.files import describe_keys, looks_like_safetensors, reading
+from keras_vit.storage.json_files import read_json_object
+from keras_vit.storage.lazy import LazyArray, materialize
+from keras_vit.storage.torch_zip import open_weights, weights_in_folder
 
 #: transformers `hidden_act` -> gelu_approximate (tanh form) of VisionTransformer.
 _GELU = {"gelu": False, "gelu_python": False, "gelu_new": True, "gelu_pytorch_tanh": True}
@@ -54,7 +47,7 @@ def _read_transformers(path, lazy):
     config_path = os.path.join(folder, "config.json")
     if not os.path.exists(config_path):
         raise CheckpointError(f"{path}: a transformers checkpoint needs its config.json next to the weights.")
-    hf = read_json(config_path)
+    hf = read_json_object(config_path)
     if hf.get("model_type", "vit") != "vit":
         raise CheckpointError(
             f"{path}: transformers model_type {hf.get('model_type')!r} is not 'vit'; only ViTModel and "
@@ -157,7 +150,7 @@ def detect(path):
     """A folder whose config.json is transformers' (`model_type` / `architectures`), or a
     .safetensors holding transformers' tensor names."""
     if os.path.isdir(path):
-        config = read_json_or_empty(os.path.join(path, "config.json"))
+        config = read_json_object(os.path.join(path, "config.json"), missing={}, malformed={})
         return "architecture" not in config and bool(config.get("model_type") or "architectures" in config)
     if path.endswith((".safetensors", ".safetensors.index.json")) or looks_like_safetensors(path):
         return safetensors_flavour(path) == "transformers"
@@ -171,5 +164,5 @@ FORMAT = CheckpointFormat(
     read=lambda path: read_transformers(path, lazy=True),
     numerics="transformers",
     hub_files=("*.safetensors", "*.safetensors.index.json"),
-    hub_fallback_files=("pytorch_model.bin",),  # read by checkpoints.torch_zip, which runs nothing from it
+    hub_fallback_files=("pytorch_model.bin",),  # read by storage.torch_zip, which runs nothing from it
 )

@@ -7,6 +7,8 @@ import math
 import os
 import re
 
+from keras_vit.storage.json_files import read_json_object
+
 #: The embedded datasets and the prefix of tfds ones, for --help texts.
 DATA_HELP = (
     "data: 'digits' or 'shapes' (embedded, no download), 'tfds:NAME' (a prepared tensorflow-datasets "
@@ -124,13 +126,14 @@ def _model_description(arch=None, weights=None):
         return None if row is None else (arch, family_of(arch), row.kwargs())
     if not isinstance(weights, str) or not weights.strip() or os.path.exists(os.path.expanduser(weights)):
         return None
-    from keras_vit.presets import preset_by_name
+    from keras_vit.loading import describe
 
     try:
-        preset = preset_by_name(weights.strip())
+        described = describe(weights.strip())
     except ValueError:  # a known constructor with an unknown tag: resolving the weights says which exist
         return None
-    if preset is None:
+    preset = described.preset
+    if described.kind != "preset":
         return None
     row = all_architectures().get(preset.architecture)
     return None if row is None else (f"{preset.name} ({preset.architecture})", family_of(row), row.kwargs())
@@ -338,12 +341,8 @@ def _check_split(data, split):
 def check_out_is_own(args):
     """Refuse, before anything loads, an --out that holds the run of another command (a finetune
     run's config.json and metrics would be replaced); a folder of the same command is rewritten."""
-    try:
-        with open(os.path.join(args.out, "config.json")) as f:
-            saved = json.load(f)
-    except (OSError, ValueError):
-        return
-    other = saved.get("command") if isinstance(saved, dict) else None
+    saved = read_json_object(os.path.join(args.out, "config.json"), missing={}, malformed={})
+    other = saved.get("command")
     if isinstance(other, str) and other != args.command:
         raise ValueError(
             f"--out {args.out} holds a `keras-vit {other}` run; its config.json and metrics would be replaced. Write "
@@ -390,10 +389,12 @@ def training_api():
     return training
 
 
-def add_model_args(parser, *, source=True, default_arch=None, square_reason=None):
+def add_model_args(parser, *, source=True, default_arch=None, square_reason=None,
+                   image_size_default="the checkpoint's, or 224"):
     """The model arguments every command shares: --arch, --weights, --preset (with `source`)
     and --image-size (square, or HxW unless `square_reason` says why the command cannot run
-    at one). Read them back with `load_model(args, ...)`."""
+    at one; `image_size_default` says what it is when not given). Read them back with
+    `load_model(args, ...)`."""
     group = parser.add_argument_group("model")
     if source:
         group.add_argument(
@@ -414,7 +415,7 @@ def add_model_args(parser, *, source=True, default_arch=None, square_reason=None
     group.add_argument("--image-size", type=image_size_type(square_reason), default=None, metavar="SIZE",
                        help="input resolution: " + (
                            "one number of pixels (a square input)" if square_reason else IMAGE_SIZE_FORMS)
-                       + " (default: the checkpoint's, or 224); the patch size must divide it")
+                       + f" (default: {image_size_default}); the patch size must divide it")
     return group
 
 
@@ -602,9 +603,25 @@ def resolve_weights(args, *, image_size=None):
     return args._resolved_weights
 
 
+def weights_id(args):
+    """What the weights of a run are, wherever it is read from: the preset's name, hf://owner/repo
+    (@ the commit downloaded), or the absolute path of a local checkpoint; None for --weights none.
+    `keras-vit report` gives runs of the same weights one column."""
+    resolved = getattr(args, "_resolved_weights", None)
+    if resolved is None:
+        return None
+    if resolved.preset is not None:
+        return resolved.preset.name
+    if resolved.repo:
+        return f"hf://{resolved.repo}" + (f"@{resolved.commit}" if resolved.commit else "")
+    return os.path.realpath(resolved.path)
+
+
 def run_config(args, **extra):
-    """The arguments of a run as its config.json records them (as typed, with `extra`)."""
-    return dict({k: v for k, v in vars(args).items() if not k.startswith("_")}, func=None, **extra)
+    """The arguments of a run as its config.json records them (as typed, with `extra`), and the
+    weights it ran (`weights_id`)."""
+    config = {k: v for k, v in vars(args).items() if not k.startswith("_")}
+    return dict(config, func=None, weights_id=weights_id(args), **extra)
 
 
 def default_warmup(steps):
@@ -625,7 +642,7 @@ def check_training_args(args):
 #: Arguments that do not change what a resumed run computes.
 #: How many processes compute a step does not change what it computes (the global batch is the same).
 _RESUME_IGNORES = ("command", "func", "out", "resume", "verbose", "data_dir", "distribute", "coordinator_address",
-                   "num_processes", "process_id", "join_timeout")
+                   "num_processes", "process_id", "join_timeout", "weights_id")
 #: The recorded settings that the command works out when a flag is not given.
 _RESUME_DERIVED = {"image_size", "classes"}
 
@@ -655,10 +672,8 @@ def check_resume(args, config=None):
     if not getattr(args, "resume", False):
         return
     path = os.path.join(args.out, "config.json")
-    try:
-        with open(path) as f:
-            saved = json.load(f)
-    except (OSError, ValueError):
+    saved = read_json_object(path, missing=None, malformed=None)
+    if saved is None:
         return  # nothing recorded to resume from: a new run
     if config is None:
         config = run_config(args, warmup=args.warmup if args.warmup is not None else default_warmup(args.steps))

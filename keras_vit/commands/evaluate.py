@@ -80,12 +80,13 @@ def evaluate(args):
     run.write_table("per_class", result.per_class)
     metrics = dict(result.metrics)
     # `accuracy` / `top5_accuracy`: the names of earlier versions, kept for scripts that read them.
-    metrics.update(accuracy=metrics["top1"], top5_accuracy=metrics.get("top5"), split=args.split, data=args.data,
+    metrics.update(accuracy=metrics["top1"], top5_accuracy=metrics.get("top5"), data=args.data,
                    ema_weights=ema)
+    metrics.setdefault("split", args.split)  # the split scored (ReaL: validation, whatever --split says)
     run.write_metrics(metrics)
     top1 = metrics["top1"]
     plot_confusion(result.confusion, result.class_names, run.file("confusion.png"),
-                   f"{args.data} {args.split}: top-1 {top1:.4f}")
+                   f"{args.data} {metrics['split']}: top-1 {top1:.4f}")
     print(f"run folder: {run.path}")
     if metrics.get("protocol") == "objectnet":
         overlapping = len(load_mapping()[0])
@@ -95,6 +96,6 @@ def evaluate(args):
         real = metrics["real_top1"]
         print(f"ReaL top-1: {'n/a' if real is None else f'{real:.4f}'} ({metrics['real_examples']} images with ReaL "
               "labels)")
-    print(f"{args.split} accuracy: {top1:.4f} (top-5 {metrics['top5']:.4f}, {metrics['examples']} images, "
+    print(f"{metrics['split']} accuracy: {top1:.4f} (top-5 {metrics['top5']:.4f}, {metrics['examples']} images, "
           f"{args.data})")
     return 0

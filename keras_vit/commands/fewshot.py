@@ -34,8 +34,16 @@ def add_parser(subparsers):
     return parser
 
 
-def _features(api, model, ds, limit, label, num_examples=None):
+def _features(api, model, ds, limit, label, num_examples=None, data=None):
+    """(features, labels) of the first `limit` images of split `label`; an empty split, a failed
+    check in the pipeline or features that are not finite are a DataError naming the split."""
+    import itertools
+
     import keras
+    import numpy as np
+
+    from keras_vit.errors import DataError
+    from keras_vit.data.pipeline import numpy_batches
 
     total = min(limit, num_examples or limit)
     print(f"{label}: features of {total} images")
@@ -43,7 +51,7 @@ def _features(api, model, ds, limit, label, num_examples=None):
 
     def batches():
         seen = 0
-        for images, labels in ds.as_numpy_iterator():
+        for images, labels in numpy_batches(ds):
             images, labels = images[: limit - seen], labels[: limit - seen]
             yield images, labels
             seen += len(images)
@@ -51,7 +59,18 @@ def _features(api, model, ds, limit, label, num_examples=None):
             if seen >= limit:
                 return
 
-    return api.extract_features(model, batches(), return_labels=True)
+    chunks = batches()
+    head = next(chunks, None)
+    if head is None:
+        raise DataError(f"{data!r} split {label!r} has no examples: no few-shot accuracy to report. Check the split "
+                        "name and the data.")
+    features, labels = api.extract_features(model, itertools.chain([head], chunks), return_labels=True)
+    bad = ~np.isfinite(features).all(1)
+    if bad.any():
+        raise DataError(f"The model's features of {int(bad.sum())} of the {len(features)} {label} images are not "
+                        f"finite (NaN or infinity), the first image {int(bad.argmax())}: its weights or inputs hold NaN "
+                        "or overflow; no few-shot accuracy is computed from them.")
+    return features, labels
 
 
 def _draw_shots(api, labels, shots, args):
@@ -107,9 +126,11 @@ def fewshot(args):
     train_ds, info = kd.load_dataset(args.data, args.train_split, **common)
     test_ds, test_info = kd.load_dataset(args.data, args.test_split, **common)
     run = _common.new_run_folder(args.out, _common.run_config(args, image_size=list(image_size)))
-    train_x, train_y = _features(api, model, train_ds, args.max_train_images, args.train_split, info.num_examples)
+    train_x, train_y = _features(api, model, train_ds, args.max_train_images, args.train_split, info.num_examples,
+                                 args.data)
     chosen = {n: _draw_shots(api, train_y, n, args) for n in shots}  # too few images fails before the test split
-    test_x, test_y = _features(api, model, test_ds, args.max_test_images, args.test_split, test_info.num_examples)
+    test_x, test_y = _features(api, model, test_ds, args.max_test_images, args.test_split, test_info.num_examples,
+                               args.data)
     num_classes = info.num_classes or int(max(train_y.max(), test_y.max()) + 1)
     results = []
     for n in shots:

@@ -26,7 +26,8 @@ def add_parser(subparsers):
     parser = subparsers.add_parser("vtab", help="fine-tune and evaluate on the 19 VTAB-1k tasks",
                                    description=__doc__.split("\n\n")[0])
     _common.add_model_args(parser, square_reason="vtab fine-tunes every task at one square resolution (the "
-                           f"paper's {setting.image_size} px)")
+                           f"paper's {setting.image_size} px)",
+                           image_size_default=f"the paper's {setting.image_size}")
     parser.add_argument("--data-dir", default=None, help="tensorflow-datasets data directory holding the tasks' data")
     parser.add_argument("--tasks", default=None,
                         help="comma-separated tasks (default: all 19), e.g. dtd,clevr_count or vtab/dtd")
@@ -63,13 +64,20 @@ def vtab(args):
     image_size = args.image_size or _setting().image_size
     _common.resolve_weights(args, image_size=image_size)
     from keras_vit.evaluation import run_vtab
+    from keras_vit.evaluation.vtab import check_run_weights
+
+    _common.check_out_is_own(args)
+    weights = _common.weights_id(args)
+    check_run_weights(args.out, weights)
 
     if _common.weights_argument(args) is None:  # --weights none: a random --arch, for trials
         model = _common.load_model(args, image_size=image_size, fresh_classes=1)
     else:
         model = _common.load_model(args, include_top=False)
     print(f"model: {model.name}, {model.count_params():,} parameters; {len(tasks)} VTAB-1k task(s) into {args.out}")
-    result = run_vtab(model, args.out, tasks=tasks, steps=args.steps, batch_size=args.batch_size,
+    # The run's arguments and weights (`keras-vit report` gives runs of the same weights one column).
+    _common.new_run_folder(args.out, _common.run_config(args))
+    result = run_vtab(model, args.out, tasks=tasks, weights=weights, steps=args.steps, batch_size=args.batch_size,
                       image_size=args.image_size, micro_batch_size=args.micro_batch_size,
                       eval_batch_size=args.eval_batch_size, data_dir=args.data_dir, seed=args.seed,
                       verbose=args.verbose)

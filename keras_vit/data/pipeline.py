@@ -21,12 +21,10 @@ Randomness is derived from `seed` only: the same seed gives the same batches.
 import dataclasses
 import os
 
+from keras_vit.data.augmentation import INCEPTION_AREA_RANGE, INCEPTION_ASPECT_RANGE
 from keras_vit.data.embedded import EMBEDDED_DATASETS, load_embedded
 from keras_vit.data.tfds_sources import TFDS_DATASETS
-
-#: The paper's / original repo's Inception crop ranges: area fraction and aspect ratio (w / h).
-INCEPTION_AREA_RANGE = (0.05, 1.0)
-INCEPTION_ASPECT_RANGE = (3.0 / 4.0, 4.0 / 3.0)
+from keras_vit.errors import DataError, data_error
 
 
 @dataclasses.dataclass
@@ -49,6 +47,25 @@ def _check_classes(classes, info):
             f"classes={classes} contradicts the data: {info.name!r} split {info.split!r} has {info.num_classes} "
             f"classes. Use classes={info.num_classes} (a model head of {info.num_classes} outputs), or other data."
         )
+
+
+def _label_check(data, split, num_classes):
+    """A tf.data map that stops the pipeline at a label outside [0, num_classes) with a DataError
+    naming the label, the data and the class count (keras_vit.errors.data_error)."""
+    import tensorflow as tf
+
+    from keras_vit.errors import pipeline_check
+
+    bound = tf.constant(num_classes, tf.int64)
+    message = (f"label {{}} of {data!r} split {split!r} is outside [0, {num_classes}) ({num_classes} classes): the "
+               "class count contradicts the data, or the labels are not class indices")
+
+    def check(image, label):
+        label = tf.cast(label, tf.int64)
+        with tf.control_dependencies([pipeline_check((label >= 0) & (label < bound), message, label)]):
+            return image, tf.identity(label)
+
+    return check
 
 
 def _source_tfds(name, split, data_dir):
@@ -260,17 +277,11 @@ def load_dataset(
     num_classes = info.num_classes if info.num_classes is not None else classes
     if one_hot and num_classes is None:
         raise ValueError(f"one_hot=True needs the number of classes of {data!r}; pass classes=.")
+    if info.num_examples == 0:
+        raise DataError(f"{data!r} split {split!r} has no examples: nothing to train or evaluate on. Check the split "
+                        "name and the data (a folder of images per class, or a prepared tfds dataset).")
     if num_classes is not None:
-        bound = tf.constant(num_classes, tf.int64)
-
-        def check_label(image, label):
-            tf.debugging.assert_less(
-                label, bound,
-                message=f"a label of {data!r} is >= classes={num_classes}: the class count contradicts the data",
-            )
-            return image, label
-
-        ds = ds.map(check_label)
+        ds = ds.map(_label_check(data, split, num_classes))
     if cache is None:
         cache = info.num_examples is not None and info.num_examples <= 20_000 and not data.startswith("tfds:")
     if cache:
@@ -327,13 +338,32 @@ def load_dataset(
     return ds, dataclasses.replace(info, num_classes=num_classes)
 
 
+def numpy_batches(ds):
+    """The batches of a tf.data pipeline as NumPy; a failed keras_vit check inside it (a label
+    outside the classes, ...) is its one-line DataError, not TensorFlow's traceback."""
+    import tensorflow as tf
+
+    iterator = ds.as_numpy_iterator()
+    while True:
+        try:
+            batch = next(iterator)
+        except StopIteration:
+            return
+        except tf.errors.OpError as error:
+            found = data_error(error)
+            if found is None:
+                raise
+            raise found from None
+        yield batch
+
+
 def as_arrays(data, split="test", *, image_size, **kwargs):
     """The whole (eval-preprocessed) split as numpy arrays (images, labels): for small data."""
     import numpy as np
 
     ds, info = load_dataset(data, split, image_size=image_size, batch_size=256, training=False, **kwargs)
     images, labels = [], []
-    for x, y in ds.as_numpy_iterator():
+    for x, y in numpy_batches(ds):
         images.append(x)
         labels.append(y)
     return np.concatenate(images), np.concatenate(labels), info

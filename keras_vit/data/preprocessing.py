@@ -16,7 +16,7 @@ built with the same seed yields the same batches on every run and every Keras ba
 
 import tensorflow as tf
 
-from keras_vit.data.pipeline import INCEPTION_AREA_RANGE, INCEPTION_ASPECT_RANGE  # noqa: F401
+from keras_vit.data.augmentation import INCEPTION_AREA_RANGE, INCEPTION_ASPECT_RANGE  # noqa: F401
 
 
 def _size_pair(image_size):

@@ -192,8 +192,26 @@ def tfds_builder(source, data_dir=None):
             "`tfds.list_builders()` lists them."
         ) from None
     except Exception as error:  # unavailable config, ...
+        name, _, config = source.builder.split(":")[0].partition("/")
+        configs = _builder_configs(name) if config else []
+        if configs and config not in configs:
+            raise ValueError(
+                f"tensorflow-datasets' {name} has no config {config!r}; its configs: {', '.join(configs)}. Pass "
+                f"tfds:{name}/CONFIG with one of them, e.g. tfds:{name}/{configs[0]}."
+            ) from None
         first = " ".join(str(error).strip().splitlines()[:1])
-        raise ValueError(f"tensorflow-datasets has no dataset {source.builder!r}: {first}") from error
+        first = first.split(" Here are ", 1)[0].rstrip(". ")  # tfds' list of close names is cut off in its message
+        raise ValueError(f"tensorflow-datasets has no dataset {source.builder!r}: {first}.") from None
+
+
+def _builder_configs(name):
+    """The config names of tfds dataset `name` (an empty list when it has none or is unknown)."""
+    import tensorflow_datasets as tfds
+
+    try:
+        return [config.name for config in (tfds.builder_cls(name).BUILDER_CONFIGS or ())]
+    except Exception:  # noqa: BLE001 - an unknown name: the caller's message stands
+        return []
 
 
 def read_tfds_split(source, builder, split):

@@ -24,6 +24,7 @@ import zipfile
 
 import numpy as np
 
+from keras_vit.errors import DataError
 from keras_vit.evaluation.metrics import ClassificationMetrics
 from keras_vit.evaluation.objectnet import load_mapping, objectnet_dataset, objectnet_scores
 
@@ -64,27 +65,37 @@ def _check_head(model, classes, data):
         )
 
 
-def _batches_of_files(ds, paths, batch_size):
+def _result(metrics, data, split):
+    """metrics.result(), with an empty split an error that names it."""
+    if not metrics.examples:
+        raise DataError(f"{data!r} split {split!r} has no examples: there is no accuracy to report. Check the split "
+                        "name and the data.")
+    return metrics.result()
+
+
+def _batches_of_files(ds, paths, batch_size, image_size):
     """The batches of `ds` (read from `paths` in order, `batch_size` a batch); an image that
-    cannot be decoded is a ValueError naming its file, not TensorFlow's error."""
+    cannot be read is a DataError naming that file, not TensorFlow's error."""
     import tensorflow as tf
 
-    from keras_vit.evaluation.objectnet import undecodable
+    from keras_vit.data.pipeline import numpy_batches
+    from keras_vit.evaluation.objectnet import failing_image
 
-    iterator, seen = ds.as_numpy_iterator(), 0
-    while True:
-        try:
-            batch = next(iterator)
-        except StopIteration:
-            return
-        except tf.errors.OpError as error:
-            window = paths[seen: seen + 2 * batch_size]  # prefetching may fail on the batch after this one
-            bad = undecodable(window) or f"one of {', '.join(window[:3])}{', ...' if len(window) > 3 else ''}"
-            reason = re.sub(r"\{\{[^}]*\}\}", "", (error.message or str(error))).strip().splitlines()[0].strip()
-            raise ValueError(f"Cannot decode the image {bad} ({reason}): replace it with the download's file, or "
-                             "remove it.") from None
-        seen += len(batch[0])
-        yield batch
+    seen = 0
+    try:
+        for batch in numpy_batches(ds):  # keras_vit's own checks end in their DataError there
+            yield batch
+            seen += len(batch[0])
+    except tf.errors.OpError as error:
+        window = paths[seen: seen + 2 * batch_size]  # prefetching may fail on the batch after this one
+        bad, problem = failing_image(window, image_size)
+        if isinstance(problem, DataError):
+            raise problem from None
+        if bad is None:  # each image reads on its own: name the window
+            bad, problem = f"among images {seen}-{seen + len(window) - 1}", error.message or str(error)
+        reason = re.sub(r"\{\{[^}]*\}\}", "", problem).strip().splitlines()[0].strip()
+        raise DataError(f"Cannot decode the image {bad} ({reason}): replace it with the download's file, or "
+                        "remove it.") from None
 
 
 def _is_real(data):
@@ -127,6 +138,8 @@ def evaluate_classifier(model, data, split="test", *, batch_size=64, data_dir=No
     `mean_per_class_accuracy` (fractions), plus `real_top1` / `real_examples` on ReaL, and
     `protocol` ("imagenet_real", "objectnet" or "standard").
     """
+    from keras_vit.data.pipeline import numpy_batches
+
     data = os.fspath(data)
     image_size = tuple(model.image_size) if hasattr(model, "image_size") else tuple(model.input_shape[1:3])
     if data.startswith("objectnet:"):
@@ -136,11 +149,11 @@ def evaluate_classifier(model, data, split="test", *, batch_size=64, data_dir=No
                                                     on_bad_file=on_bad_file, return_paths=True)
         metrics = ClassificationMetrics(len(names))
         bar = _progress(total, verbose)
-        for images, labels in _batches_of_files(ds, paths, batch_size):
+        for images, labels in _batches_of_files(ds, paths, batch_size, image_size):
             metrics.update(objectnet_scores(_predict(model, images)), labels)
             if bar:
                 bar.update(metrics.examples)
-        result = metrics.result()
+        result = _result(metrics, data, "all images")
         result.update(protocol="objectnet", classes_found=len(found))
         per_class = [r for r in metrics.per_class(list(names)) if r["examples"]]
         return EvaluationResult(result, per_class, metrics.confusion, list(names))
@@ -150,13 +163,13 @@ def evaluate_classifier(model, data, split="test", *, batch_size=64, data_dir=No
         ds, total = _real_dataset(image_size, batch_size, data_dir, split)
         metrics = ClassificationMetrics(1000, real=True)
         bar = _progress(total, verbose)
-        for images, labels, real in ds.as_numpy_iterator():
+        for images, labels, real in numpy_batches(ds):
             metrics.update(_predict(model, images), labels, real=real)
             if bar:
                 bar.update(metrics.examples)
         names = _imagenet_names()
-        result = metrics.result()
-        result.update(protocol="imagenet_real")
+        result = _result(metrics, data, split)
+        result.update(protocol="imagenet_real", split=split)  # the images scored: ReaL labels the validation split
         return EvaluationResult(result, metrics.per_class(names), metrics.confusion, names)
 
     import keras_vit.data as kd
@@ -170,7 +183,7 @@ def evaluate_classifier(model, data, split="test", *, batch_size=64, data_dir=No
     k = model.output_shape[-1]
     metrics = ClassificationMetrics(k)
     bar = _progress(info.num_examples, verbose)
-    for images, labels in ds.as_numpy_iterator():
+    for images, labels in numpy_batches(ds):
         metrics.update(_predict(model, images), np.argmax(labels, -1) if labels.ndim == 2 else labels)
         if bar:
             bar.update(metrics.examples)
@@ -178,8 +191,8 @@ def evaluate_classifier(model, data, split="test", *, batch_size=64, data_dir=No
     if names is None and k == 1000:
         names = _imagenet_names()
     names = names or [str(c) for c in range(k)]
-    result = metrics.result()
-    result.update(protocol="standard")
+    result = _result(metrics, data, split)
+    result.update(protocol="standard", split=split)
     return EvaluationResult(result, metrics.per_class(names), metrics.confusion, names)
 
 
@@ -213,9 +226,10 @@ def load_for_evaluation(path):
         return None
     import keras
 
-    import keras_vit  # noqa: F401  registers the layers
+    from keras_vit.models.family import import_model_classes
     from keras_vit.training import callbacks
 
+    import_model_classes()  # registers every model class and layer for load_model
     model = keras.saving.load_model(path)
     pairs = callbacks._ema_pairs(model)
     if not pairs:

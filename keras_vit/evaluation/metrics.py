@@ -13,6 +13,8 @@ the ReaL labels of image i; an all-zero row: none) or as a list of label lists.
 
 import numpy as np
 
+from keras_vit.errors import DataError
+
 
 def softmax(scores):
     """Row-wise softmax of (N, K) logits, in float64."""
@@ -118,6 +120,7 @@ class ClassificationMetrics:
         self.examples = 0
         self.real_counted = 0
         self.real_hits = 0
+        self.batches = 0
 
     def update(self, scores, labels, *, real=None):
         scores = np.asarray(scores, np.float64)
@@ -127,8 +130,24 @@ class ClassificationMetrics:
                              f"{self.num_classes}).")
         if len(labels) != len(scores):
             raise ValueError(f"{len(scores)} rows of scores but {len(labels)} labels.")
-        if len(labels) and (labels.min() < 0 or labels.max() >= self.num_classes):
-            raise ValueError(f"labels outside [0, {self.num_classes}): {sorted(set(labels.tolist()))[:10]}.")
+        first = self.examples
+        self.batches += 1
+        outside = (labels < 0) | (labels >= self.num_classes)
+        if outside.any():
+            label = int(labels[outside][0])
+            raise DataError(
+                f"Label {label} in batch {self.batches} (images {first}-{first + len(labels) - 1}) is outside [0, "
+                f"{self.num_classes}): the model has {self.num_classes} classes. Evaluate on data with these classes, "
+                "or a model whose head has as many classes as the data."
+            )
+        bad = ~np.isfinite(scores).all(1)
+        if bad.any():
+            raise DataError(
+                f"The model's outputs are not finite (NaN or infinity) in {int(bad.sum())} of the {len(scores)} rows of "
+                f"batch {self.batches} (images {first}-{first + len(labels) - 1}, first row {first + int(bad.argmax())}):"
+                " its weights or inputs hold NaN or overflow (a diverged run, or float16 without loss scaling); no "
+                "accuracy is computed from them."
+            )
         top1 = top_k_indices(scores, 1)[:, 0]
         np.add.at(self.confusion, (labels, top1), 1)
         self.top_k_hits += int(top_k_correct(scores, labels, self.top_k).sum())
@@ -155,8 +174,11 @@ class ClassificationMetrics:
 
     def result(self):
         """top1, top{k}, loss, examples, mean per-class accuracy (over classes with examples) and,
-        with `real`, real_top1 and real_examples (the images with ReaL labels)."""
-        n = max(self.examples, 1)
+        with `real`, real_top1 and real_examples (the images with ReaL labels). No examples is a
+        DataError: an accuracy of nothing is not 0."""
+        if not self.examples:
+            raise DataError("No examples were evaluated: an empty split has no accuracy. Check the split and the data.")
+        n = self.examples
         per_class = [r["accuracy"] for r in self.per_class() if r["accuracy"] is not None]
         out = {
             "top1": float(np.trace(self.confusion) / n),

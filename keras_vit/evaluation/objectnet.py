@@ -182,14 +182,10 @@ def objectnet_dataset(path, image_size, batch_size=64, mapping=None, on_bad_file
     paths in the dataset's order."""
     import tensorflow as tf
 
-    from keras_vit.data import preprocessing
-
     paths, labels, found = index_objectnet_folder(path, mapping, on_bad_file=on_bad_file)
 
     def load(file, label):
-        image = tf.io.decode_image(tf.io.read_file(file), channels=3, expand_animations=False)
-        image = crop_border(image)
-        return preprocessing.eval_preprocess(image, image_size), label
+        return load_image(file, image_size), label
 
     ds = tf.data.Dataset.from_tensor_slices((paths, labels))
     ds = ds.map(load, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True).batch(batch_size)
@@ -197,8 +193,36 @@ def objectnet_dataset(path, image_size, batch_size=64, mapping=None, on_bad_file
     return (ds, len(paths), found, paths) if return_paths else (ds, len(paths), found)
 
 
-def undecodable(paths):
-    """The first of `paths` that Pillow cannot decode (the image folders' check), or None."""
-    from keras_vit.data.folder import _is_decodable
+def load_image(file, image_size):
+    """One ObjectNet image, as the evaluation reads it: decoded, its border cropped, resized to
+    `image_size` with pixels in [-1, 1] (tf; `file` a path tensor or string). An image too small
+    for the crop stops the pipeline with a DataError naming it."""
+    import tensorflow as tf
 
-    return next((path for path in paths if not _is_decodable(path)), None)
+    from keras_vit.data import preprocessing
+    from keras_vit.errors import pipeline_check
+
+    image = tf.io.decode_image(tf.io.read_file(file), channels=3, expand_animations=False)
+    side = 2 * BORDER + 1
+    small = pipeline_check(
+        tf.reduce_min(tf.shape(image)[:2]) >= side,
+        f"The image {{}} is too small for ObjectNet's {BORDER}-pixel border crop (it needs at least {side}x{side} "
+        "pixels): replace it with the download's file, or remove it.", file)
+    with tf.control_dependencies([small]):
+        image = crop_border(tf.identity(image))
+    return preprocessing.eval_preprocess(image, image_size)
+
+
+def failing_image(paths, image_size):
+    """(path, problem) of the first of `paths` whose reading (`load_image`) fails: the DataError of
+    a failed check, or TensorFlow's message; (None, None) when each reads on its own."""
+    import tensorflow as tf
+
+    from keras_vit.errors import data_error
+
+    for path in paths:
+        try:
+            load_image(tf.constant(path), image_size)
+        except tf.errors.OpError as error:
+            return path, data_error(error) or (error.message or str(error))
+    return None, None

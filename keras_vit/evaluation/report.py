@@ -7,8 +7,9 @@ Table 2's rows, with the paper's figures beside them.
 
 import csv
 import io
-import json
 import os
+
+from keras_vit.storage.json_files import read_json_object
 
 #: Table 2's rows, in its order.
 ROWS = ("ImageNet", "ImageNet ReaL", "CIFAR-10", "CIFAR-100", "Oxford-IIIT Pets", "Oxford Flowers-102",
@@ -60,17 +61,7 @@ def _unreadable(path, what):
 def _read_json(path):
     """The JSON object in `path` (None when there is no such file); a file that is not JSON, or
     not a JSON object, is an error that names it."""
-    try:
-        with open(path) as f:
-            value = json.load(f)
-    except FileNotFoundError:
-        return None
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise _unreadable(path, f"is not valid JSON ({error})") from None
-    if not isinstance(value, dict):
-        kind = {list: "an array", str: "a string", type(None): "null"}.get(type(value), "a number")
-        raise _unreadable(path, f"holds {kind}, not a JSON object")
-    return value
+    return read_json_object(path, missing=None, malformed=_unreadable)
 
 
 def _check_run_folder(run_dir):
@@ -81,11 +72,58 @@ def _check_run_folder(run_dir):
         )
 
 
-def _column_name(run_dir):
+def _fraction(path, key, value):
+    """An accuracy read from a run's file: a finite fraction in [0, 1], else an error that names the
+    file, the key and the value."""
+    import math
+
+    if value is None:
+        return None
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise _unreadable(path, f"holds {key}={value!r}, not a number")
+    if not math.isfinite(value):
+        raise _unreadable(path, f"holds {key}={value!r}, not a finite accuracy (the run's outputs or loss were not "
+                          "finite)")
+    if not 0 <= value <= 1:
+        hint = f" (a percentage? {value} % is {value / 100:g})" if 1 < value <= 100 else ""
+        raise _unreadable(path, f"holds {key}={value!r}, not a fraction in [0, 1]{hint}; keras-vit writes accuracies "
+                          "as fractions")
+    return float(value)
+
+
+def recorded_weights(run_dir):
+    """The weights a run folder records (`weights_id` of config.json, or vtab.json's `weights`):
+    a preset name, hf://owner/repo, or the absolute path of a local checkpoint; None when it
+    records none (a --weights none run, or a folder written by an earlier version)."""
     config = _read_json(os.path.join(run_dir, "config.json")) or {}
-    weights = config.get("preset") or config.get("weights")
-    base = os.path.basename(os.path.normpath(run_dir))
-    return str(weights) if weights and not os.path.exists(str(weights)) else base
+    weights = config.get("weights_id") or (_read_json(os.path.join(run_dir, "vtab.json")) or {}).get("weights")
+    if weights:
+        return str(weights)
+    # A folder of an earlier version records the flags as typed: only a name means the same wherever it is read.
+    typed = config.get("preset") or config.get("weights")
+    if isinstance(typed, str) and typed.startswith("hf://"):
+        return typed
+    from keras_vit.presets import preset_by_name
+
+    try:
+        preset = preset_by_name(typed) if isinstance(typed, str) else None
+    except ValueError:
+        preset = None
+    return preset.name if preset is not None else None
+
+
+def _column_key(run_dir):
+    """(key, label) of a run's column: runs recording the same weights share one; a run that
+    records none has its own (keyed by the folder's absolute path, wherever `report` runs from)."""
+    weights = recorded_weights(run_dir)
+    if weights is None:
+        folder = os.path.abspath(run_dir)
+        return folder, os.path.basename(os.path.normpath(folder))
+    if os.path.isabs(weights):  # a local checkpoint: its file or folder name
+        name = os.path.basename(os.path.normpath(weights))
+        parent = os.path.basename(os.path.dirname(os.path.normpath(weights)))
+        return weights, parent if name == "model.keras" and parent else name
+    return weights, weights
 
 
 def run_results(run_dir):
@@ -98,21 +136,20 @@ def run_results(run_dir):
     if vtab:
         groups = vtab.get("groups")
         groups = groups.get("all") if isinstance(groups, dict) else None
-        if not (isinstance(groups, dict) and {"mean", "tasks", "of"} <= set(groups)) or not isinstance(
-                groups["mean"], (int, float, type(None))):
+        if not (isinstance(groups, dict) and {"mean", "tasks", "of"} <= set(groups)):
             raise _unreadable(path, "has no groups.all entry with a mean, tasks and of")
-        if groups["mean"] is not None:
+        mean = _fraction(path, "groups.all.mean", groups["mean"])
+        if mean is not None:
             suffix = "" if groups["tasks"] == groups["of"] else f" ({groups['tasks']} of {groups['of']} tasks)"
-            found["VTAB (19 tasks)"] = f"{100 * groups['mean']:.2f}{suffix}"
-    metrics = _read_json(os.path.join(run_dir, "metrics.json"))
+            found["VTAB (19 tasks)"] = f"{100 * mean:.2f}{suffix}"
+    path = os.path.join(run_dir, "metrics.json")
+    metrics = _read_json(path)
     if metrics and str(metrics.get("data", "")).startswith("tfds:"):
         name = metrics["data"][len("tfds:"):]
         for row, key in _DATA_ROWS.get(name, ()):
-            if metrics.get(key) is not None:
-                if not isinstance(metrics[key], (int, float)) or isinstance(metrics[key], bool):
-                    raise _unreadable(os.path.join(run_dir, "metrics.json"),
-                                      f"holds {key}={metrics[key]!r}, not a number")
-                found[row] = f"{100 * metrics[key]:.2f}"
+            value = _fraction(path, key, metrics.get(key))
+            if value is not None:
+                found[row] = f"{100 * value:.2f}"
     if not found:
         raise ValueError(
             f"{run_dir!r} holds no result of Table 2's rows: it needs metrics.json of `keras-vit evaluate` on "
@@ -123,21 +160,31 @@ def run_results(run_dir):
 
 def table2(run_dirs, paper=True):
     """{"columns": [...], "rows": [[row name, value per column], ...]}: one column per model
-    (runs whose weights are the same share it), then the paper's columns when `paper`."""
-    columns, values = [], {}
+    (runs that record the same weights share it, `recorded_weights`; two results of one row and
+    model are an error), then the paper's columns when `paper`."""
+    keys, labels, values = [], {}, {}
     for run_dir in run_dirs:
         _check_run_folder(os.fspath(run_dir))
-        name = _column_name(run_dir)
-        if name not in columns:
-            columns.append(name)
-            values[name] = {}
-        values[name].update(run_results(run_dir))
+        key, label = _column_key(os.fspath(run_dir))
+        results = run_results(run_dir)
+        if key not in values:
+            keys.append(key)
+            labels[key], values[key] = label, {}
+        clash = sorted(set(values[key]) & set(results))
+        if clash:
+            raise ValueError(
+                f"{run_dir!r} and an earlier folder both hold the {', '.join(clash)} result of the weights {key}: "
+                "pass one run per row and model."
+            )
+        values[key].update(results)
+    shown = [labels[k] for k in keys]
+    columns = [k if shown.count(labels[k]) > 1 else labels[k] for k in keys]  # two models, one name: their paths
     header = list(columns)
     if paper:
         header += [f"paper: {name}" for name in PAPER_TABLE2]
     rows = []
     for row in ROWS:
-        line = [values[c].get(row, "") for c in columns]
+        line = [values[k].get(row, "") for k in keys]
         if paper:
             line += [PAPER_TABLE2[name][row] for name in PAPER_TABLE2]
         rows.append([row, *line])

@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from keras_vit.data.tfds_sources import TFDS_DATASETS, VTAB_TASKS, get_tfds_source
+from keras_vit.storage.json_files import read_json_object
 
 GROUPS = ("natural", "specialized", "structured")
 
@@ -82,22 +83,17 @@ def summarise(rows):
     return summary
 
 
+def _not_a_task(path, reason):
+    return ValueError(f"{path} {reason}: it was not written by keras-vit vtab, or it was cut short; delete it to run "
+                      "that task again.")
+
+
 def _read_task(path):
     """A finished task's row (None when the task has not run); a file that is not one is an error
     that names it."""
-    try:
-        with open(path) as f:
-            row = json.load(f)
-    except FileNotFoundError:
-        return None
-    except (UnicodeDecodeError, json.JSONDecodeError) as error:
-        row, reason = None, f"is not valid JSON ({error})"
-    else:
-        reason = None if isinstance(row, dict) and isinstance(row.get("setting"), dict) and "top1" in row else \
-            "is not a task result (no top1 and setting)"
-    if reason:
-        raise ValueError(f"{path} {reason}: it was not written by keras-vit vtab, or it was cut short; delete it to "
-                         "run that task again.")
+    row = read_json_object(path, missing=None, malformed=_not_a_task)
+    if row is not None and not (isinstance(row.get("setting"), dict) and "top1" in row):
+        raise _not_a_task(path, "is not a task result (no top1 and setting)")
     return row
 
 
@@ -151,14 +147,30 @@ def check_run_folder(out, tasks, setting):
             )
 
 
-def write_tables(out, rows, setting_record, plot=True):
-    """vtab.json (tasks, groups, setting), vtab.csv (one row per task, then the group means) and,
-    with `plot`, vtab.png."""
+def check_run_weights(out, weights):
+    """Refuse to add results of `weights` to a run folder whose finished tasks ran other weights
+    (vtab.json records them): the group means would mix two models."""
+    try:
+        with open(os.path.join(out, "vtab.json")) as f:
+            before = json.load(f).get("weights")
+    except (OSError, ValueError, AttributeError):
+        return
+    if before is None or before == weights or not read_results(out):
+        return
+    raise ValueError(
+        f"{out} holds VTAB results of the weights {before}, not {weights}: resume with those weights, or write this "
+        "run to another --out folder."
+    )
+
+
+def write_tables(out, rows, setting_record, plot=True, weights=None):
+    """vtab.json (tasks, groups, setting, weights), vtab.csv (one row per task, then the group
+    means) and, with `plot`, vtab.png."""
     import csv
 
     summary = summarise(rows)
     with open(os.path.join(out, "vtab.json"), "w") as f:
-        json.dump({"tasks": rows, "groups": summary, "setting": setting_record}, f, indent=2)
+        json.dump({"tasks": rows, "groups": summary, "setting": setting_record, "weights": weights}, f, indent=2)
     with open(os.path.join(out, "vtab.csv"), "w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["task", "group", "top1", "examples"])
@@ -217,7 +229,7 @@ def own_size(model):
     return height if height == width else (height, width)
 
 
-def run_vtab(model, out, *, tasks=None, setting=VTAB_1K, steps=None, batch_size=None, image_size=None,
+def run_vtab(model, out, *, tasks=None, weights=None, setting=VTAB_1K, steps=None, batch_size=None, image_size=None,
              micro_batch_size=None, eval_batch_size=None, data_dir=None, seed=0, verbose=1):
     """Fine-tune `model` on VTAB-1k tasks and evaluate each on its test split.
 
@@ -227,6 +239,9 @@ def run_vtab(model, out, *, tasks=None, setting=VTAB_1K, steps=None, batch_size=
             change its input size (an AxialResNet) runs at its own unless `image_size` is given.
         out: run folder (created): tasks/<task>.json per finished task, vtab.json, vtab.csv, vtab.png.
         tasks: task names (e.g. ["dtd", "vtab/clevr_count"]); default: all 19.
+        weights: what `model`'s weights are (a preset name, hf://owner/repo or a checkpoint's
+            absolute path), recorded in vtab.json: `keras-vit report` gives runs of the same
+            weights one column. A folder whose finished tasks ran other weights is refused.
         setting: a VtabSetting (default: the paper's); `steps`, `batch_size`, `image_size`
             override its fields for quick runs.
         micro_batch_size: examples per forward pass; the batch is then reached by gradient
@@ -252,6 +267,7 @@ def run_vtab(model, out, *, tasks=None, setting=VTAB_1K, steps=None, batch_size=
     accumulation = setting.batch_size // micro
     names = resolve_tasks(tasks)
     check_run_folder(out, names, setting)
+    check_run_weights(out, weights)
     os.makedirs(os.path.join(out, "tasks"), exist_ok=True)
     record = _setting_record(setting, micro)
     for number, task in enumerate(names, 1):
@@ -294,8 +310,8 @@ def run_vtab(model, out, *, tasks=None, setting=VTAB_1K, steps=None, batch_size=
         os.replace(path + ".tmp", path)  # a task's file appears whole or not at all
         print(f"[{number}/{len(names)}] {task}: top-1 {row['top1']:.4f} on {row['examples']} test images "
               f"({row['seconds']:.0f} s)")
-        write_tables(out, read_results(out), record, plot=False)  # the plot is drawn once, at the end
+        write_tables(out, read_results(out), record, plot=False, weights=weights)  # the plot is drawn once, at the end
         del task_model
     rows = read_results(out)
-    summary = write_tables(out, rows, record)
+    summary = write_tables(out, rows, record, weights=weights)
     return {"tasks": rows, "groups": summary}

@@ -9,6 +9,7 @@ from keras_vit.layers.position import (
     SinCos2DPositionEmbedding,
     sincos2d_position_embedding,
 )
+from keras_vit.layers.pyramid import SimpleFeaturePyramid
 from keras_vit.layers.quantized import Dense, Int8AttentionMixin, int8_matmul, integer_matmul
 from keras_vit.layers.resize import PATCH_RESIZE_RULES, RESIZE_RULES, resize_patch_embedding, resize_position_embedding
 from keras_vit.layers.resnet import (
@@ -28,6 +29,7 @@ from keras_vit.layers.transformer import (
     EncoderBlock,
     MlpBlock,
     MultiHeadDotProductAttention,
+    PatchDropout,
     PatchEmbedding,
     SplitFanXavierUniform,
     TokenPooling,

@@ -33,6 +33,29 @@ import numpy as np
 _SKIP = contextvars.ContextVar("keras_vit_skip_random_init", default=False)
 
 
+@keras.saving.register_keras_serializable(package="keras_vit")
+class SplitFanXavierUniform(keras.initializers.Initializer):
+    """Xavier-uniform for kernels whose leading `in_axes` dims are the fan-in (Flax's convention
+    for the per-head attention kernels); Keras' glorot would treat them as a receptive field."""
+
+    def __init__(self, in_axes=1, seed=None):
+        self.in_axes = int(in_axes)
+        self.seed = seed
+
+    def limit(self, shape):
+        """The bound of the uniform draws, sqrt(6 / (fan_in + fan_out))."""
+        fan_in = math.prod(shape[: self.in_axes])
+        fan_out = math.prod(shape[self.in_axes :])
+        return math.sqrt(6.0 / (fan_in + fan_out))
+
+    def __call__(self, shape, dtype=None):
+        limit = self.limit(shape)
+        return keras.random.uniform(shape, -limit, limit, dtype=dtype, seed=self.seed)
+
+    def get_config(self):
+        return {"in_axes": self.in_axes, "seed": self.seed}
+
+
 @contextlib.contextmanager
 def skip_random_init():
     """Layers built inside this context get zero-filled variables (weights follow).
@@ -82,8 +105,6 @@ def _fans(shape, input_axes=None, output_axes=None):
 
 
 def _known_bases():
-    from keras_vit.layers.transformer import SplitFanXavierUniform
-
     ki = keras.initializers
     return (SplitFanXavierUniform, ki.VarianceScaling, ki.RandomNormal, ki.TruncatedNormal, ki.RandomUniform)
 
@@ -98,8 +119,6 @@ def _distribution(init, shape):
     """(kind, a, b) of the draws a known `init` makes for `shape`: ("uniform", low, high),
     ("normal", mean, stddev) or ("truncated", mean, stddev), truncated at two standard deviations
     (the underlying normal's, as Keras draws it)."""
-    from keras_vit.layers.transformer import SplitFanXavierUniform
-
     ki = keras.initializers
     if isinstance(init, SplitFanXavierUniform):
         limit = init.limit(shape)

@@ -14,12 +14,9 @@ import math
 
 import numpy as np
 
-from keras_vit.models.config import RESIZE_RULES  # noqa: F401  (re-exported)
+from keras_vit.geometry import RESIZE_RULES  # noqa: F401  (re-exported)
 
 # === Rules ===
-
-# RESIZE_RULES, the position-embedding rules' names, live with the model configs that name them
-# (keras_vit.models.config), which are checked without Keras.
 
 #: Rules `resize_patch_embedding` accepts: the pixel resize whose effect the new kernel inverts.
 PATCH_RESIZE_RULES = (

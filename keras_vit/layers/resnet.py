@@ -343,36 +343,44 @@ class BottleneckUnit(keras.layers.Layer):
         return config
 
 
-@register
-class ResNetStage(keras.layers.Layer):
-    """`num_units` bottleneck units `unit1..unitN`; the first carries the stage's stride."""
+class UnitStage(keras.layers.Layer):
+    """`num_units` residual units of the class `UNIT`, named `UNIT_NAME.format(i)` from 1; the
+    first carries the stage's stride. A subclass names its unit class, its units' names and its
+    numerics' defaults (`DEFAULTS`), and nothing else: every ResNet stage is this one."""
+
+    UNIT = None
+    UNIT_NAME = "unit{}"
+    DEFAULTS = {}
 
     def __init__(
         self,
         num_units,
         features,
         first_stride=1,
-        group_norm_epsilon=1e-6,
-        std_conv_epsilon=1e-5,
-        std_conv_epsilon_inside_sqrt=False,
+        group_norm_epsilon=None,
+        std_conv_epsilon=None,
+        std_conv_epsilon_inside_sqrt=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        given = dict(group_norm_epsilon=group_norm_epsilon, std_conv_epsilon=std_conv_epsilon,
+                     std_conv_epsilon_inside_sqrt=std_conv_epsilon_inside_sqrt)
+        numerics = {k: self.DEFAULTS[k] if v is None else v for k, v in given.items()}
         self.num_units = int(num_units)
         self.features = int(features)
         self.first_stride = int(first_stride)
-        self.group_norm_epsilon = float(group_norm_epsilon)
-        self.std_conv_epsilon = float(std_conv_epsilon)
-        self.std_conv_epsilon_inside_sqrt = bool(std_conv_epsilon_inside_sqrt)
+        self.group_norm_epsilon = float(numerics["group_norm_epsilon"])
+        self.std_conv_epsilon = float(numerics["std_conv_epsilon"])
+        self.std_conv_epsilon_inside_sqrt = bool(numerics["std_conv_epsilon_inside_sqrt"])
         self.units = [
-            BottleneckUnit(
+            self.UNIT(
                 self.features,
                 self.first_stride if i == 0 else 1,
                 self.group_norm_epsilon,
                 self.std_conv_epsilon,
                 self.std_conv_epsilon_inside_sqrt,
                 dtype=self.dtype_policy,
-                name=f"unit{i + 1}",
+                name=self.UNIT_NAME.format(i + 1),
             )
             for i in range(self.num_units)
         ]
@@ -411,6 +419,16 @@ class ResNetStage(keras.layers.Layer):
             std_conv_epsilon_inside_sqrt=self.std_conv_epsilon_inside_sqrt,
         )
         return config
+
+
+@register
+class ResNetStage(UnitStage):
+    """`num_units` bottleneck units `unit1..unitN` (the hybrids' ResNet, v1 units with the original
+    Flax numerics by default); the first carries the stage's stride."""
+
+    UNIT = BottleneckUnit
+    UNIT_NAME = "unit{}"
+    DEFAULTS = dict(group_norm_epsilon=1e-6, std_conv_epsilon=1e-5, std_conv_epsilon_inside_sqrt=False)
 
 
 # === Pre-activation (v2) units and stages: the BiT baselines ===
@@ -502,71 +520,10 @@ class PreActBottleneckUnit(keras.layers.Layer):
 
 
 @register
-class PreActResNetStage(keras.layers.Layer):
-    """`num_units` pre-activation units `unit01..unitNN` (big_transfer's names); the first carries
-    the stage's stride (and the projection)."""
+class PreActResNetStage(UnitStage):
+    """`num_units` pre-activation units `unit01..unitNN` (big_transfer's names, timm's numerics by
+    default); the first carries the stage's stride (and the projection)."""
 
-    def __init__(
-        self,
-        num_units,
-        features,
-        first_stride=1,
-        group_norm_epsilon=1e-5,
-        std_conv_epsilon=1e-8,
-        std_conv_epsilon_inside_sqrt=True,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        self.num_units = int(num_units)
-        self.features = int(features)
-        self.first_stride = int(first_stride)
-        self.group_norm_epsilon = float(group_norm_epsilon)
-        self.std_conv_epsilon = float(std_conv_epsilon)
-        self.std_conv_epsilon_inside_sqrt = bool(std_conv_epsilon_inside_sqrt)
-        self.units = [
-            PreActBottleneckUnit(
-                self.features,
-                self.first_stride if i == 0 else 1,
-                self.group_norm_epsilon,
-                self.std_conv_epsilon,
-                self.std_conv_epsilon_inside_sqrt,
-                dtype=self.dtype_policy,
-                name=f"unit{i + 1:02d}",
-            )
-            for i in range(self.num_units)
-        ]
-
-    def build(self, input_shape):
-        shape = input_shape
-        for unit in self.units:
-            unit.build(shape)
-            shape = unit.compute_output_shape(shape)
-
-    def call(self, x):
-        for unit in self.units:
-            x = unit(x)
-        return x
-
-    def compute_output_shape(self, input_shape):
-        shape = input_shape
-        for unit in self.units:
-            shape = unit.compute_output_shape(shape)
-        return shape
-
-    def weight_tree_variables(self):
-        tree = {}
-        for unit in self.units:
-            tree.update({f"{unit.name}/{k}": v for k, v in unit.weight_tree_variables().items()})
-        return tree
-
-    def get_config(self):
-        config = super().get_config()
-        config.update(
-            num_units=self.num_units,
-            features=self.features,
-            first_stride=self.first_stride,
-            group_norm_epsilon=self.group_norm_epsilon,
-            std_conv_epsilon=self.std_conv_epsilon,
-            std_conv_epsilon_inside_sqrt=self.std_conv_epsilon_inside_sqrt,
-        )
-        return config
+    UNIT = PreActBottleneckUnit
+    UNIT_NAME = "unit{:02d}"
+    DEFAULTS = dict(group_norm_epsilon=1e-5, std_conv_epsilon=1e-8, std_conv_epsilon_inside_sqrt=True)

@@ -7,13 +7,13 @@ model. Every layer lists its variables under those names in `weight_tree_variabl
 original shapes, which is all the checkpoint code needs.
 """
 
-import math
 
 import keras
 import numpy as np
 from keras import ops
 
 from keras_vit.choices import MLP_ACTIVATIONS, NORMS
+from keras_vit.layers.init_scope import SplitFanXavierUniform  # noqa: F401  (re-exported)
 from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.layers.matmul import dot_product_attention, gelu, matmul, matmul_add, seeded_dropout
 from keras_vit.layers.position import PositionEmbedding  # noqa: F401  (re-exported)
@@ -21,29 +21,6 @@ from keras_vit.layers.quantized import Dense, Int8AttentionMixin
 from keras_vit.layers.resize import resize_patch_embedding
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
-
-
-@register
-class SplitFanXavierUniform(keras.initializers.Initializer):
-    """Xavier-uniform for kernels whose leading `in_axes` dims are the fan-in (Flax's convention
-    for the per-head attention kernels); Keras' glorot would treat them as a receptive field."""
-
-    def __init__(self, in_axes=1, seed=None):
-        self.in_axes = int(in_axes)
-        self.seed = seed
-
-    def limit(self, shape):
-        """The bound of the uniform draws, sqrt(6 / (fan_in + fan_out))."""
-        fan_in = math.prod(shape[: self.in_axes])
-        fan_out = math.prod(shape[self.in_axes :])
-        return math.sqrt(6.0 / (fan_in + fan_out))
-
-    def __call__(self, shape, dtype=None):
-        limit = self.limit(shape)
-        return keras.random.uniform(shape, -limit, limit, dtype=dtype, seed=self.seed)
-
-    def get_config(self):
-        return {"in_axes": self.in_axes, "seed": self.seed}
 
 
 # === Embeddings ===
@@ -151,6 +128,64 @@ class ClassToken(keras.layers.Layer):
     def weight_tree_variables(self):
         # The original stores the class token at the top of the tree as `cls`.
         return {"": self.cls}
+
+
+@register
+class PatchDropout(keras.layers.Layer):
+    """Patch dropout (timm's `PatchDropout`, `patch_drop_rate`; Liu et al. 2022, FLIP): in
+    training, each image keeps a random subset of its patch tokens, max(1, int(patches * (1 -
+    rate))) of them in random order; the `num_prefix_tokens` tokens in front (class, distillation
+    and register tokens) are always kept, in front. At inference the tokens pass unchanged.
+
+    The token count after the layer is known only in training, so its output shape leaves it
+    None when `rate` > 0.
+
+    Example:
+        >>> import numpy as np
+        >>> layer = PatchDropout(0.5, num_prefix_tokens=1, seed=0)
+        >>> tokens = np.zeros((2, 1 + 16, 8), "float32")
+        >>> tuple(layer(tokens, training=True).shape), tuple(layer(tokens).shape)
+        ((2, 9, 8), (2, 17, 8))
+    """
+
+    def __init__(self, rate, num_prefix_tokens=1, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        rate = float(rate)
+        if not 0.0 <= rate < 1.0:
+            raise ValueError(f"PatchDropout rate must be in [0, 1) (the fraction of patch tokens dropped); got {rate!r}.")
+        self.rate = rate
+        self.num_prefix_tokens = int(num_prefix_tokens)
+        self.seed = seed
+        self.seed_generator = keras.random.SeedGenerator(seed)
+
+    def kept(self, patches):
+        """How many of `patches` patch tokens an image keeps in training (timm's count)."""
+        return max(1, int(patches * (1.0 - self.rate)))
+
+    def call(self, tokens, training=None):
+        if not training or not self.rate:
+            return tokens
+        n = self.num_prefix_tokens
+        prefix, patches = tokens[:, :n], tokens[:, n:]
+        count = patches.shape[1]
+        shape = ops.shape(patches)
+        if count is None:  # a grid known only at run time (dynamic_image_size on TensorFlow)
+            keep = ops.maximum(1, ops.cast(ops.floor(ops.cast(shape[1], "float64") * (1.0 - self.rate)), "int32"))
+            noise = keras.random.uniform((shape[0], shape[1]), seed=self.seed_generator)
+        else:
+            keep = self.kept(count)
+            noise = keras.random.uniform((shape[0], count), seed=self.seed_generator)
+        order = ops.argsort(noise, axis=-1)[:, :keep]
+        kept = ops.take_along_axis(patches, ops.expand_dims(order, -1), axis=1)
+        return ops.concatenate([prefix, ops.cast(kept, prefix.dtype)], axis=1) if n else kept
+
+    def compute_output_shape(self, input_shape):
+        return (input_shape[0], None if self.rate else input_shape[1], *input_shape[2:])
+
+    def get_config(self):
+        config = super().get_config()
+        config.update(rate=self.rate, num_prefix_tokens=self.num_prefix_tokens, seed=self.seed)
+        return config
 
 
 @register

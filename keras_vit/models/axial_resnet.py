@@ -34,10 +34,12 @@ from keras_vit.models.config_model import (
     serialized_activation,
 )
 from keras_vit.models.export_method import DeploymentExport
+from keras_vit.models.features import FeatureEndpoint, FeatureMaps
+from keras_vit.models.fit_checks import CheckedLabels
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class AxialResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
+class AxialResNet(DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepOnce, keras.Model):
     """AxialResNet: a functional model whose layers carry the original's module names.
 
     The arguments are the fields of `keras_vit.models.axial_resnet_family.AxialResNetConfig`
@@ -139,6 +141,15 @@ class AxialResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
             tree["fc/kernel"] = head.kernel
             tree["fc/bias"] = head.bias
         return tree
+
+    def _feature_endpoints(self):
+        # As timm's ResNets: the stem's ReLU (before the pool), then the last block of every stage.
+        return [FeatureEndpoint("relu", 2)] + [
+            FeatureEndpoint(f"layer{stage + 1}_{units - 1}", 4 * 2**stage) for stage, units in enumerate(self.block_units)
+        ]
+
+    def _final_feature_layer(self):
+        return f"layer{len(self.block_units)}_{self.block_units[-1] - 1}"
 
     def get_config(self):
         return model_config(self)

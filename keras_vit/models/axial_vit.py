@@ -17,6 +17,8 @@ from keras_vit.layers.transformer import PatchEmbedding
 from keras_vit.models.axial_vit_family import AxialViTConfig
 from keras_vit.models.config_model import config_from_arguments, expose_config_fields, model_config, model_from_config
 from keras_vit.models.export_method import DeploymentExport
+from keras_vit.models.features import FeatureEndpoint, FeatureMaps
+from keras_vit.models.fit_checks import CheckedLabels
 
 
 def _graph(c, dtype):
@@ -59,7 +61,9 @@ def _graph(c, dtype):
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class AxialVisionTransformer(DeploymentExport, TraceTrainStepOnce, keras.Model):
+class AxialVisionTransformer(
+    DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepOnce, keras.Model
+):
     """Axial-ViT (Appendix D.6 of Dosovitskiy et al., 2021), keras_vit's reading of it.
 
     The patches stay a (rows, cols) grid: ViT's patch embedding (`embedding`), no class token,
@@ -131,6 +135,14 @@ class AxialVisionTransformer(DeploymentExport, TraceTrainStepOnce, keras.Model):
             x, weights = block(x, training=False, return_attention_weights=True)
             maps[block.axis].append(keras.ops.convert_to_numpy(weights))
         return {axis: np.stack(m) for axis, m in maps.items()}
+
+    def _feature_endpoints(self):
+        # One feature per layer: the grid after its last axial block, normed by the final LayerNorm.
+        last = self.config.attention_axes[-1]
+        return [FeatureEndpoint(f"encoderblock_{i}_{last}", self.stride, "encoder_norm") for i in range(self.num_layers)]
+
+    def _final_feature_layer(self):
+        return "encoder_norm"
 
     def get_config(self):
         return model_config(self)

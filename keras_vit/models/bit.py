@@ -25,10 +25,12 @@ from keras_vit.models.config_model import (
     serialized_activation,
 )
 from keras_vit.models.export_method import DeploymentExport
+from keras_vit.models.features import FeatureEndpoint, FeatureMaps
+from keras_vit.models.fit_checks import CheckedLabels
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class BiTResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
+class BiTResNet(DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepOnce, keras.Model):
     """BiT ResNet-v2: a functional model whose layers carry big_transfer's module names.
 
     The arguments are the fields of `keras_vit.models.bit_family.BiTConfig` (normalised and
@@ -124,6 +126,18 @@ class BiTResNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
             tree["resnet/head/conv2d/kernel"] = head.kernel
             tree["resnet/head/conv2d/bias"] = head.bias
         return tree
+
+    def _feature_endpoints(self):
+        # timm's ResNetV2: the stem convolution (before its pool), then every stage; the final
+        # GroupNorm+ReLU normalises the last stage.
+        stages = len(self.block_units)
+        return [FeatureEndpoint("root_block", 2)] + [
+            FeatureEndpoint(f"block{i + 1}", 4 * 2**i, "group_norm" if i == stages - 1 else None)
+            for i in range(stages)
+        ]
+
+    def _final_feature_layer(self):
+        return "group_norm"
 
     def get_config(self):
         return model_config(self)

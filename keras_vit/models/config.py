@@ -1,9 +1,11 @@
 """What every model family's configuration shares: the numerics of each upstream framework, the
-position-embedding resize rules, the field-group config base class, size normalisation and the
-checks of keyword arguments. Each family's own config class and architecture table live in its
+field-group config base class and the checks of keyword arguments (sizes and the resize rules'
+names come from `keras_vit.geometry`). Each family's own config class and architecture table live in its
 family file (`keras_vit.models.<family>_family`)."""
 
 import dataclasses
+
+from keras_vit.geometry import RESIZE_RULES, as_pair  # noqa: F401  (re-exported)
 
 # === Numerics per source ===
 
@@ -43,14 +45,6 @@ NUMERICS["big_vision"] = dict(NUMERICS["original"])
 # === The model's configuration ===
 
 
-#: The rules that resize a position embedding to another grid (`keras_vit.layers.resize`), each an
-#: upstream framework's: a converted model uses its source's rule to reproduce it.
-RESIZE_RULES = (
-    "original",  # google-research/vision_transformer: linear, corners aligned (ndimage.zoom order=1)
-    "bilinear",  # half-pixel bilinear (timm's .npz loader, align_corners=False)
-    "bicubic",  # half-pixel bicubic, a=-0.75 (transformers' interpolate_pos_encoding)
-    "bicubic_antialias",  # half-pixel bicubic with antialias, a=-0.5 (timm's resample_abs_pos_embed)
-)
 #: keras.Model keyword arguments a model passes on to Keras (not config fields).
 KERAS_MODEL_ARGS = ("name", "dtype", "trainable")
 #: The key of a config dict that names its model family ("vit", "bit", ...). Every model's
@@ -61,27 +55,6 @@ FAMILY_KEY = "family"
 def config_field(group, default=dataclasses.MISSING, doc=""):
     """A dataclass field of a config class in field group `group` (see `FieldGroupConfig`)."""
     return dataclasses.field(default=default, metadata={"group": group, "doc": doc})
-
-
-def as_pair(size, what="image_size"):
-    """An int or (height, width) as a (height, width) tuple of ints: the one place sizes are normalised.
-
-    Example:
-        >>> as_pair(224), as_pair([160, 320])
-        ((224, 224), (160, 320))
-    """
-    if isinstance(size, bool):
-        raise ValueError(f"{what} must be an int or (height, width); got {size!r}.")
-    if isinstance(size, int) or (hasattr(size, "__index__") and not hasattr(size, "__len__")):
-        return int(size), int(size)
-    try:
-        pair = tuple(int(s) for s in size)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be an int or (height, width); got {size!r}.") from None
-    if len(pair) != 2:
-        raise ValueError(f"{what} must be an int or (height, width); got {size!r}.")
-    return pair
-
 
 
 def suggest(name, known):
@@ -147,7 +120,34 @@ class FieldGroupConfig:
         check_keywords(config, cls.fields(), cls.__name__)
         return cls(**config)
 
+    @classmethod
+    def head_pooling(cls, arguments):
+        """The pooling a model of `arguments` reads its features with when it has no head
+        (`classes=0`): global average pooling unless the config class says otherwise."""
+        return "avg"
+
     def replace(self, **changes):
         """A copy with `changes` applied (validated again); unknown names raise with a suggestion."""
         check_keywords(changes, self.fields(), f"{type(self).__name__}.replace")
         return dataclasses.replace(self, **changes)
+
+
+def without_head(config_class, arguments):
+    """Model arguments with timm's `num_classes=0` read as Keras says it: `classes=0` means no head,
+    the features pooled as the head would have read them (`include_top=False` and the pooling
+    `config_class.head_pooling` gives, unless `pooling` is set). Other arguments come back as
+    they are.
+
+    Example:
+        >>> from keras_vit.models.bit_family import BiTConfig
+        >>> without_head(BiTConfig, {"classes": 0, "block_units": [1]})
+        {'block_units': [1], 'include_top': False, 'pooling': 'avg'}
+    """
+    classes = arguments.get("classes")
+    if isinstance(classes, bool) or classes != 0:
+        return arguments
+    out = {k: v for k, v in arguments.items() if k != "classes"}
+    out["include_top"] = False
+    if out.get("pooling") is None:
+        out["pooling"] = config_class.head_pooling(out)
+    return out

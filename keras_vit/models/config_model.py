@@ -6,7 +6,7 @@ import inspect
 
 import keras
 
-from keras_vit.models.config import FAMILY_KEY, KERAS_MODEL_ARGS, check_keywords
+from keras_vit.models.config import FAMILY_KEY, KERAS_MODEL_ARGS, check_keywords, without_head
 
 
 def config_from_arguments(config_class, config, kwargs, what, required=()):
@@ -21,6 +21,7 @@ def config_from_arguments(config_class, config, kwargs, what, required=()):
         (1,)
     """
     check_keywords(kwargs, config_class.fields() + KERAS_MODEL_ARGS + (FAMILY_KEY,), what)
+    kwargs = without_head(config_class, kwargs)  # classes=0: no head, pooled features (timm's num_classes=0)
     family = kwargs.pop(FAMILY_KEY, None)
     if isinstance(config, dict):
         config = dict(config)

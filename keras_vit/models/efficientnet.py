@@ -47,6 +47,8 @@ from keras_vit.models.config_model import (
     serialized_activation,
 )
 from keras_vit.models.export_method import DeploymentExport
+from keras_vit.models.features import FeatureEndpoint, FeatureMaps
+from keras_vit.models.fit_checks import CheckedLabels
 from keras_vit.models.efficientnet_family import (
     BATCH_NORM_MOMENTUM,
     EfficientNetConfig,
@@ -78,7 +80,7 @@ def _layer_name(path):
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class EfficientNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
+class EfficientNet(DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepOnce, keras.Model):
     """EfficientNet: a functional model whose layers carry timm's module paths.
 
     The arguments are the fields of `keras_vit.models.efficientnet_family.EfficientNetConfig`
@@ -225,6 +227,23 @@ class EfficientNet(DeploymentExport, TraceTrainStepOnce, keras.Model):
         if self.include_top:
             add("classifier", ("bias",))
         return tree
+
+    def _feature_endpoints(self):
+        # timm's stage ends: the last block of every stage that the next one downsamples, and of
+        # the last stage (B0: reductions 2, 4, 8, 16, 32).
+        plan = block_plan(self.width_multiplier, self.depth_multiplier)
+        endpoints, reduction = [], 2
+        for number, block in enumerate(plan):
+            reduction *= block.stride
+            following = plan[number + 1] if number + 1 < len(plan) else None
+            if following is None or (following.stage != block.stage and following.stride > 1):
+                p = block.prefix
+                last = "add" if block.residual else ("bn3" if block.kind == "ir" else "bn2")
+                endpoints.append(FeatureEndpoint(_layer_name(p + last), reduction))
+        return endpoints
+
+    def _final_feature_layer(self):
+        return "act2"
 
     def get_config(self):
         return model_config(self)

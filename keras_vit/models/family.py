@@ -147,6 +147,9 @@ class ModelFamily:
         transfer: what fine-tuning and few-shot features mean for the family (a
             `keras_vit.models.transfer.Transfer`: the fine-tuned model's settings, whether its
             input may change size, its default resolution, its feature layers).
+        layer_groups: `(canonical keys) -> {key: ordinal}` ordering the weights from input to
+            output for layer-wise learning-rate decay (equal ordinals share a group; timm's
+            `group_matcher`), or None when the family has no grouping (layer decay is refused).
     """
 
     name: str
@@ -180,6 +183,7 @@ class ModelFamily:
     sharding: Any = None
     patch_resize_refusal: Any = None
     transfer: Transfer = Transfer()
+    layer_groups: Any = None
 
     # --- the model --------------------------------------------------------------------------
 
@@ -268,6 +272,10 @@ class ModelFamily:
             raise ValueError(f"{self.title} models have no sharding rules; get_layout_map cannot lay them out.")
         return _resolve(self.sharding)
 
+    def layer_group_ordinals(self, keys):
+        """{canonical key: ordinal} of `layer_groups`, or None when the family has none."""
+        return None if self.layer_groups is None else _resolve(self.layer_groups)(tuple(keys))
+
     def patch_resize_refused(self, config):
         """Why `load(patch_size=...)` cannot PI-resize the checkpoint of `config` (a family that has
         `patch_resize`), or None."""
@@ -309,6 +317,13 @@ def families():
     if not _LOADED:
         _LOADED.extend(_resolve(r) for r in REGISTRY)
     return tuple(_LOADED)
+
+
+def import_model_classes():
+    """{class name: class} of every family's model class, imported: importing them registers each
+    model class and every keras_vit layer with keras.saving, which `keras.saving.load_model` needs
+    to load a saved model of any family."""
+    return {family.class_name: family.model_class() for family in families()}
 
 
 def get_family(name):

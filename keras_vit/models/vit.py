@@ -13,14 +13,17 @@ from keras_vit.layers.resnet import GroupNorm, MaxPoolSame, ResNetStage, StdConv
 from keras_vit.layers.transformer import (
     ClassToken,
     EncoderBlock,
+    PatchDropout,
     PatchEmbedding,
     RegisterTokens,
     TokenPooling,
     make_norm,
 )
+from keras_vit.models.fit_checks import CheckedLabels
 from keras_vit.models.vit_family import ViTConfig
 from keras_vit.models.config_model import config_from_arguments, expose_config_fields, model_config, model_from_config
 from keras_vit.models.export_method import DeploymentExport
+from keras_vit.models.features import FeatureEndpoint, FeatureMaps
 
 _POSITION_LAYERS = {
     "learned": PositionEmbedding,
@@ -82,6 +85,8 @@ def _graph(config, dtype):
     if position is not None and c.class_token_position_embedding:
         x = add_position(x)
     x = keras.layers.Dropout(c.dropout_rate, dtype=dtype, name="dropout")(x)
+    if c.patch_drop_rate:  # timm's order: position dropout, patch dropout, norm_pre
+        x = PatchDropout(c.patch_drop_rate, c.num_prefix_tokens, dtype=dtype, name="patch_dropout")(x)
     if c.pre_norm:
         x = make_norm(c.norm, c.layer_norm_epsilon, dtype, "norm_pre")(x)
     relative = c.num_tokens if c.position_embedding == "relative" else None
@@ -151,7 +156,9 @@ def _distilled_heads(tokens, c, dtype):
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class VisionTransformer(DeploymentExport, TraceTrainStepOnce, TorchOnBatchInputs, keras.Model):
+class VisionTransformer(
+    DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepOnce, TorchOnBatchInputs, keras.Model
+):
     """Vision Transformer (Dosovitskiy et al., 2021), optionally on a BiT ResNet (R+ViT hybrids).
 
     A functional model: its layers carry the original Flax module names, and `get_config()`
@@ -199,6 +206,9 @@ class VisionTransformer(DeploymentExport, TraceTrainStepOnce, TorchOnBatchInputs
         classifier_activation: activation of the head ("softmax", None for logits, ...).
         dropout_rate, attention_dropout_rate: dropout after embeddings / in blocks, and on the
             attention weights.
+        patch_drop_rate: in training, drop this fraction of each image's patch tokens after the
+            position embedding (timm's `patch_drop_rate`; the class, distillation and register
+            tokens are kept); no effect on inference.
         remat: recompute each encoder block in the backward pass instead of keeping its
             activations (`keras.remat`): the same gradients, the activation memory of one block
             instead of all of them, about a third more compute per step. For training big models
@@ -268,6 +278,14 @@ class VisionTransformer(DeploymentExport, TraceTrainStepOnce, TorchOnBatchInputs
     def encoder_blocks(self):
         """The EncoderBlock layers in order."""
         return [self.get_layer(f"encoderblock_{i}") for i in range(self.num_layers)]
+
+    def _feature_endpoints(self):
+        # timm: every block, normed by the final norm (none when it follows pooling: fc_norm).
+        norm = "encoder_norm" if self.final_norm and not self.fc_norm else None
+        return [FeatureEndpoint(f"encoderblock_{i}", self.stride, norm) for i in range(self.num_layers)]
+
+    def _final_feature_layer(self):
+        return "encoder_norm" if self.final_norm and not self.fc_norm else f"encoderblock_{self.num_layers - 1}"
 
     def get_config(self):
         return model_config(self)

@@ -300,6 +300,9 @@ class ViTConfig(FieldGroupConfig):
     classifier_activation: object = config_field("head", "softmax")
     dropout_rate: float = config_field("training", 0.0)
     attention_dropout_rate: float = config_field("training", 0.0)
+    patch_drop_rate: float = config_field(
+        "training", 0.0, doc="fraction of patch tokens dropped in training (timm's patch_drop_rate; prefix tokens kept)"
+    )
     remat: bool = config_field(
         "training", False, doc="recompute each encoder block in the backward pass (less memory, ~1/3 more compute)"
     )
@@ -353,7 +356,7 @@ class ViTConfig(FieldGroupConfig):
                 if int(value) < 1:
                     raise ValueError(f"{key} must be a positive int or None; got {value!r}.")
                 set_(key, int(value))
-        for key in ("dropout_rate", "attention_dropout_rate"):
+        for key in ("dropout_rate", "attention_dropout_rate", "patch_drop_rate"):
             value = float(getattr(self, key))
             if not 0.0 <= value < 1.0:
                 raise ValueError(f"{key} must be in [0, 1); got {value!r}.")
@@ -399,6 +402,15 @@ class ViTConfig(FieldGroupConfig):
                 + (" (at least 8)" if need == 4 else "")
                 + "."
             )
+        if self.patch_drop_rate and (self.position_embedding == "relative" or self.classifier in ("first", "none")):
+            raise ValueError(
+                f"patch_drop_rate={self.patch_drop_rate} drops patch tokens in training, which "
+                + ("relative position embeddings (learned per offset in the full token sequence)"
+                   if self.position_embedding == "relative" else f"classifier={self.classifier!r} (it reads patch tokens "
+                   "in place)")
+                + " cannot follow; set patch_drop_rate=0 or use a 'learned' position embedding and classifier 'token', "
+                "'gap' or 'map'."
+            )
         if self.dynamic_image_size and self.position_embedding == "relative":
             raise ValueError(
                 "dynamic_image_size=True needs position embeddings that follow the patch grid; relative ones "
@@ -418,6 +430,12 @@ class ViTConfig(FieldGroupConfig):
                     f"Image {axis} {size} is not divisible by the {what} (= {stride}). "
                     f"Resize the images to a multiple of {stride}, e.g. {examples}."
                 )
+
+    @classmethod
+    def head_pooling(cls, arguments):
+        """Without a head (`classes=0`), the features as the classifier reads them: the class token,
+        the average, the MAP head or the first token ("none": the token sequence itself)."""
+        return {"none": None}.get(arguments.get("classifier", "token"), arguments.get("classifier", "token"))
 
     def _check_variant_fields(self):
         """Normalise and validate the fields of timm's switches (the "Variants" block)."""
@@ -1033,6 +1051,39 @@ VIT_SHARDING = ShardingRules(
 # === ViT (with the R+ViT hybrids) ===
 
 
+# === Layer groups (layer-wise learning-rate decay) ===
+
+#: Weights of the stem: timm's `group_matcher` stem (cls_token, reg_token, dist_token, pos_embed,
+#: patch_embed with its norm and a hybrid's ResNet, norm_pre).
+_STEM = re.compile(r"^(embedding|embedding_norm|cls|dist_token|reg_tokens|norm_pre|Transformer/posembed_input|"
+                   r"conv_root|gn_root|block\d+/unit\d+)(/|$)")
+
+
+def layer_groups(keys):
+    """{canonical key: ordinal} as timm's VisionTransformer `group_matcher(coarse=False)` groups
+    its parameters: the stem first, then encoder block i, the final norm with the last block
+    (timm's `^norm` joins the previous group), then everything else (head, head_dist, fc_norm,
+    a MAP head, pre_logits) after the blocks.
+
+    Example:
+        >>> layer_groups(["cls", "Transformer/encoderblock_1/LayerNorm_0/scale", "head/bias"])
+        {'cls': (0,), 'Transformer/encoderblock_1/LayerNorm_0/scale': (1, 1), 'head/bias': (2,)}
+    """
+    blocks = [int(m.group(1)) for m in map(_BLOCK.match, keys) if m]
+    out = {}
+    for key in keys:
+        block = _BLOCK.match(key)
+        if _STEM.match(key):
+            out[key] = (0,)
+        elif block:
+            out[key] = (1, int(block.group(1)))
+        elif key.startswith("Transformer/encoder_norm/") and blocks:
+            out[key] = (1, max(blocks))
+        else:
+            out[key] = (2,)
+    return out
+
+
 def _vit_describe(config):
     text = (f"hidden {config['hidden_size']}, {config['num_layers']} layers, {config['num_heads']} heads, "
             f"patch {config['patch_size']}")
@@ -1214,7 +1265,8 @@ VIT = ModelFamily(
     int8=True,
     sharding=VIT_SHARDING,
     patch_resize_refusal=_patch_resize_refusal,
+    layer_groups=layer_groups,
     # dropout 0, the model's remat; position embeddings follow any input size
     transfer=Transfer(settings="keras_vit.models.transfer:dropout_free_settings",
-                      options=("dropout_rate", "attention_dropout_rate", "remat")),
+                      options=("dropout_rate", "attention_dropout_rate", "patch_drop_rate", "remat")),
 )

@@ -162,7 +162,7 @@ class _ValueInitializer:
         self.value = value
 
     def __call__(self, shape, dtype=None):
-        from keras_vit.checkpoints.common import mapped_reads
+        from keras_vit.storage.safetensors import mapped_reads
 
         # The file's pages (a memory map) straight into the backend's own buffer: one copy, and
         # no fresh NumPy array in between. The views are often transposed (PyTorch's (out, in)

@@ -23,7 +23,11 @@ under gradient accumulation):
                        gradient_accumulation_steps=None, ...)
                                                  -> AdamW: clip, optax adamw, decay rate_t * 0.1 * w
                                                     on kernels only (big_vision)
-    SGD, AdamW                                   # the optimizer classes
+    SGD, AdamW                                   # the optimizer classes; learning_rate_scales=
+                                                 {variable path: scale} per-variable rates
+    layer_decay_scales(model, layer_decay, *, min_scale=0.0)
+                                                 -> timm's layer-wise lr decay scales; also
+                                                    finetune/pretrain_optimizer(layer_decay=, model=)
 
 Recipes:
     for_finetuning(model, *, image_size=None, classes, classifier_activation=<model's>,
@@ -32,6 +36,11 @@ Recipes:
     classification_loss(model=None, *, label_smoothing=0.0, from_logits=None)
                    -> ClassificationCrossentropy (integer or one-hot labels, label smoothing)
     PRETRAIN_DROPOUT                                         # {"ViTL16": 0.1, "ViTH14": 0.1}
+
+DeiT hard distillation:
+    HardDistillation(student, teacher=None, *, label_smoothing=0.0)
+                   a keras.Model to compile and fit: 0.5 CE(head, y) + 0.5 CE(head_dist, argmax
+                   teacher(x)); without a teacher, fit(images, (labels, teacher_logits))
 
 Callbacks:
     SwapEMAWeights()                 evaluate (validation / evaluate) with the EMA weights
@@ -76,6 +85,7 @@ from keras_vit.training.callbacks import (  # noqa: F401
     ema_weights,
     finetune_callbacks,
 )
+from keras_vit.training.distillation import HardDistillation  # noqa: F401
 from keras_vit.training.fewshot import (  # noqa: F401
     extract_features,
     feature_model,
@@ -84,7 +94,13 @@ from keras_vit.training.fewshot import (  # noqa: F401
     fewshot_predict,
     sample_shots,
 )
-from keras_vit.training.optimizers import SGD, AdamW, finetune_optimizer, pretrain_optimizer  # noqa: F401
+from keras_vit.training.optimizers import (  # noqa: F401
+    SGD,
+    AdamW,
+    finetune_optimizer,
+    layer_decay_scales,
+    pretrain_optimizer,
+)
 from keras_vit.training.pilot import MaskedPatchPrediction, colour_targets  # noqa: F401
 from keras_vit.training.recipes import (  # noqa: F401
     PRETRAIN_DROPOUT,

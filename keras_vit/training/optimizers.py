@@ -28,6 +28,11 @@ and PyTorch, and Keras' clipping, accumulation, EMA and serialisation apply:
   micro-batches in order. Keras 3 evaluates a learning-rate schedule at the micro-step count
   and moves its EMA on every micro-batch; here the schedule sees applied updates and the EMA
   moves only when an update is applied.
+- Per-variable learning rates (`learning_rate_scales={variable path: scale}`): each variable's
+  update uses rate_t * scale (and, for AdamW, decays by rate_t * scale * weight_decay * w), as a
+  PyTorch parameter group's `lr_scale` does in timm's layer-wise decay and optax's
+  `multi_transform` with per-group scaled rates does. `layer_decay_scales(model, decay)` gives
+  timm's `param_groups_layer_decay` scales from the model family's layer grouping.
 - On JAX, Keras' `finalize_variable_values` (end of `fit` with use_ema) assigns the averages'
   own arrays to the model variables; both are donated to the next train step, so a second
   `fit` fails. Copies are assigned here.
@@ -36,7 +41,9 @@ The update runs per variable in `update_step` (fused by XLA on JAX and TensorFlo
 `torch._foreach_*` calls over all variables on PyTorch, as Keras' own optimizers do.
 """
 
+import math
 import re
+from collections.abc import Mapping
 
 import keras
 from keras import ops
@@ -91,9 +98,133 @@ class _AccumulationFixes:
                 var.assign(ops.copy(average.value))
 
 
+class _LearningRateScales:
+    """Mixin: a learning-rate scale per variable (`learning_rate_scales`, keyed by variable path)."""
+
+    def _init_scales(self, learning_rate_scales):
+        self.learning_rate_scales = _normalise_scales(learning_rate_scales)
+        self._scale_list = None
+
+    def _build_scales(self, variables):
+        """One scale per variable of `variables` (in the optimizer's variable order)."""
+        scales = self.learning_rate_scales
+        if not scales:
+            self._scale_list = None
+            return
+        paths = [_variable_path(v) for v in variables]
+        repeated = sorted({p for p in paths if p in scales and paths.count(p) > 1})
+        if repeated:
+            raise ValueError(
+                f"learning_rate_scales names {', '.join(repeated[:3])}, a path that several trained variables share; "
+                "give the model's layers unique names."
+            )
+        if not set(paths) & set(scales):
+            raise ValueError(
+                f"learning_rate_scales names none of the variables this optimizer trains (it names e.g. "
+                f"{next(iter(scales))!r}; the variables are e.g. {paths[0] if paths else None!r}): compute the scales "
+                "from the model being trained, e.g. layer_decay_scales(model, 0.75)."
+            )
+        self._scale_list = [scales.get(p, 1.0) for p in paths]
+
+    def _variable_scale(self, variable):
+        """The variable's scale (a Python float), 1.0 without scales."""
+        if not self._scale_list:
+            return 1.0
+        return self._scale_list[self._get_variable_index(variable)]
+
+    def _scale_groups(self, grads, trainable_variables):
+        """[(scale, grads, variables)] grouping the variables of equal scale (the PyTorch path)."""
+        groups = {}
+        for g, v in zip(grads, trainable_variables):
+            entry = groups.setdefault(self._variable_scale(v), ([], []))
+            entry[0].append(g)
+            entry[1].append(v)
+        return [(scale, g, v) for scale, (g, v) in groups.items()]
+
+    def _scales_config(self, config):
+        config["learning_rate_scales"] = dict(self.learning_rate_scales) or None
+        return config
+
+
+def _variable_path(variable):
+    return getattr(variable, "path", None) or str(variable.name).split(":")[0]
+
+
+def _normalise_scales(scales):
+    """{variable path: float scale} of a mapping keyed by variables or paths (None: {})."""
+    if scales is None:
+        return {}
+    if not isinstance(scales, Mapping):
+        raise TypeError(
+            "learning_rate_scales must be a mapping {variable or variable path: scale}, e.g. "
+            f"layer_decay_scales(model, 0.75); got {type(scales).__name__}."
+        )
+    out = {}
+    for key, scale in scales.items():
+        path = key if isinstance(key, str) else _variable_path(key)
+        try:
+            scale = float(scale)
+        except (TypeError, ValueError):
+            scale = float("nan")
+        if not (math.isfinite(scale) and scale >= 0):
+            raise ValueError(f"learning_rate_scales[{path!r}] must be a finite number >= 0; got {scales[key]!r}.")
+        out[path] = scale
+    return out
+
+
+def layer_decay_scales(model, layer_decay, *, min_scale=0.0):
+    """Layer-wise learning-rate decay (BEiT; the MAE and DINOv2 fine-tuning recipes) as timm's
+    `param_groups_layer_decay` computes it: {variable path: scale} for `SGD` / `AdamW`'s
+    `learning_rate_scales`.
+
+    The model's family groups its weights from input to output (a ViT: the stem, i.e. patch
+    embedding, class/distillation/register tokens, position embedding and `norm_pre`, then one
+    group per encoder block, the final norm with the last block, then the head and whatever
+    follows the blocks: `fc_norm`, a MAP head, `pre_logits`). With G groups, group g (from 0)
+    gets scale max(min_scale, layer_decay ** (G - 1 - g)): the last group trains at the full
+    rate, each group before it `layer_decay` times slower.
+
+    Args:
+        model: a keras_vit model of a family with a layer grouping (the Vision Transformers; others
+            are refused with a ValueError).
+        layer_decay: the decay per group, in (0, 1] (0.65 MAE ViT-B, 0.75 BEiT, 0.9 DINOv2's linear
+            probes fine-tuned).
+        min_scale: the smallest scale (timm's `min_scale`).
+
+    Example:
+        >>> model = keras_vit.VisionTransformer(image_size=32, patch_size=8, hidden_size=16,
+        ...                                     num_layers=2, num_heads=2, mlp_dim=32, classes=10)
+        >>> scales = layer_decay_scales(model, 0.5)
+        >>> scales["embedding/kernel"], scales["encoderblock_1/MlpBlock_3/Dense_0/kernel"], scales["head/kernel"]
+        (0.125, 0.5, 1.0)
+    """
+    from keras_vit.models.family import family_of
+    from keras_vit.models.weight_tree import weight_variables
+
+    try:
+        layer_decay = float(layer_decay)
+    except (TypeError, ValueError):
+        layer_decay = float("nan")
+    if not 0.0 < layer_decay <= 1.0:
+        raise ValueError(f"layer_decay must be in (0, 1], e.g. 0.75; got {layer_decay!r}.")
+    family = family_of(model)
+    variables = weight_variables(model)
+    ordinals = family.layer_group_ordinals(variables)
+    if ordinals is None:
+        raise ValueError(
+            f"{family.title} models have no layer grouping for layer-wise learning-rate decay (keras_vit groups the "
+            "Vision Transformers' blocks, as timm does); train them without layer_decay."
+        )
+    ranks = {o: i for i, o in enumerate(sorted(set(ordinals.values())))}
+    last = len(ranks) - 1
+    return {
+        _variable_path(var): max(float(min_scale), layer_decay ** (last - ranks[ordinals[key]]))
+        for key, var in variables.items()
+    }
+
 
 @register
-class SGD(_AccumulationFixes, keras.optimizers.SGD):
+class SGD(_AccumulationFixes, _LearningRateScales, keras.optimizers.SGD):
     """SGD with momentum as optax's `sgd`: the trace of raw gradients, the rate applied outside.
 
     trace <- g + momentum * trace;  w <- w - rate_t * trace  (Nesterov: w <- w - rate_t *
@@ -104,6 +235,8 @@ class SGD(_AccumulationFixes, keras.optimizers.SGD):
             original fine-tuning code's `accumulator_dtype` (half the optimizer state); the
             trace is computed in the gradient's dtype and rounded when stored, as the
             original's compiled optax step does.
+        learning_rate_scales: {variable or variable path: scale}: those variables are updated at
+            rate_t * scale (the others at rate_t), e.g. `layer_decay_scales(model, 0.75)`.
         Other arguments: those of keras.optimizers.SGD.
 
     Example:
@@ -112,8 +245,10 @@ class SGD(_AccumulationFixes, keras.optimizers.SGD):
         'bfloat16'
     """
 
-    def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False, *, momentum_dtype=None, **kwargs):
+    def __init__(self, learning_rate=0.01, momentum=0.0, nesterov=False, *, momentum_dtype=None,
+                 learning_rate_scales=None, **kwargs):
         super().__init__(learning_rate=learning_rate, momentum=momentum, nesterov=nesterov, **kwargs)
+        self._init_scales(learning_rate_scales)
         if momentum_dtype is not None:
             momentum_dtype = keras.backend.standardize_dtype(momentum_dtype)
             if momentum_dtype not in ("float16", "bfloat16", "float32", "float64"):
@@ -128,6 +263,7 @@ class SGD(_AccumulationFixes, keras.optimizers.SGD):
             return
         # Keras' optimizer build (accumulators, EMA, indices); the trace variables are made here.
         super(keras.optimizers.SGD, self).build(variables)
+        self._build_scales(variables)
         self.momentums = []
         if self.momentum != 0:
             self.momentums = [self._add_trace(v) for v in variables]
@@ -150,6 +286,9 @@ class SGD(_AccumulationFixes, keras.optimizers.SGD):
 
     def update_step(self, gradient, variable, learning_rate):
         learning_rate = ops.cast(learning_rate, variable.dtype)
+        scale = self._variable_scale(variable)
+        if scale != 1.0:
+            learning_rate = ops.multiply(learning_rate, ops.cast(scale, variable.dtype))
         gradient = ops.cast(gradient, variable.dtype)
         if self.momentum == 0:
             self.assign_sub(variable, ops.multiply(gradient, learning_rate))
@@ -174,29 +313,32 @@ class SGD(_AccumulationFixes, keras.optimizers.SGD):
         import torch
 
         with torch.no_grad():
-            values = [v.value for v in trainable_variables]
-            grads = [g.to(v.dtype) for g, v in zip(grads, values)]
-            rate = -learning_rate
-            if not self.momentum:
-                torch._foreach_add_(values, grads, alpha=rate)
-                return
-            buffers = [t.value for t in traces]
-            torch._foreach_mul_(buffers, self.momentum)
-            torch._foreach_add_(buffers, grads)
-            if self.nesterov:
-                torch._foreach_add_(values, grads, alpha=rate)
-                torch._foreach_add_(values, buffers, alpha=rate * self.momentum)
-            else:
-                torch._foreach_add_(values, buffers, alpha=rate)
+            for scale, group_grads, group in self._scale_groups(grads, trainable_variables):
+                self._torch_update(group_grads, group, -float(learning_rate) * scale, torch)
+
+    def _torch_update(self, grads, variables, rate, torch):
+        values = [v.value for v in variables]
+        grads = [g.to(v.dtype) for g, v in zip(grads, values)]
+        if not self.momentum:
+            torch._foreach_add_(values, grads, alpha=rate)
+            return
+        buffers = [self.momentums[self._get_variable_index(v)].value for v in variables]
+        torch._foreach_mul_(buffers, self.momentum)
+        torch._foreach_add_(buffers, grads)
+        if self.nesterov:
+            torch._foreach_add_(values, grads, alpha=rate)
+            torch._foreach_add_(values, buffers, alpha=rate * self.momentum)
+        else:
+            torch._foreach_add_(values, buffers, alpha=rate)
 
     def get_config(self):
         config = super().get_config()
         config["momentum_dtype"] = self.momentum_dtype
-        return config
+        return self._scales_config(config)
 
 
 @register
-class AdamW(_AccumulationFixes, keras.optimizers.AdamW):
+class AdamW(_AccumulationFixes, _LearningRateScales, keras.optimizers.AdamW):
     """Adam with decoupled weight decay as optax's `adamw`, decaying only the variables whose name
     matches `weight_decay_pattern`.
 
@@ -207,6 +349,9 @@ class AdamW(_AccumulationFixes, keras.optimizers.AdamW):
         epsilon: added to sqrt(v_hat), after the bias correction (optax); default 1e-8.
         weight_decay_pattern: regular expression searched in each variable's name (without a
             ":0" suffix); default "kernel$" (dense, attention and conv kernels). None decays all.
+        learning_rate_scales: {variable or variable path: scale}: those variables are updated and
+            decayed at rate_t * scale (a PyTorch parameter group's `lr_scale`), e.g.
+            `layer_decay_scales(model, 0.75)`.
         Other arguments: those of keras.optimizers.AdamW (amsgrad is not supported).
 
     Example:
@@ -216,7 +361,7 @@ class AdamW(_AccumulationFixes, keras.optimizers.AdamW):
     """
 
     def __init__(self, learning_rate=0.001, weight_decay=0.004, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
-                 amsgrad=False, *, weight_decay_pattern="kernel$", **kwargs):
+                 amsgrad=False, *, weight_decay_pattern="kernel$", learning_rate_scales=None, **kwargs):
         if amsgrad:
             raise ValueError("keras_vit's AdamW is optax's adamw, without AMSGrad; use keras.optimizers.AdamW"
                              "(amsgrad=True) for that.")
@@ -224,6 +369,19 @@ class AdamW(_AccumulationFixes, keras.optimizers.AdamW):
                          epsilon=epsilon, amsgrad=False, **kwargs)
         self.weight_decay_pattern = weight_decay_pattern
         self._weight_decay_regex = None if weight_decay_pattern is None else re.compile(weight_decay_pattern)
+        self._init_scales(learning_rate_scales)
+
+    def build(self, variables):
+        if self.built:
+            return
+        super().build(variables)
+        self._build_scales(variables)
+
+    def _apply_weight_decay(self, variables):
+        # With per-variable scales the decay (rate_t * scale * weight_decay * w) is part of the
+        # update step, computed from the same w.
+        if not self._scale_list:
+            super()._apply_weight_decay(variables)
 
     def _use_weight_decay(self, variable):
         if not super()._use_weight_decay(variable):
@@ -235,9 +393,13 @@ class AdamW(_AccumulationFixes, keras.optimizers.AdamW):
 
     def update_step(self, gradient, variable, learning_rate):
         # The decay term (rate_t * weight_decay * w) is Keras' `_apply_weight_decay`, applied
-        # before this step from the same w.
+        # before this step from the same w; with per-variable scales it is applied here.
         dtype = variable.dtype
         lr = ops.cast(learning_rate, dtype)
+        if self._scale_list:
+            lr = ops.multiply(lr, ops.cast(self._variable_scale(variable), dtype))
+            if self.weight_decay and self._use_weight_decay(variable):
+                self.assign_sub(variable, ops.multiply(variable, ops.multiply(lr, ops.cast(self.weight_decay, dtype))))
         g = ops.cast(gradient, dtype)
         count = ops.cast(self.iterations + 1, dtype)
         index = self._get_variable_index(variable)
@@ -256,25 +418,34 @@ class AdamW(_AccumulationFixes, keras.optimizers.AdamW):
         import torch
 
         with torch.no_grad():
-            index = [self._get_variable_index(v) for v in trainable_variables]
-            values = [v.value for v in trainable_variables]
-            grads = [g.to(v.dtype) for g, v in zip(grads, values)]
-            m_list = [self._momentums[i].value for i in index]
-            v_list = [self._velocities[i].value for i in index]
-            count = float(self.iterations) + 1.0
-            torch._foreach_mul_(m_list, self.beta_1)
-            torch._foreach_add_(m_list, grads, alpha=1.0 - self.beta_1)
-            torch._foreach_mul_(v_list, self.beta_2)
-            torch._foreach_addcmul_(v_list, grads, grads, value=1.0 - self.beta_2)
-            denominators = torch._foreach_sqrt(v_list)
-            torch._foreach_div_(denominators, (1.0 - self.beta_2**count) ** 0.5)
-            torch._foreach_add_(denominators, self.epsilon)
-            torch._foreach_addcdiv_(values, m_list, denominators, value=-float(learning_rate) / (1.0 - self.beta_1**count))
+            for scale, group_grads, group in self._scale_groups(grads, trainable_variables):
+                rate = float(learning_rate) * scale
+                if self._scale_list and self.weight_decay:
+                    decayed = [v.value for v in group if self._use_weight_decay(v)]
+                    if decayed:
+                        torch._foreach_mul_(decayed, 1.0 - float(self.weight_decay) * rate)
+                self._torch_update(group_grads, group, rate, torch)
+
+    def _torch_update(self, grads, variables, rate, torch):
+        index = [self._get_variable_index(v) for v in variables]
+        values = [v.value for v in variables]
+        grads = [g.to(v.dtype) for g, v in zip(grads, values)]
+        m_list = [self._momentums[i].value for i in index]
+        v_list = [self._velocities[i].value for i in index]
+        count = float(self.iterations) + 1.0
+        torch._foreach_mul_(m_list, self.beta_1)
+        torch._foreach_add_(m_list, grads, alpha=1.0 - self.beta_1)
+        torch._foreach_mul_(v_list, self.beta_2)
+        torch._foreach_addcmul_(v_list, grads, grads, value=1.0 - self.beta_2)
+        denominators = torch._foreach_sqrt(v_list)
+        torch._foreach_div_(denominators, (1.0 - self.beta_2**count) ** 0.5)
+        torch._foreach_add_(denominators, self.epsilon)
+        torch._foreach_addcdiv_(values, m_list, denominators, value=-rate / (1.0 - self.beta_1**count))
 
     def get_config(self):
         config = super().get_config()
         config["weight_decay_pattern"] = self.weight_decay_pattern
-        return config
+        return self._scales_config(config)
 
 
 def _schedule(learning_rate, total_steps, warmup_steps, schedule_cls, **kwargs):
@@ -300,6 +471,8 @@ def finetune_optimizer(
     gradient_accumulation_steps=None,
     use_ema=False,
     ema_momentum=0.9999,
+    layer_decay=None,
+    model=None,
 ):
     """The paper's fine-tuning optimizer, as the original code builds it (vit_jax/train.py:
     `optax.chain(clip_by_global_norm(1.0), sgd(schedule, momentum=0.9))`): SGD momentum 0.9 in
@@ -322,6 +495,9 @@ def finetune_optimizer(
         use_ema, ema_momentum: Polyak averaging of the weights (the paper's 0.9999 for Table 2);
             evaluate/save with it through `SwapEMAWeights` / `ema_weights`. At the end of `fit`
             Keras leaves the averaged weights in the model.
+        layer_decay, model: layer-wise learning-rate decay (BEiT, MAE, DINOv2 fine-tuning): each
+            variable of `model` at the rate times `layer_decay_scales(model, layer_decay)` (timm's
+            `param_groups_layer_decay` scales); None: one rate for all.
 
     Example:
         >>> opt = finetune_optimizer(0.01, total_steps=500, warmup_steps=100)
@@ -339,7 +515,21 @@ def finetune_optimizer(
         gradient_accumulation_steps=gradient_accumulation_steps,
         use_ema=use_ema,
         ema_momentum=ema_momentum,
+        learning_rate_scales=_layer_decay(layer_decay, model, "finetune_optimizer"),
     )
+
+
+def _layer_decay(layer_decay, model, caller):
+    if layer_decay is None:
+        if model is not None:
+            raise ValueError(f"{caller}(model=...) is for layer_decay; pass layer_decay=0.75 (say) too, or no model.")
+        return None
+    if model is None:
+        raise ValueError(
+            f"layer_decay needs the model whose variables it scales: {caller}(..., layer_decay={layer_decay!r}, "
+            "model=model)."
+        )
+    return layer_decay_scales(model, layer_decay)
 
 
 def pretrain_optimizer(
@@ -357,6 +547,8 @@ def pretrain_optimizer(
     gradient_accumulation_steps=None,
     use_ema=False,
     ema_momentum=0.9999,
+    layer_decay=None,
+    model=None,
 ):
     """The paper's pre-training optimizer: Adam (0.9, 0.999) with decoupled weight decay 0.1,
     global-norm clip 1.0, linear warm-up (10k steps) then linear decay to 1e-5; optax's
@@ -366,6 +558,8 @@ def pretrain_optimizer(
     The decay is multiplied by the current rate: w <- w - rate_t * (adam_update + 0.1 * w), which
     is big_vision's `wd = 0.1 * base rate` (1e-4 at base 1e-3, its ImageNet-21k ViT setting). It
     applies to kernels only (see `AdamW`); `weight_decay_pattern=None` decays all.
+    `layer_decay=` with `model=`: layer-wise rates as `finetune_optimizer`'s (the AdamW fine-tuning
+    of BEiT, MAE and DINOv2), the decay scaled with each variable's rate as in timm.
 
     Example:
         >>> opt = pretrain_optimizer(1e-3, total_steps=100_000)
@@ -385,4 +579,5 @@ def pretrain_optimizer(
         gradient_accumulation_steps=gradient_accumulation_steps,
         use_ema=use_ema,
         ema_momentum=ema_momentum,
+        learning_rate_scales=_layer_decay(layer_decay, model, "pretrain_optimizer"),
     )

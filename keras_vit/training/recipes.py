@@ -33,6 +33,7 @@ def for_finetuning(
     dropout_rate=None,
     attention_dropout_rate=None,
     drop_path_rate=None,
+    patch_drop_rate=None,
     remat=None,
     name=None,
 ):
@@ -59,6 +60,8 @@ def for_finetuning(
         dropout_rate, attention_dropout_rate, drop_path_rate: default: the family's (0 for the
             transformers, the model's own for an EfficientNet); a family without the argument
             refuses it.
+        patch_drop_rate: a ViT's patch dropout in training (timm's `patch_drop_rate`, e.g. 0.5
+            for FLIP-style fast fine-tuning); default 0.
         remat: recompute each encoder block in the backward pass (`VisionTransformer(remat=True)`):
             the same gradients with the activation memory of one block, for about a third more
             compute; for big models at high resolution (ViT-H/14 at 518 px). Default: the model's
@@ -78,7 +81,7 @@ def for_finetuning(
     common = dict(classes=int(classes), include_top=True, keep_representation=keep_representation, fresh_head=True,
                   warn=False)  # a new head is the point of fine-tuning
     asked = dict(dropout_rate=dropout_rate, attention_dropout_rate=attention_dropout_rate,
-                 drop_path_rate=drop_path_rate, remat=remat)
+                 drop_path_rate=drop_path_rate, patch_drop_rate=patch_drop_rate, remat=remat)
     asked = {k: v for k, v in asked.items() if v is not None}
     if isinstance(model, (str, os.PathLike)):
         resolved = loading.resolve(model, image_size=image_size)
@@ -130,7 +133,8 @@ class ClassificationCrossentropy(keras.losses.Loss):
 
     Keras' SparseCategoricalCrossentropy has no label smoothing; this loss accepts integer labels
     (shape (batch,) or (batch, 1)) or one-hot/soft labels (batch, classes) and smooths them as
-    y * (1 - s) + s / classes.
+    y * (1 - s) + s / classes. A row whose label is outside [0, classes) (or whose target row is
+    all zeros) has a NaN loss, where a one-hot encoding would make it silently 0.
 
     Example:
         >>> import numpy as np
@@ -149,12 +153,18 @@ class ClassificationCrossentropy(keras.losses.Loss):
         y_pred = ops.cast(y_pred, "float32")
         if len(y_true.shape) == len(y_pred.shape) and y_true.shape[-1] == classes and classes != 1:
             target = ops.cast(y_true, "float32")
+            valid = ops.sum(target, axis=-1) > 0  # tf.one_hot of a label outside the classes: a row of zeros
         else:
             labels = ops.reshape(ops.cast(y_true, "int32"), ops.shape(y_pred)[:-1])
-            target = ops.one_hot(labels, classes, dtype="float32")
+            valid = ops.logical_and(labels >= 0, labels < classes)
+            # PyTorch's one_hot fails on a label past the classes (a device assert on GPU): encode 0 there.
+            target = ops.one_hot(ops.where(valid, labels, 0), classes, dtype="float32")
         if self.label_smoothing:
             target = target * (1.0 - self.label_smoothing) + self.label_smoothing / classes
-        return keras.losses.categorical_crossentropy(target, y_pred, from_logits=self.from_logits)
+        loss = keras.losses.categorical_crossentropy(target, y_pred, from_logits=self.from_logits)
+        # A label outside [0, classes) would add 0 to the loss, silently: NaN shows it (a compiled
+        # step cannot raise; keras_vit models' `fit` refuses such labels where it can see them).
+        return ops.where(valid, loss, ops.full_like(loss, float("nan")))
 
     def get_config(self):
         config = super().get_config()

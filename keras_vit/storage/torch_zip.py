@@ -44,7 +44,9 @@ import zlib
 
 import numpy as np
 
-from keras_vit.checkpoints.common import MAX_DEFLATE_RATIO, CheckpointError, LazyArray, check_finite, misnamed_error
+from keras_vit.errors import CheckpointError
+from keras_vit.storage.files import MAX_DEFLATE_RATIO, check_finite, endings, misnamed_error
+from keras_vit.storage.lazy import LazyArray
 
 #: The largest data.pkl read (a ViT-H state dict's pickle is ~50 KB; optimizer states a few MB).
 MAX_PICKLE_BYTES = 256 * 2**20
@@ -594,7 +596,7 @@ def find_state_dict(obj, source, keys=("state_dict", "model", "module")):
 
 
 class TorchStateFile:
-    """A torch zip state dict behind the interface of `common.SafetensorsFile` (`keys`, `shape`,
+    """A torch zip state dict behind the interface of `storage.safetensors.SafetensorsFile` (`keys`, `shape`,
     `lazy`, `get`, `in`), so the timm and transformers readers take either file."""
 
     def __init__(self, path):
@@ -638,11 +640,11 @@ def weights_in_folder(folder, how_to_save):
 
 
 def open_weights(path):
-    """{key: file} for a .safetensors (or sharded index) or a PyTorch zip file (.bin, .pt, .pth)."""
-    from keras_vit.checkpoints.common import open_safetensors
+    """{key: file} for a .safetensors (or sharded index) or a PyTorch zip file (.pth, .pt, .bin, ...)."""
+    from keras_vit.storage.safetensors import open_safetensors
 
     path = os.fspath(path)
-    if path.endswith((".bin", ".pt", ".pth", ".tar")):
+    if path.endswith(endings("pytorch")):
         f = TorchStateFile(path)
         return {key: f for key in f.keys()}
     return open_safetensors(path)

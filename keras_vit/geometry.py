@@ -1,0 +1,32 @@
+"""Image geometry every layer of the package shares, free of Keras and TensorFlow: the one
+normalisation of a size to (height, width), and the names of the position-embedding resize rules
+(`keras_vit.layers.resize` implements them; model configs name them and are checked without Keras)."""
+
+#: The rules that resize a position embedding to another grid (`keras_vit.layers.resize`), each an
+#: upstream framework's: a converted model uses its source's rule to reproduce it.
+RESIZE_RULES = (
+    "original",  # google-research/vision_transformer: linear, corners aligned (ndimage.zoom order=1)
+    "bilinear",  # half-pixel bilinear (timm's .npz loader, align_corners=False)
+    "bicubic",  # half-pixel bicubic, a=-0.75 (transformers' interpolate_pos_encoding)
+    "bicubic_antialias",  # half-pixel bicubic with antialias, a=-0.5 (timm's resample_abs_pos_embed)
+)
+
+
+def as_pair(size, what="image_size"):
+    """An int or (height, width) as a (height, width) tuple of ints: the one place sizes are normalised.
+
+    Example:
+        >>> as_pair(224), as_pair([160, 320])
+        ((224, 224), (160, 320))
+    """
+    if isinstance(size, bool):
+        raise ValueError(f"{what} must be an int or (height, width); got {size!r}.")
+    if isinstance(size, int) or (hasattr(size, "__index__") and not hasattr(size, "__len__")):
+        return int(size), int(size)
+    try:
+        pair = tuple(int(s) for s in size)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be an int or (height, width); got {size!r}.") from None
+    if len(pair) != 2:
+        raise ValueError(f"{what} must be an int or (height, width); got {size!r}.")
+    return pair
