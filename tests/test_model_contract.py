@@ -140,7 +140,7 @@ def test_contract_of_every_layout(twin):
     assert not pooled.include_top and pooled.output_shape == (None, final[-1])
     # timm's num_classes=0: pooled as the classifier pools (a ViT's class token, average, MAP head).
     classifier = kwargs.get("classifier")
-    assert pooled.pooling == ({"token": "token", "gap": "gap"}[classifier] if classifier else "avg")
+    assert pooled.pooling == ({"token": "token", "gap": "gap", "map": "map"}[classifier] if classifier else "avg")
 
 
 def _small_constructors():

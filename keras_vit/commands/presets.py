@@ -4,7 +4,8 @@
 def add_parser(subparsers):
     parser = subparsers.add_parser(
         "presets",
-        help="list the published weights (tags, resolutions, classes, ImageNet top-1, GFLOPs, input, licence, Hub repos)",
+        help="list the published weights (tags, resolutions, classes, ImageNet top-1, GFLOPs, input, licence, "
+        "Hub repos)",
         description="List the pretrained weights of every constructor, or of ARCH only. "
         "Load one with keras_vit.ARCH(weights=TAG) or keras_vit.load_checkpoint('ARCH.TAG').",
     )

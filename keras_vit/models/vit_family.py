@@ -161,7 +161,8 @@ _G = dict(hidden_size=1536, mlp_dim=4096, num_heads=24, num_layers=40)  # DINOv2
 _SO400M = dict(hidden_size=1152, mlp_dim=4304, num_heads=16, num_layers=27)
 _DINOV2 = "DINOv2 (Oquab et al., 2023: \"DINOv2: Learning Robust Visual Features without Supervision\")"
 _DINOV2_REG = "DINOv2 with registers (Darcet et al., 2024: \"Vision Transformers Need Registers\")"
-_CLIP = "CLIP's image tower (Radford et al., 2021: \"Learning Transferable Visual Models From Natural Language Supervision\")"
+_CLIP = ("CLIP's image tower (Radford et al., 2021: \"Learning Transferable Visual Models From Natural Language "
+         "Supervision\")")
 _SIGLIP = "SigLIP's image tower (Zhai et al., 2023: \"Sigmoid Loss for Language Image Pre-Training\")"
 _DEIT = "DeiT (Touvron et al., 2021: \"Training data-efficient image transformers & distillation through attention\")"
 _DEIT3 = "DeiT III (Touvron et al., 2022: \"DeiT III: Revenge of the ViT\")"
@@ -175,7 +176,8 @@ ZOO_ARCHITECTURES = {
     for a in [
         *(
             _zoo_row(f"DINOv2{s}14{'Reg4' if reg else ''}", f"DINOv2 ViT-{s}/14{' + 4 registers' if reg else ''}",
-                     f"vit_{size}_patch14_{'reg4_' if reg else ''}dinov2", 518, reference=_DINOV2_REG if reg else _DINOV2,
+                     f"vit_{size}_patch14_{'reg4_' if reg else ''}dinov2", 518,
+                     reference=_DINOV2_REG if reg else _DINOV2,
                      default_weights="lvd142m", dims=dims, patch_size=14, layer_scale=1e-5, **_IN,
                      **(dict(register_tokens=4, class_token_position_embedding=False) if reg else {}),
                      **(dict(glu=True, mlp_activation="silu") if s == "G" else {}))
