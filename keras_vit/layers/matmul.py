@@ -25,14 +25,15 @@ it is the original ViT's attention: the queries scaled before the logits, two pr
 accumulate in float32, a float32 softmax. The heads are moved into the batch first, (batch *
 heads, tokens, head_dim), so that both products are 3-D dots with one leading batch dimension:
 XLA:CPU ran the same products written as `bqhd,bkhd->bhqk` einsums (two batch dimensions, one of
-them inside the operands) 2-4x slower, 24% of a float32 ViT-B/16's time at batch 8 for 3% of its
-FLOPs; the head-major form made the float32 model 1.25x faster and left mixed_bfloat16 where it
-was (1.11-1.36x best, 0.97-1.13x median: within the noise), one process, calls interleaved
-(benchmarks/roofline.py, benchmarks/README.md). `jax.nn.dot_product_attention`'s XLA path scales the
-(batch, heads, tokens, tokens) logits instead, one more pass over the largest tensor of the
-block forward and backward: the gradient program of a ViT-Ti/16 (batch 8, float32) ran at 0.88x
-the Flax original's with it and 0.96x with the queries scaled (one process, interleaved, 16
-calls each; scaling the logits by hand gave 0.88x again). Elsewhere Keras' call picks the
+them inside the operands) 2-4x slower, 18-24% of a float32 ViT-B/16's time at batch 8 for 3% of
+its FLOPs; the head-major form made float32 inference 1.25x faster and left mixed_bfloat16
+inference (1.11-1.36x best, 0.97-1.13x median) and the float32 train step (1.00x) where they
+were, one process, calls interleaved (benchmarks/roofline.py, benchmarks/README.md).
+`jax.nn.dot_product_attention`'s XLA path scales the (batch, heads, tokens, tokens) logits
+instead, one more pass over the largest tensor of the block forward and backward: the gradient
+program of a ViT-Ti/16 (batch 8, float32) ran at 0.88x the Flax original's with it and 0.96x
+with the queries scaled (one process, interleaved, 16 calls each; scaling the logits by hand
+gave 0.88x again). Elsewhere Keras' call picks the
 backend's fused or flash kernels.
 
 `seeded_dropout` is dropout whose mask is drawn from a given seed (a SeedGenerator's draw), so
