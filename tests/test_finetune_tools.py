@@ -246,7 +246,8 @@ def test_patch_dropout_in_the_model():
     np.testing.assert_allclose(model.predict(images, verbose=0), want, rtol=1e-6, atol=1e-6)
     dropout = model.get_layer("patch_dropout")
     assert dropout.num_prefix_tokens == 4 and dropout.rate == 0.5  # class, distillation, 2 registers
-    assert np.abs(keras.ops.convert_to_numpy(model(images, training=True)) - want).max() > 1e-3
+    # half the patches gone: the logits move (by about 1e-3 at this size), far beyond rounding (1e-7)
+    assert np.abs(keras.ops.convert_to_numpy(model(images, training=True)) - want).max() > 1e-5
     model.compile(optimizer=keras.optimizers.SGD(0.01), loss=training.classification_loss(model))
     history = model.fit(images, np.arange(4), epochs=2, verbose=0)
     assert np.isfinite(history.history["loss"]).all()
