@@ -17,13 +17,6 @@ from keras_vit.models.family import constructor_names, family_of, get_architectu
 JFT_IMAGES = 303e6
 
 
-def _pair(image_size):
-    if isinstance(image_size, int):
-        return image_size, image_size
-    h, w = (int(s) for s in image_size)
-    return h, w
-
-
 # === Public API ===
 
 

@@ -21,7 +21,8 @@ def as_pair(size, what="image_size"):
     """
     if isinstance(size, bool):
         raise ValueError(f"{what} must be an int or (height, width); got {size!r}.")
-    if isinstance(size, int) or (hasattr(size, "__index__") and not hasattr(size, "__len__")):
+    if isinstance(size, int) or getattr(size, "ndim", None) == 0 or (
+            hasattr(size, "__index__") and not hasattr(size, "__len__")):
         return int(size), int(size)
     try:
         pair = tuple(int(s) for s in size)
@@ -30,3 +31,13 @@ def as_pair(size, what="image_size"):
     if len(pair) != 2:
         raise ValueError(f"{what} must be an int or (height, width); got {size!r}.")
     return pair
+
+
+def optional_pair(size, what="image_size"):
+    """`as_pair(size)`, or None for None (a size left to the model or the checkpoint).
+
+    Example:
+        >>> optional_pair(None), optional_pair(384)
+        (None, (384, 384))
+    """
+    return None if size is None else as_pair(size, what)

@@ -25,6 +25,7 @@ from typing import Optional
 from keras_vit import hub, names, presets
 from keras_vit.checkpoints.registry import CheckpointFormat, detect_format, hub_fallback_patterns, hub_file_patterns
 from keras_vit.errors import CheckpointError
+from keras_vit.geometry import as_pair
 
 #: File endings that make a string a path rather than a name.
 _PATH_ENDINGS = (".npz", ".keras", ".h5", ".safetensors", ".json")
@@ -366,7 +367,7 @@ def _patch_resize(config, patch_size, image_size, source, rule=None):
         raise ValueError(f"The checkpoint{what} {refusal}")
     stride = int(patch_size)
     size = image_size if image_size is not None else config.get("image_size")
-    size = (size, size) if isinstance(size, int) else tuple(size)
+    size = as_pair(size)
     if any(s % stride for s in size):
         options = sorted({max(s // stride, 1) * stride for s in size} | {(s // stride + 1) * stride for s in size})
         whose = "" if image_size is not None else " (the checkpoint's)"

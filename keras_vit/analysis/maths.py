@@ -7,16 +7,9 @@ read those arrays off a model; `.plots` draws the results.
 
 import numpy as np
 
+from keras_vit.geometry import as_pair
+
 _HEAD_FUSIONS = ("mean", "max", "min")
-
-
-def _pair(value, what):
-    if np.ndim(value) == 0:
-        return int(value), int(value)
-    value = tuple(int(v) for v in value)
-    if len(value) != 2:
-        raise ValueError(f"{what} must be an int or (rows, cols); got {value!r}.")
-    return value
 
 
 def _prefix_tokens(num_tokens, grid_size):
@@ -96,7 +89,7 @@ def rollout_map(joint, grid_size):
     rollout of the averaged token the head reads.
     """
     joint = np.asarray(joint, dtype=np.float64)
-    rows, cols = _pair(grid_size, "grid_size")
+    rows, cols = as_pair(grid_size, "grid_size")
     prefix = _prefix_tokens(joint.shape[-1], (rows, cols))
     per_patch = joint[:, 0, prefix:] if prefix else joint.mean(axis=1)
     return per_patch.reshape(joint.shape[0], rows, cols)
@@ -107,8 +100,8 @@ def rollout_map(joint, grid_size):
 
 def patch_centres(grid_size, patch_size):
     """(rows * cols, 2) pixel coordinates (y, x) of the patch centres, row-major like the tokens."""
-    rows, cols = _pair(grid_size, "grid_size")
-    py, px = _pair(patch_size, "patch_size")
+    rows, cols = as_pair(grid_size, "grid_size")
+    py, px = as_pair(patch_size, "patch_size")
     r, c = np.divmod(np.arange(rows * cols), cols)
     return np.stack([(r + 0.5) * py, (c + 0.5) * px], axis=1).astype(np.float64)
 
@@ -145,7 +138,7 @@ def mean_attention_distance(attentions, grid_size, patch_size):
             "mean_attention_distance expects (layers, batch, heads, tokens, tokens) or "
             f"(batch, heads, tokens, tokens); got {np.shape(attentions)}."
         )
-    grid = _pair(grid_size, "grid_size")
+    grid = as_pair(grid_size, "grid_size")
     prefix = _prefix_tokens(a.shape[-1], grid)
     a = a[..., prefix:, prefix:]
     a = a / np.maximum(a.sum(axis=-1, keepdims=True), np.finfo(np.float64).tiny)
@@ -174,7 +167,7 @@ def position_embedding_similarity(position_embedding, grid_size):
     pe = np.asarray(position_embedding, dtype=np.float64)
     if pe.ndim == 3:
         pe = pe[0]
-    rows, cols = _pair(grid_size, "grid_size")
+    rows, cols = as_pair(grid_size, "grid_size")
     prefix = _prefix_tokens(pe.shape[0], (rows, cols))
     pe = pe[prefix:]
     unit = pe / np.maximum(np.linalg.norm(pe, axis=-1, keepdims=True), np.finfo(np.float64).tiny)

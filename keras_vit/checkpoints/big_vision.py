@@ -34,6 +34,7 @@ import numpy as np
 from keras_vit.checkpoints.npz import _single_npz, lazy_member, open_members
 from keras_vit.checkpoints.registry import CheckpointFormat
 from keras_vit.errors import CheckpointError
+from keras_vit.geometry import as_pair
 from keras_vit.models.config import NUMERICS
 from keras_vit.models.vit_family import infer_config
 from keras_vit.storage.files import describe_keys, reading
@@ -217,7 +218,7 @@ def position_layout(tree, position_key, image_size, source="checkpoint"):
     tokens = tree[_POS].shape[1]
     patch = tree["embedding/kernel"].shape[0]
     if image_size is not None:
-        h, w = (image_size, image_size) if isinstance(image_size, int) else (int(image_size[0]), int(image_size[1]))
+        h, w = as_pair(image_size)
         if min(h, w) >= patch:
             cells = (h // patch) * (w // patch)
             if cells == tokens:

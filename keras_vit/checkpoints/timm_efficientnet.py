@@ -38,6 +38,7 @@ import numpy as np
 
 from keras_vit.checkpoints.registry import CheckpointFormat
 from keras_vit.errors import CheckpointError
+from keras_vit.geometry import as_pair
 from keras_vit.models.efficientnet_family import (
     BATCH_NORM_EPSILON,
     CROP_PCT,
@@ -398,7 +399,7 @@ def write_timm_efficientnet(tree, path, image_size=None):
     architecture = names[0]
     if image_size is None:
         image_size = (TIMM_MULTIPLIERS[architecture][2],) * 2
-    h, w = (image_size, image_size) if isinstance(image_size, int) else (int(image_size[0]), int(image_size[1]))
+    h, w = as_pair(image_size)
     # The Noisy Student preset's central crop at this size, where there is one (timm's default else).
     repo = f"timm/{architecture}.ns_jft_in1k"
     crop_pct = CROP_PCT.get(f"{repo}_{h}", CROP_PCT.get(repo, 0.875))

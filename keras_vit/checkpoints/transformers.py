@@ -12,6 +12,7 @@ import numpy as np
 
 from keras_vit.checkpoints.registry import CheckpointFormat, safetensors_flavour
 from keras_vit.errors import CheckpointError
+from keras_vit.geometry import as_pair
 from keras_vit.models.config import NUMERICS
 from keras_vit.models.vit_family import infer_config
 from keras_vit.storage.files import describe_keys, looks_like_safetensors, reading
@@ -73,7 +74,7 @@ def _read_transformers(path, lazy):
     numerics = dict(NUMERICS["transformers"], layer_norm_epsilon=float(eps),
                     gelu_approximate=_GELU[act])
     size = hf.get("image_size")
-    size = (size, size) if isinstance(size, int) else (tuple(size) if size else None)
+    size = as_pair(size) if size else None
     config = infer_config(tree, numerics, source=weights, image_size=size)
     return (tree if lazy else materialize(tree)), config
 

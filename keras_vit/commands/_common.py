@@ -7,6 +7,7 @@ import math
 import os
 import re
 
+from keras_vit.geometry import optional_pair
 from keras_vit.storage.json_files import read_json_object
 
 #: The embedded datasets and the prefix of tfds ones, for --help texts.
@@ -90,11 +91,7 @@ def image_size_type(square_reason=None):
 
 def image_hw(image_size):
     """(height, width) of an --image-size value (an int or a pair), or None."""
-    if image_size is None:
-        return None
-    if isinstance(image_size, int):
-        return (image_size, image_size)
-    return tuple(int(s) for s in image_size)
+    return optional_pair(image_size, "--image-size")
 
 
 def format_image_size(image_size):

@@ -17,13 +17,7 @@ built with the same seed yields the same batches on every run and every Keras ba
 import tensorflow as tf
 
 from keras_vit.data.augmentation import INCEPTION_AREA_RANGE, INCEPTION_ASPECT_RANGE  # noqa: F401
-
-
-def _size_pair(image_size):
-    if isinstance(image_size, int):
-        return (image_size, image_size)
-    height, width = (int(s) for s in image_size)
-    return (height, width)
+from keras_vit.geometry import as_pair
 
 
 def scale_to_unit_range(image):
@@ -55,7 +49,7 @@ def inception_crop(image, image_size, seed, area_range=INCEPTION_AREA_RANGE, asp
     """Random Inception crop of `image` (H, W, C) resized (bilinear) to `image_size`; float32, same range."""
     oy, ox, h, w = inception_crop_box(tf.shape(image), seed, area_range, aspect_range)
     crop = tf.slice(image, tf.stack([oy, ox, 0]), tf.stack([h, w, -1]))
-    return tf.image.resize(tf.cast(crop, tf.float32), _size_pair(image_size), method="bilinear")
+    return tf.image.resize(tf.cast(crop, tf.float32), as_pair(image_size), method="bilinear")
 
 
 def random_flip(image, seed):
@@ -65,7 +59,7 @@ def random_flip(image, seed):
 
 def eval_preprocess(image, image_size):
     """Evaluation preprocessing: resize (bilinear) to `image_size`, scale to [-1, 1]."""
-    image = tf.image.resize(tf.cast(image, tf.float32), _size_pair(image_size), method="bilinear")
+    image = tf.image.resize(tf.cast(image, tf.float32), as_pair(image_size), method="bilinear")
     return scale_to_unit_range(image)
 
 
@@ -88,7 +82,7 @@ def train_preprocess(
     if crop:
         image = inception_crop(image, image_size, crop_seed, area_range, aspect_range)
     else:
-        image = tf.image.resize(tf.cast(image, tf.float32), _size_pair(image_size), method="bilinear")
+        image = tf.image.resize(tf.cast(image, tf.float32), as_pair(image_size), method="bilinear")
     if flip:
         image = random_flip(image, flip_seed)
     return scale_to_unit_range(image)

@@ -26,6 +26,7 @@ import dataclasses
 import math
 from typing import ClassVar
 
+from keras_vit.geometry import as_pair
 from keras_vit.models.config import FieldGroupConfig
 from keras_vit.models.family import IMAGENET_NORMALIZATION
 from keras_vit.models.transfer import Transfer
@@ -191,7 +192,7 @@ def efficientnet_flops(config, image_size=None, classes=None):
     counted (the convention of `keras_vit.flops`)."""
     get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
     size = image_size if image_size is not None else get("image_size", (224, 224))
-    h, w = (size, size) if isinstance(size, int) else (int(size[0]), int(size[1]))
+    h, w = as_pair(size)
     s, d = get("width_multiplier"), get("depth_multiplier")
     classes = classes if classes is not None else get("classes", 1000)
     h, w = _same(h, 2), _same(w, 2)

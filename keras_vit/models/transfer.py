@@ -12,16 +12,14 @@ import importlib
 from collections.abc import Mapping
 from typing import Any
 
+from keras_vit.geometry import optional_pair
+
 
 def _resolve(reference):
     if isinstance(reference, str) and ":" in reference:
         module, attribute = reference.split(":", 1)
         return getattr(importlib.import_module(module), attribute)
     return reference
-
-
-def _hw(size):
-    return None if size is None else ((int(size), int(size)) if isinstance(size, int) else tuple(int(s) for s in size))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,7 +61,7 @@ class Transfer:
         """(height, width) to fine-tune `config`'s model at when none is asked for, or None (its own)."""
         if self.resolution is None:
             return None
-        return _hw(_resolve(self.resolution)(config, _hw(data_size)))
+        return optional_pair(_resolve(self.resolution)(config, optional_pair(data_size)))
 
 
 # === Rules the family records name ===

@@ -678,7 +678,7 @@ def infer_config(tree, numerics, *, source="checkpoint", image_size=None, num_he
     if position_embedding == "learned":
         tokens = int(_require(tree, _POS, source).shape[-2]) - prefix
     if image_size is not None:
-        h, w = (image_size, image_size) if isinstance(image_size, int) else tuple(int(s) for s in image_size)
+        h, w = as_pair(image_size)
         if min(h, w) < stride or (tokens is not None and (h // stride) * (w // stride) != tokens):
             # The stated size does not fit the stored grid: trust the weights.
             image_size = None

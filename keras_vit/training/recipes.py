@@ -5,6 +5,7 @@ import os
 import keras
 from keras import ops
 
+from keras_vit.geometry import optional_pair
 from keras_vit.models.vit import VisionTransformer  # noqa: F401  (the docstring's example)
 from keras_vit.models.weight_tree import get_weight_tree
 
@@ -15,12 +16,6 @@ register = keras.saving.register_keras_serializable(package="keras_vit")
 PRETRAIN_DROPOUT = {"ViTL16": 0.1, "ViTH14": 0.1}
 
 _KEEP = object()
-
-
-def _hw(size):
-    if size is None or isinstance(size, int):
-        return None if size is None else (size, size)
-    return tuple(size)
 
 
 def for_finetuning(
@@ -113,8 +108,8 @@ def for_finetuning(
             f"{family.title} models have no {', '.join(refused)} to set for fine-tuning (what they take: {allowed}): "
             f"leave {' and '.join(refused)} unset."
         )
-    own = _hw(config.get("image_size"))
-    if image_size is not None and not transfer.resizable and own is not None and _hw(image_size) != own:
+    own = optional_pair(config.get("image_size"))
+    if image_size is not None and not transfer.resizable and own is not None and optional_pair(image_size) != own:
         raise ValueError(
             f"{family.title} models fine-tune at their checkpoint's resolution {own[0]}x{own[1]} only (their weights "
             f"are laid out for that size), not {image_size}: pass image_size={own[0]} or leave it unset."
