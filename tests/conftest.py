@@ -95,18 +95,21 @@ def pytest_configure(config):
 #: multi-process ones); on PyTorch the exports (a TensorFlow process each) and torch.compile weigh
 #: most.
 LONG_MODULES = {
-    "jax": ("test_docs", "test_cache_faults", "test_demo", "test_export", "test_export_families",
+    "jax": ("test_docs", "test_cli_families", "test_timm_zoo_entry_points", "test_cache_faults", "test_model_contract",
+            "test_timm_zoo_presets", "test_transfer", "test_finetune_tools", "test_timm_zoo", "test_features", "test_demo", "test_export", "test_export_families",
             "test_multihost_finetune", "test_distribution_jax", "test_bit", "test_applications", "test_vtab",
             "test_resume", "test_cli_errors", "test_efficientnet", "test_hub", "test_loading", "test_saving_precision",
             "test_models", "test_quantize", "test_checkpoints", "test_axial_resnet", "test_hub_pytorch_bin",
             "test_cli_checkpoints", "test_hostile_files", "test_cli_train", "test_dynamic_size", "test_training_fit",
             "test_model_variants", "test_evaluation", "test_big_vision", "test_analysis"),
-    "tensorflow": ("test_export", "test_saving_precision", "test_docs", "test_applications", "test_model_variants",
+    "tensorflow": ("test_timm_zoo_entry_points", "test_export", "test_finetune_tools", "test_saving_precision",
+                   "test_model_contract", "test_timm_zoo", "test_features", "test_docs", "test_applications", "test_model_variants",
                    "test_export_families", "test_resume", "test_distribution_tf", "test_training_fit", "test_models",
                    "test_demo", "test_checkpoints", "test_bit", "test_recipes_optax", "test_quantize",
                    "test_dynamic_size", "test_analysis", "test_efficientnet", "test_family_configs",
                    "test_cli_checkpoints", "test_axial_vit", "test_loading"),
-    "torch": ("test_export_families", "test_export", "test_performance", "test_docs", "test_saving_precision",
+    "torch": ("test_timm_zoo_entry_points", "test_export_families", "test_timm_zoo", "test_export", "test_finetune_tools",
+              "test_model_contract", "test_performance", "test_docs", "test_saving_precision",
               "test_recipes_optax", "test_cli_train", "test_quantize", "test_demo", "test_cli_checkpoints",
               "test_checkpoints", "test_training_fit", "test_bit", "test_analysis", "test_big_vision", "test_models"),
 }
