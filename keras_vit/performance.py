@@ -48,7 +48,9 @@ def recommended_jit_compile(dtype_policy=None, backend=None):
         False for TensorFlow on CPU (oneDNN graph kernels; XLA:CPU is slower in float32 and
         much slower in bfloat16), True for JAX, True for PyTorch on CPU (torch.compile: the
         same oneDNN kernels without Keras' per-layer Python; compiling takes about a minute
-        per input shape), and "auto" (Keras' own choice) on accelerators.
+        per input shape), and "auto" (Keras' own choice) on accelerators (on an H200 the
+        compiled PyTorch backend ran at 1.02x eager: Dynamo breaks its graph on Keras'
+        internals, so compiling buys nothing there; benchmarks/README.md, "On one GPU").
 
     Example:
         >>> keras_vit.performance.recommended_jit_compile(backend="jax")
