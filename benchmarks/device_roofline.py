@@ -35,6 +35,7 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 from roofline import HID, MLP, T, forward_flops  # noqa: E402
+from train_step import _env as train_step_env  # noqa: E402
 
 SIDES = ("keras-jax", "timm", "keras-torch")
 
@@ -153,22 +154,11 @@ def worker(spec):
     return dict(images_per_s=images_per_s, matmul_gflops=matmul, info=info)
 
 
-def _env(side, device):
-    env = dict(os.environ)
-    if side.startswith("keras-"):
-        env["KERAS_BACKEND"] = side.split("-", 1)[1]
-    env.update(TF_CPP_MIN_LOG_LEVEL="3", PYTHONWARNINGS="ignore", XLA_PYTHON_CLIENT_PREALLOCATE="false")
-    if device == "cpu":
-        env.update(CUDA_VISIBLE_DEVICES="", JAX_PLATFORMS="cpu")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
-    return env
-
-
 def run_side(spec, timeout):
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(spec)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                              env=_env(spec["side"], spec["device"]), cwd=ROOT)
+                              env=train_step_env(spec["side"], 2, spec["device"]), cwd=ROOT)
     except subprocess.TimeoutExpired:
         return dict(error=f"timed out after {timeout} s")
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
