@@ -35,7 +35,8 @@ line each:
    `name`), like `ViTConfig` (keras_vit/models/vit_family.py) and `BiTConfig`
    (keras_vit/models/bit_family.py). The model's `get_config()` (`config_model.model_config`)
    writes `family`, so its .keras files and presets name it.
-3. One registry line: the record's "module:ATTRIBUTE" appended to `REGISTRY` below.
+3. One registry line: the record's "module:ATTRIBUTE" appended to `REGISTRY` below (a family
+   defined outside keras_vit registers at run time instead: `register_family(record)`).
 4. Its reader modules in `keras_vit/checkpoints/`, registered as before (one line each in
    `checkpoints/registry.py`); a reader's config dict holds the family's `signature` keys.
 
@@ -46,6 +47,7 @@ for it without further edits.
 
 import dataclasses
 import importlib
+import sys
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
@@ -326,6 +328,38 @@ def families():
     return tuple(_LOADED)
 
 
+def register_family(record):
+    """Add a family record at run time, after the `REGISTRY` ones (a family defined outside
+    keras_vit, e.g. in a plugin or a test); `unregister_family(record.name)` takes it away. Its
+    constructors are `keras_vit.applications.build_application(name, ...)` (the `keras_vit.<Name>`
+    functions are made when keras_vit is imported); its preset rows join `keras_vit.presets`'.
+
+    Raises:
+        ValueError when a registered family already has its name, model class or a constructor name.
+    """
+    known = families()
+    for family in known:
+        clash = ({family.name} & {record.name}) or ({family.class_name} & {record.class_name}) or (
+            set(family.all_architectures()) & set(record.all_architectures()))
+        if clash:
+            raise ValueError(f"The {record.title} family clashes with the registered {family.title} family: both "
+                             f"name {', '.join(sorted(clash))}. Give the new family its own names.")
+    _LOADED.append(record)
+    return record
+
+
+def unregister_family(name):
+    """Remove the family called `name` that `register_family` added (the `REGISTRY` ones stay)."""
+    base = len(REGISTRY)
+    for index, family in enumerate(families()):
+        if family.name == name:
+            if index < base:
+                raise ValueError(f"{name!r} is a family of keras_vit's REGISTRY; only register_family's are removed.")
+            del _LOADED[index]
+            return family
+    raise ValueError(f"No family {name!r} was added with register_family.")
+
+
 def import_model_classes():
     """{class name: class} of every family's model class, imported: importing them registers each
     model class and every keras_vit layer with keras.saving, which `keras.saving.load_model` needs
@@ -442,10 +476,11 @@ def family_of(thing):
             return family
         if any(type(thing) is type(row) for row in family.all_architectures().values()):
             return family
-    # A model: its class (or a base class) is a family's model class.
-    names = {cls.__name__ for cls in type(thing).__mro__}
+    # A model: an instance of a family's model class (a class not imported yet has no instances).
     for family in families():
-        if family.class_name in names and type(thing).__module__.startswith("keras_vit"):
+        module, _, name = family.model.partition(":")
+        model_class = getattr(sys.modules.get(module), name, None)
+        if isinstance(model_class, type) and isinstance(thing, model_class):
             return family
     for layer in getattr(thing, "layers", ()):  # a keras.Model wrapping one (input_tensor=, preprocessing)
         try:
