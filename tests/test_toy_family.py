@@ -273,6 +273,8 @@ def test_family_of_every_form_and_the_config_round_trip(toy):
                  TOY.architectures["ToyNetS"], "ToyNetS", "ToyNet", "toy", {"toy_width": 2}):
         assert family_of(form) is TOY, form
     assert get_family("toy") is TOY and family_module.get_architecture("ToyNetS").toy_width == WIDTH
+    # The constructor that stands for it (none named: its first); the default family stays the first registered.
+    assert TOY.default_constructor() == "ToyNetS" and family_module.default_family().name == "vit"
     # A keras.Model wrapping one belongs to it too; the other families stay theirs.
     assert family_of(keras.Model(model.inputs, model(model.inputs[0]))) is TOY
     assert family_of({"patch_size": 8, "hidden_size": 8}).name == "vit" and family_of("ViTB16").name == "vit"

@@ -719,9 +719,11 @@ def check_model_args(args, *, needs_weights=False, default_arch=None, default_im
                 "a model's arguments as JSON."
             )
     if weights is not None and arch and _is_json_arch(arch):
+        from keras_vit.models.family import default_family
+
         raise ValueError(
             "--arch as JSON describes a randomly initialised model: use it with --weights none, or name a "
-            "constructor (e.g. --arch ViTB16) to load weights."
+            f"constructor (e.g. --arch {default_family().default_constructor()}) to load weights."
         )
     # The default --arch builds the model only without weights; with them, the weights name it.
     size = getattr(args, "image_size", None)

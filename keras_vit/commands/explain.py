@@ -107,12 +107,13 @@ def add_parser(subparsers):
 def load_model(weights=None, arch=None, image_size=None, preset=None):
     """The model `explain` inspects (see `keras-vit explain --help`): `weights` / `preset` as
     --weights / --preset (or weights already resolved by `keras_vit.loading.resolve`); with no
-    weights ("none" or None), a randomly initialised `arch` (default ViTB16), with a warning."""
+    weights ("none" or None), a randomly initialised `arch` (default: the default family's
+    constructor, `default_family().default_constructor()`: ViTB16), with a warning."""
     import argparse
 
     args = argparse.Namespace(weights=weights, preset=preset, arch=arch, image_size=image_size)
     if _common.weights_argument(args) is None:
-        args.arch = arch or "ViTB16"
+        args.arch = arch or _default_arch()
         warnings.warn(
             f"explain: no trained weights given; inspecting a randomly initialised {args.arch}. Its attention and "
             "embeddings carry no learned structure.",
@@ -265,8 +266,15 @@ def explain(model, image_paths, out_dir, head_fusion="mean", discard_ratio=0.0, 
     return summary
 
 
+def _default_arch():
+    """The constructor explain inspects without --arch and weights: the default family's."""
+    from keras_vit.models.family import default_family  # the records only: no Keras
+
+    return default_family().default_constructor()
+
+
 def run(args):
-    _common.check_model_args(args, default_arch="ViTB16")
+    _common.check_model_args(args, default_arch=_default_arch())
     paths = _resolve_images(args.images)  # before loading anything: a typo fails fast
     resolved = _common.resolve_weights(args, image_size=args.image_size)  # None for --weights none
     model = load_model(resolved, args.arch, args.image_size)

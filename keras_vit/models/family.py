@@ -153,6 +153,9 @@ class ModelFamily:
         layer_groups: `(canonical keys) -> {key: ordinal}` ordering the weights from input to
             output for layer-wise learning-rate decay (equal ordinals share a group; timm's
             `group_matcher`), or None when the family has no grouping (layer decay is refused).
+        default_architecture: the constructor that stands for the family where a model is needed
+            and none is named (the default family's is what `keras-vit explain` inspects without
+            --arch and weights); None: the first of `architectures`.
     """
 
     name: str
@@ -188,6 +191,7 @@ class ModelFamily:
     patch_resize_refusal: Any = None
     transfer: Transfer = Transfer()
     layer_groups: Any = None
+    default_architecture: Optional[str] = None
 
     # --- the model --------------------------------------------------------------------------
 
@@ -202,6 +206,10 @@ class ModelFamily:
     def build(self, **kwargs):
         """A model of this family from its keyword arguments."""
         return self.model_class()(**kwargs)
+
+    def default_constructor(self):
+        """The name of the constructor that stands for the family (`default_architecture`)."""
+        return self.default_architecture or next(iter(self.architectures))
 
     def all_architectures(self):
         """{name: row} of the constructors' rows and the extra ones."""
