@@ -22,13 +22,13 @@ from keras_vit.checkpoints.keras_format import save_preset
 from keras_vit.errors import CheckpointError
 from keras_vit.flops import flops
 from keras_vit.geometry import as_pair
+from keras_vit.layers.heads import pooled_classifier
 from keras_vit.models import family as family_module
 from keras_vit.models.config import FieldGroupConfig, config_field
 from keras_vit.models.config_model import (
+    ConfigModel,
     config_from_arguments,
     expose_config_fields,
-    model_config,
-    model_from_config,
     serialized_activation,
 )
 from keras_vit.models.features import FeatureEndpoint, FeatureMaps
@@ -118,8 +118,9 @@ TOY = ModelFamily(
 
 
 @keras.saving.register_keras_serializable(package="keras_vit_tests")
-class ToyNet(FeatureMaps, keras.Model):
-    """Two 2x2 stride-2 convolutions with ReLU, global average pooling, dropout, a linear head."""
+class ToyNet(ConfigModel, FeatureMaps, keras.Model):
+    """Two 2x2 stride-2 convolutions with ReLU, then the shared tail: global average pooling,
+    dropout and a linear head (or pooled features)."""
 
     def __init__(self, config=None, /, *, name=None, dtype=None, trainable=True, **kwargs):
         config = config_from_arguments(ToyConfig, config, kwargs, "ToyNet")
@@ -129,34 +130,16 @@ class ToyNet(FeatureMaps, keras.Model):
         x = keras.layers.ReLU(name="stem_relu")(x)
         x = keras.layers.Conv2D(2 * width, 2, strides=2, dtype=dtype, name="stage")(x)
         x = keras.layers.ReLU(name="stage_relu")(x)
-        if config.include_top:
-            x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
-            x = keras.layers.Dropout(config.dropout_rate, name="dropout")(x)
-            x = keras.layers.Dense(config.classes, dtype=dtype, name="fc")(x)
-            x = keras.layers.Activation(config.classifier_activation, dtype="float32", name="predictions")(x)
-        elif config.pooling in ("avg", "gap"):
-            x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
-        elif config.pooling == "max":
-            x = keras.layers.GlobalMaxPooling2D(name="pool")(x)
+        x = pooled_classifier(x, config, dtype, pool="pool", head=lambda x: keras.layers.Dense(
+            config.classes, dtype=dtype, name="fc")(keras.layers.Dropout(config.dropout_rate, name="dropout")(x)))
         super().__init__(inputs=images, outputs=x, name=name or "toynet", trainable=trainable)
-        self._toy_config = config.replace(classifier_activation=serialized_activation(config.classifier_activation))
-
-    @property
-    def config(self):
-        return self._toy_config
+        self._model_config = config.replace(classifier_activation=serialized_activation(config.classifier_activation))
 
     def _feature_endpoints(self):
         return [FeatureEndpoint("stem_relu", 2), FeatureEndpoint("stage_relu", 4)]
 
     def _final_feature_layer(self):
         return "stage_relu"
-
-    def get_config(self):
-        return model_config(self)
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        return model_from_config(cls, config)
 
 
 expose_config_fields(ToyNet, ToyConfig)  # model.image_size, model.dropout_rate, ...
@@ -256,10 +239,15 @@ def test_the_reader_loads_through_the_one_loading_path(toy):
     with pytest.warns(UserWarning, match="fresh zero-initialised 3-class head"):
         fresh = loading.load_checkpoint(toy["folder"], classes=3, classifier_activation=None)
     np.testing.assert_array_equal(_numpy(fresh(toy["images"])), 0.0)
-    # Headless "as the checkpoint is" pools as the record says (features_pooling="avg").
+    # Headless: the pooled features.
     _, stage, _ = reference(toy["arrays"], toy["images"])
     headless = loading.load(toy["folder"], include_top=False, pooling="avg")
     np.testing.assert_allclose(_numpy(headless(toy["images"])), stage.mean(axis=(1, 2)), rtol=1e-5, atol=1e-5)
+    # The shared tail's other poolings (`layers.heads.pooled_classifier`): the max, and none (the map).
+    headless = loading.load(toy["folder"], include_top=False, pooling="max")
+    np.testing.assert_allclose(_numpy(headless(toy["images"])), stage.max(axis=(1, 2)), rtol=1e-5, atol=1e-5)
+    headless = loading.load(toy["folder"], include_top=False)
+    np.testing.assert_allclose(_numpy(headless(toy["images"])), stage, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match=r"different architecture \(Toy CNN of width 8\) than ToyNetS \(Toy CNN of "
                                          r"width 4\)"):
         loading.check_architecture(TOY.architectures["ToyNetS"], {"toy_width": 8, "image_size": (16, 16)}, "x")

@@ -18,9 +18,10 @@ line each:
    `weight_tree.weight_variables` walks them or states its own tree with
    `weight_tree_variables()` ({canonical key: variable}). `keras_vit.models.config_model` is the
    plumbing every family's model uses: the constructor reads its config with
-   `config_from_arguments` and keeps it as `model.config`, `get_config()` is
-   `{**model.config.to_dict(), "name": ..., "trainable": ...}`, and `expose_config_fields`
-   makes every field a read-only model attribute.
+   `config_from_arguments` and keeps it as `self._model_config`, which the `ConfigModel` mixin
+   gives as `model.config` and writes as `get_config()` (`{"family": ..., **model.config.to_dict(),
+   "name": ..., "trainable": ...}`), and `expose_config_fields` makes every field a read-only
+   model attribute. A convolutional model's head and pooling are `layers.heads.pooled_classifier`.
 2. The record, a `ModelFamily(...)` instance in a module that does not import Keras (the CLI
    and the preset table read it without a backend), e.g. `keras_vit/models/<family>_family.py`
    beside a frozen config dataclass. Required fields: `name`, `title`, `model`
