@@ -93,10 +93,42 @@ def _preset(row):
 
 #: Every preset of every model family, keyed by its Hub repository, in table order. Extend it with
 #: `register_preset`.
-PRESETS = {p.repo: p for p in map(_preset, (row for family in families() for row in family.preset_rows()))}
+PRESETS = {}
 #: The presets by upstream name (timm's "<architecture>.<tag>", else the repository name without
 #: the owner).
-_BY_REPO_NAME = {p.upstream_name: p for p in PRESETS.values()}
+_BY_REPO_NAME = {}
+#: The rows `register_preset` added, in order, and the families whose rows PRESETS holds.
+_REGISTERED = []
+_GATHERED = []
+
+
+def _table():
+    """PRESETS, holding the rows of every registered family (one registered after this module
+    was imported, `keras_vit.models.family.register_family`, too) and `register_preset`'s."""
+    current = list(families())
+    if current != _GATHERED:
+        rows = [_preset(row) for family in current for row in family.preset_rows()]
+        PRESETS.clear()
+        _BY_REPO_NAME.clear()
+        for preset in rows:
+            PRESETS[preset.repo] = preset
+            _BY_REPO_NAME[preset.upstream_name] = preset
+        _GATHERED[:] = current
+        for preset in _REGISTERED:
+            _add(preset)
+    return PRESETS
+
+
+def _add(preset):
+    for key, p in list(PRESETS.items()):
+        if (p.architecture, p.tag, p.resolution) == (preset.architecture, preset.tag, preset.resolution):
+            del PRESETS[key]
+            _BY_REPO_NAME.pop(p.upstream_name, None)
+    PRESETS[preset.repo] = preset
+    _BY_REPO_NAME[preset.upstream_name] = preset
+
+
+_table()
 
 #: The aliases every constructor accepts besides its tags.
 ALIASES = ("imagenet", "imagenet21k")
@@ -116,12 +148,9 @@ def register_preset(architecture, tag, resolution, repo, *, classes, top1=None, 
     if tag in ALIASES:
         raise ValueError(f"{tag!r} is an alias ({', '.join(ALIASES)}); choose another tag.")
     preset = Preset(architecture, tag, int(resolution), int(classes), top1, repo, **fields)
-    for key, p in list(PRESETS.items()):
-        if (p.architecture, p.tag, p.resolution) == (architecture, tag, preset.resolution):
-            del PRESETS[key]
-            _BY_REPO_NAME.pop(p.upstream_name, None)
-    PRESETS[repo] = preset
-    _BY_REPO_NAME[preset.upstream_name] = preset
+    _table()
+    _REGISTERED.append(preset)
+    _add(preset)
     return preset
 
 
@@ -140,7 +169,7 @@ def list_presets(architecture=None):
         close = difflib.get_close_matches(str(architecture), known, n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise ValueError(f"Unknown architecture {architecture!r}.{hint} Known: {', '.join(known)}.")
-    return [p for p in PRESETS.values() if architecture is None or p.architecture == architecture]
+    return [p for p in _table().values() if architecture is None or p.architecture == architecture]
 
 
 def tags(architecture):
@@ -225,10 +254,11 @@ def preset_by_name(name, image_size=None):
     arch, _, tag = str(name).partition(".")
     if _known(arch):
         return find_preset(arch, tag, image_size)
+    _table()
     return _BY_REPO_NAME.get(name)
 
 
 def suggest(name, n=3):
     """The preset names closest to `name` (for "did you mean" hints)."""
-    names = [p.name for p in PRESETS.values()] + list(_BY_REPO_NAME)
+    names = [p.name for p in _table().values()] + list(_BY_REPO_NAME)
     return difflib.get_close_matches(str(name), names, n=n, cutoff=0.6)

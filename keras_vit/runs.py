@@ -16,16 +16,21 @@ Files:
 
 Plots use matplotlib's Agg canvas (no display, no pyplot global state).
 
+The checks a command makes of its --out folder before anything loads are the folder's own:
+`RunFolder.check_path` (a folder can be made there), `check_command` (it holds no other
+command's run) and `check_resume` (a run continued with --resume was started with the same
+settings); `RunFolder.start` begins a run there. They import no Keras.
+
 In a job of several processes (keras_vit.distribution) every process runs the same code and
 keeps the same history, but only process 0 writes: the folder is written once.
 """
 
 import csv
+import functools
 import json
 import math
 import os
 
-import keras
 import numpy as np
 
 from keras_vit.storage.json_files import read_json_object
@@ -64,12 +69,103 @@ def _write_csv(path, rows):
             writer.writerow({k: _jsonable(row.get(k)) for k in columns})
 
 
+#: Recorded settings that do not change what a resumed run computes (how many processes compute
+#: a step does not change what it computes: the global batch is the same).
+RESUME_IGNORES = ("command", "func", "out", "resume", "verbose", "data_dir", "distribute", "coordinator_address",
+                  "num_processes", "process_id", "join_timeout", "weights_id")
+
+
+def setting_name(key):
+    """How a message names the recorded setting `key`: its flag (`image_size` -> --image-size)."""
+    return {"train_examples": "the training examples", "eval_examples": "the evaluation examples"}.get(
+        key, "--" + key.replace("_", "-"))
+
+
+def _shown(key, value):
+    if isinstance(value, bool):
+        return "given" if value else "not given"
+    if key == "image_size" and isinstance(value, list) and len(value) == 2:
+        return str(value[0]) if value[0] == value[1] else f"{value[0]}x{value[1]}"
+    if isinstance(value, list):
+        return ",".join(str(v) for v in value)
+    return "not given" if value is None else str(value)
+
+
 class RunFolder:
     """A folder for one run's config, metrics, curves and model (created if missing).
 
     `writes`: whether this process writes the files; default: unless it is one of the
     processes other than process 0 of a multi-process job (`keras_vit.distribution`).
     """
+
+    # --- before a run: the checks of its folder (no Keras, nothing written) ---------------
+
+    @staticmethod
+    def check_path(path):
+        """Raise a ValueError (without the flag: argparse names it) when no run folder can be made
+        at `path`: an empty path, a file, a path under a file, or a parent without permission to
+        write; returns `path`."""
+        path = str(path)
+        if not path.strip():
+            raise ValueError("an empty path; pass the folder to write into, e.g. --out runs/eval")
+        full = os.path.abspath(os.path.expanduser(path))
+        if os.path.exists(full) and not os.path.isdir(full):
+            raise ValueError(f"{path!r} is a file, not a folder; pass a folder path (it is created), or move the file "
+                             "away")
+        parent = os.path.dirname(full)
+        while not os.path.exists(parent) and os.path.dirname(parent) != parent:
+            parent = os.path.dirname(parent)
+        if not os.path.isdir(parent):
+            raise ValueError(f"{path!r} cannot be made: {parent!r} is a file, not a folder; pass a folder path "
+                             "elsewhere")
+        if not os.path.isdir(full) and not os.access(parent, os.W_OK | os.X_OK):
+            raise ValueError(f"{path!r} cannot be made: no permission to write in {parent!r}; pass a folder you can "
+                             "write to")
+        return path
+
+    @staticmethod
+    def check_command(path, command):
+        """Refuse a folder that holds the run of another command (a finetune run's config.json and
+        metrics would be replaced by `command`'s); a folder of the same command is rewritten."""
+        saved = read_json_object(os.path.join(path, "config.json"), missing={}, malformed={})
+        other = saved.get("command")
+        if isinstance(other, str) and other != command:
+            raise ValueError(
+                f"--out {path} holds a `keras-vit {other}` run; its config.json and metrics would be replaced. Write "
+                f"the {command} results to another folder, e.g. --out {os.path.join(path, command)}."
+            )
+
+    @staticmethod
+    def check_resume(path, config):
+        """Refuse to resume the run in `path` with `config` (settings as config.json records them)
+        when a setting both record differs (`RESUME_IGNORES` aside); nothing recorded: a new run."""
+        saved = read_json_object(os.path.join(path, "config.json"), missing=None, malformed=None)
+        if saved is None:
+            return
+        now = json.loads(json.dumps({k: v for k, v in config.items() if k not in RESUME_IGNORES}, default=str))
+        changed = [k for k in sorted(now) if k in saved and saved[k] != now[k]]
+        if changed:
+            differences = ", ".join(f"{setting_name(k)} {_shown(k, saved[k])} (now {_shown(k, now[k])})"
+                                    for k in changed)
+            raise ValueError(
+                f"--resume: {path} holds a run started with other arguments: {differences}. Resume it with the "
+                f"arguments it was started with (its config.json), or start a new run in another --out folder "
+                f"(or delete {path} first)."
+            )
+
+    @classmethod
+    def start(cls, path, config):
+        """The RunFolder at `path` with `config` saved and the result files of an earlier run there
+        removed (metrics.json merges what it is given: stale keys of another run would stay)."""
+        run = cls(path)
+        if run.writes:
+            for name in ("metrics.json", "metrics.csv"):
+                if os.path.isfile(run.file(name)):
+                    os.remove(run.file(name))
+        run.save_config(config)
+        return run
+
+    # --- the run ----------------------------------------------------------------------------
 
     def __init__(self, path, writes=None):
         from keras_vit.distribution import is_first_process
@@ -133,7 +229,7 @@ class RunFolder:
 
     def logger(self, log_every=None, step_offset=0, stage=None):
         """A keras Callback that records this run's history and redraws curves.png at the end."""
-        return MetricsLogger(self, log_every=log_every, step_offset=step_offset, stage=stage)
+        return _metrics_logger_class()(self, log_every=log_every, step_offset=step_offset, stage=stage)
 
     def plot_curves(self, filename="curves.png", title=None):
         """Draw loss / accuracy / learning rate against the step into `filename`."""
@@ -205,6 +301,8 @@ class RunFolder:
 
 
 def _current_learning_rate(optimizer):
+    import keras
+
     lr = optimizer.learning_rate
     try:
         return float(keras.ops.convert_to_numpy(lr))
@@ -212,39 +310,46 @@ def _current_learning_rate(optimizer):
         return None
 
 
-class MetricsLogger(keras.callbacks.Callback):
-    """Records evaluation rows (epoch end) and the running training loss every `log_every` steps."""
+@functools.cache
+def _metrics_logger_class():
+    """MetricsLogger, a Keras callback: made on first use, so that the checks above import no Keras."""
+    import keras
 
-    def __init__(self, run, log_every=None, step_offset=0, stage=None):
-        super().__init__()
-        self.run = run
-        self.log_every = log_every
-        self.step_offset = step_offset
-        self.stage = stage
-        self._step = 0
+    class MetricsLogger(keras.callbacks.Callback):
+        """Records evaluation rows (epoch end) and the running training loss every `log_every` steps."""
 
-    def on_train_begin(self, logs=None):
-        self._step = 0
-        if not self.run.stage_starts or self.run.stage_starts[-1][0] != self.stage:
-            self.run.stage_starts.append((self.stage, self.step_offset))
-        if self.log_every is None:
-            total = (self.params or {}).get("steps") or 50
-            total *= (self.params or {}).get("epochs") or 1
-            self.log_every = max(1, total // 100)
+        def __init__(self, run, log_every=None, step_offset=0, stage=None):
+            super().__init__()
+            self.run = run
+            self.log_every = log_every
+            self.step_offset = step_offset
+            self.stage = stage
+            self._step = 0
 
-    def on_train_batch_end(self, batch, logs=None):
-        self._step += 1
-        if logs and "loss" in logs and self._step % self.log_every == 0:
-            self.run.steps.append((self.step_offset + self._step, float(logs["loss"]),
-                                   _current_learning_rate(self.model.optimizer)))
+        def on_train_begin(self, logs=None):
+            self._step = 0
+            if not self.run.stage_starts or self.run.stage_starts[-1][0] != self.stage:
+                self.run.stage_starts.append((self.stage, self.step_offset))
+            if self.log_every is None:
+                total = (self.params or {}).get("steps") or 50
+                total *= (self.params or {}).get("epochs") or 1
+                self.log_every = max(1, total // 100)
 
-    def on_epoch_end(self, epoch, logs=None):
-        row = {"stage": self.stage, "epoch": epoch + 1, "step": self.step_offset + self._step,
-               "learning_rate": _current_learning_rate(self.model.optimizer)}
-        row.update({k: float(v) for k, v in (logs or {}).items() if k != "learning_rate"})
-        self.run.history.append(row)
-        self.run.write_history()
+        def on_train_batch_end(self, batch, logs=None):
+            self._step += 1
+            if logs and "loss" in logs and self._step % self.log_every == 0:
+                self.run.steps.append((self.step_offset + self._step, float(logs["loss"]),
+                                       _current_learning_rate(self.model.optimizer)))
 
-    def on_train_end(self, logs=None):
-        self.run.write_history()
-        self.run.plot_curves()
+        def on_epoch_end(self, epoch, logs=None):
+            row = {"stage": self.stage, "epoch": epoch + 1, "step": self.step_offset + self._step,
+                   "learning_rate": _current_learning_rate(self.model.optimizer)}
+            row.update({k: float(v) for k, v in (logs or {}).items() if k != "learning_rate"})
+            self.run.history.append(row)
+            self.run.write_history()
+
+        def on_train_end(self, logs=None):
+            self.run.write_history()
+            self.run.plot_curves()
+
+    return MetricsLogger

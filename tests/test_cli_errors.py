@@ -501,15 +501,15 @@ def test_performance_is_reachable_after_import():
 def test_a_remote_data_dir_is_accepted_as_finetune_accepts_it(tmp_path):
     """evaluate, vtab and fewshot check --data-dir before loading; a gs:// (or other remote) URL is
     tensorflow-datasets' to read, not a local folder that does not exist."""
-    from keras_vit.commands import _common
+    from keras_vit.commands import checks
 
     for url in ("gs://bucket/tensorflow_datasets", "s3://bucket/tfds"):
-        _common.check_data_dir(url)
-        _common.check_data_args("tfds:cifar10", {"--split": "test"}, url)
+        checks.check_data_dir(url)
+        checks.check_data_args("tfds:cifar10", {"--split": "test"}, url)
     with pytest.raises(ValueError, match="no_tfds does not exist"):
-        _common.check_data_dir(str(tmp_path / "no_tfds"))
+        checks.check_data_dir(str(tmp_path / "no_tfds"))
     with pytest.raises(ValueError, match="gs:/bucket does not exist"):  # not a URL: one slash
-        _common.check_data_dir("gs:/bucket")
+        checks.check_data_dir("gs:/bucket")
 
 
 def test_convert_help_lists_every_format_it_writes(capsys):

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from keras_vit.cli import main
-from keras_vit.commands import _common
+from keras_vit.commands import checks
 from keras_vit.models.family import family_of
 from tests.test_transfer import TINY, randomize
 
@@ -93,7 +93,7 @@ def test_axial_resnet_refuses_another_size(tmp_path, capsys):
 def test_arch_takes_every_family(arch):
     for command in ("finetune", "fewshot", "vtab"):
         args = argparse.Namespace(command=command, arch=arch, weights="none", preset=None, image_size=None)
-        _common.check_model_args(args, default_image_size=224)  # no "Unknown --arch"
+        checks.check_model_args(args, default_image_size=224)  # no "Unknown --arch"
 
 
 def test_fewshot_arch_efficientnet(tmp_path):

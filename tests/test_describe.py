@@ -4,7 +4,7 @@ the two users of that decision, `loading.resolve` and the CLI's checks before lo
 import pytest
 
 from keras_vit import loading, presets
-from keras_vit.commands._common import _model_description
+from keras_vit.commands.resolution import model_description
 from keras_vit.names import InvalidNameError
 
 pytestmark = pytest.mark.backend_independent
@@ -46,9 +46,9 @@ def test_bad_values_are_refused_as_resolve_refuses_them():
 
 
 def test_the_cli_checks_read_the_same_decision():
-    what, family, config = _model_description(weights="ViTTi16.augreg_in21k")
+    what, family, config = model_description(weights="ViTTi16.augreg_in21k")
     row = loading.describe("ViTTi16.augreg_in21k").preset
     assert what == f"{row.name} ({row.architecture})" and family.name == "vit"
     assert config["hidden_size"] == 192 and config["num_layers"] == 12  # ViT-Ti/16 (the paper's DeiT-Ti sizes)
-    assert _model_description(weights="hf://timm/vit_tiny_patch16_224.augreg_in21k") is None  # its files tell
-    assert _model_description(weights="no_such_preset_name") is None  # resolving names the problem
+    assert model_description(weights="hf://timm/vit_tiny_patch16_224.augreg_in21k") is None  # its files tell
+    assert model_description(weights="no_such_preset_name") is None  # resolving names the problem

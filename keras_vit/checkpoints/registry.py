@@ -98,6 +98,8 @@ class CheckpointFormat:
 
 
 _REGISTRY = {}
+#: The names of the formats `register_format` added.
+_ADDED = set()
 
 
 def formats():
@@ -109,6 +111,36 @@ def formats():
             for fmt in declared:
                 _REGISTRY[fmt.name] = fmt
     return dict(_REGISTRY)
+
+
+def register_format(fmt, *, before=None):
+    """Add a `CheckpointFormat` at run time (a reader defined outside keras_vit: a plugin's, a
+    test's), detected after the registered ones, or just before the format called `before` (a
+    narrower test than that format's). `unregister_format(fmt.name)` takes it away.
+
+    Raises:
+        ValueError when a format of that name is registered, or `before` names none.
+    """
+    table = formats()
+    if fmt.name in table:
+        raise ValueError(f"A checkpoint format {fmt.name!r} is registered already ({table[fmt.name].description}).")
+    if before is not None and before not in table:
+        raise ValueError(f"Unknown checkpoint format {before!r} to detect before; known: {', '.join(table)}.")
+    order = [(name, f) for name, f in table.items()]
+    index = len(order) if before is None else [name for name, _ in order].index(before)
+    order.insert(index, (fmt.name, fmt))
+    _REGISTRY.clear()
+    _REGISTRY.update(order)
+    _ADDED.add(fmt.name)
+    return fmt
+
+
+def unregister_format(name):
+    """Remove the format called `name` that `register_format` added."""
+    if name not in _ADDED:
+        raise ValueError(f"No checkpoint format {name!r} was added with register_format.")
+    _ADDED.discard(name)
+    return _REGISTRY.pop(name)
 
 
 def get_format(name):

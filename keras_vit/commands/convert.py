@@ -5,7 +5,7 @@ import os
 import sys
 import time
 
-from keras_vit.commands import _common
+from keras_vit.commands import arguments, checks
 
 #: DST endings and the formats they are written in, besides a Keras preset folder.
 _KERAS_FILE = "keras"
@@ -31,7 +31,7 @@ def add_parser(subparsers):
     )
     parser.add_argument("source", metavar="SRC")
     parser.add_argument("destination", metavar="DST")
-    _common.add_model_args(parser, source=False)
+    arguments.add_model_args(parser, source=False)
     parser.add_argument(
         "--to", default=None, metavar="FORMAT",
         help="the format of DST: keras, keras_preset, an .npz layout (npz, big_vision, bit_npz) or a timm "
@@ -90,7 +90,7 @@ def run(args):
     start = time.monotonic()
     dst = args.destination
     check_destination(dst, args.force)
-    _common.check_image_size(args.image_size, weights=args.source)  # SRC a preset name: its patch size
+    checks.check_image_size(args.image_size, weights=args.source)  # SRC a preset name: its patch size
     if args.to is not None:
         destination_format(dst, args.to)  # an unknown --to fails before anything is read
     from keras_vit import loading

@@ -12,20 +12,21 @@ confusion.png (the confusion matrix). docs/evaluation.md describes each protocol
 
 import numpy as np
 
-from keras_vit.commands import _common
+from keras_vit.commands import arguments, checks, resolution
+from keras_vit.runs import RunFolder
 
 
 def add_parser(subparsers):
     parser = subparsers.add_parser("evaluate", help="evaluate a trained model (top-1/5, ReaL, ImageNet-V2, ObjectNet)",
                                    description=__doc__.split("\n\n")[0])
-    _common.add_model_args(parser)
-    group = _common.add_data_args(parser)
+    arguments.add_model_args(parser)
+    group = arguments.add_data_args(parser)
     group.description = (
         "--data also takes tfds:imagenet2012_real (ReaL labels), tfds:imagenet_v2[/threshold-0.7|/topimages] and "
         "objectnet:PATH (the unpacked ObjectNet download)"
     )
     parser.add_argument("--split", default="test", help="the split to evaluate (ReaL: the validation images)")
-    parser.add_argument("--out", type=_common.out_folder, required=True, help="run folder for metrics and plots")
+    parser.add_argument("--out", type=arguments.out_folder, required=True, help="run folder for metrics and plots")
     parser.add_argument("--verbose", type=int, choices=(0, 1), default=1, help="1: a progress bar, 0: quiet")
     parser.set_defaults(func=evaluate)
     return parser
@@ -52,22 +53,22 @@ def plot_confusion(matrix, class_names, path, title):
 
 
 def evaluate(args):
-    _common.check_model_args(args, needs_weights=True)  # before anything loads
-    _common.check_data_args(args.data, {"--split": args.split}, args.data_dir)
-    _common.check_out_is_own(args)
-    _common.resolve_weights(args)  # load_trained_model loads it at its own resolution
+    checks.check_model_args(args, needs_weights=True)  # before anything loads
+    checks.check_data_args(args.data, {"--split": args.split}, args.data_dir)
+    RunFolder.check_command(args.out, args.command)
+    resolution.resolve_weights(args)  # load_trained_model loads it at its own resolution
     from keras_vit.evaluation import evaluate_classifier, load_for_evaluation, load_mapping
 
     resolved = getattr(args, "_resolved_weights", None)
-    local = getattr(resolved, "path", None) or _common.weights_argument(args)
+    local = getattr(resolved, "path", None) or resolution.weights_argument(args)
     model = load_for_evaluation(local) if isinstance(local, str) else None  # EMA weights when the file keeps them
     ema = model is not None
     if model is None:
-        model = _common.load_trained_model(args)
-    if args.image_size is not None and tuple(model.image_size) != _common.image_hw(args.image_size):
+        model = resolution.load_trained_model(args)
+    if args.image_size is not None and tuple(model.image_size) != arguments.image_hw(args.image_size):
         raise ValueError(
-            f"The model runs at {_common.format_image_size(tuple(model.image_size))}, not --image-size "
-            f"{_common.format_image_size(args.image_size)}: evaluate at the model's resolution (omit --image-size) or "
+            f"The model runs at {arguments.format_image_size(tuple(model.image_size))}, not --image-size "
+            f"{arguments.format_image_size(args.image_size)}: evaluate at the model's resolution (omit --image-size) or "
             "fine-tune it at the new one first."
         )
     head = model.output_shape[-1]
@@ -76,7 +77,7 @@ def evaluate(args):
     result = evaluate_classifier(model, args.data, args.split, batch_size=args.batch_size, data_dir=args.data_dir,
                                  on_bad_file=args.on_bad_file, verbose=args.verbose)
     # Created once the evaluation has run: a failed start leaves none.
-    run = _common.new_run_folder(args.out, _common.run_config(args, image_size=list(model.image_size)))
+    run = RunFolder.start(args.out, resolution.run_config(args, image_size=list(model.image_size)))
     run.write_table("per_class", result.per_class)
     metrics = dict(result.metrics)
     # `accuracy` / `top5_accuracy`: the names of earlier versions, kept for scripts that read them.

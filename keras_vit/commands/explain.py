@@ -11,7 +11,7 @@ import json
 import os
 import warnings
 
-from keras_vit.commands import _common
+from keras_vit.commands import arguments, checks, resolution
 
 #: name -> (module, file) of sample images shipped with dependencies; no network needed.
 SAMPLE_IMAGES = {
@@ -92,12 +92,12 @@ def add_parser(subparsers):
         metavar="IMAGE",
         help="image files, or sample:grace_hopper / sample:china / sample:flower (default: all shipped samples)",
     )
-    _common.add_model_args(p)
-    p.add_argument("--out", type=_common.out_folder, default="explain", help="output directory (created)")
+    arguments.add_model_args(p)
+    p.add_argument("--out", type=arguments.out_folder, default="explain", help="output directory (created)")
     p.add_argument("--head-fusion", default="mean", choices=("mean", "max", "min"), help="rollout head fusion")
-    p.add_argument("--discard-ratio", type=_common.number(float, low=0, high=1, high_open=True), default=0.0,
+    p.add_argument("--discard-ratio", type=arguments.number(float, low=0, high=1, high_open=True), default=0.0,
                    help="rollout: drop this fraction of weakest attention")
-    p.add_argument("--components", type=_common.positive_int, default=28,
+    p.add_argument("--components", type=arguments.positive_int, default=28,
                    help="patch-embedding principal components to draw")
     p.add_argument("--verbose", type=int, choices=(0, 1), default=1, help="1: a progress bar, 0: quiet")
     p.set_defaults(func=run)
@@ -107,18 +107,20 @@ def add_parser(subparsers):
 def load_model(weights=None, arch=None, image_size=None, preset=None):
     """The model `explain` inspects (see `keras-vit explain --help`): `weights` / `preset` as
     --weights / --preset (or weights already resolved by `keras_vit.loading.resolve`); with no
-    weights ("none" or None), a randomly initialised `arch` (default ViTB16), with a warning."""
+    weights ("none" or None), a randomly initialised `arch` (default: the default family's
+    constructor, `default_family().default_constructor()`: ViTB16), with a warning."""
     import argparse
 
     args = argparse.Namespace(weights=weights, preset=preset, arch=arch, image_size=image_size)
-    if _common.weights_argument(args) is None:
-        args.arch = arch or "ViTB16"
+    if resolution.weights_argument(args) is None:
+        args.arch = arch or _default_arch()
         warnings.warn(
             f"explain: no trained weights given; inspecting a randomly initialised {args.arch}. Its attention and "
             "embeddings carry no learned structure.",
             stacklevel=2,
         )
-    return _common.load_as_is(args, image_size=image_size)
+    checks.check_model_args(args)
+    return resolution.load_as_is(args, image_size=image_size)
 
 
 def _read_image(path, size, channels=3):
@@ -265,10 +267,17 @@ def explain(model, image_paths, out_dir, head_fusion="mean", discard_ratio=0.0, 
     return summary
 
 
+def _default_arch():
+    """The constructor explain inspects without --arch and weights: the default family's."""
+    from keras_vit.models.family import default_family  # the records only: no Keras
+
+    return default_family().default_constructor()
+
+
 def run(args):
-    _common.check_model_args(args, default_arch="ViTB16")
+    checks.check_model_args(args, default_arch=_default_arch())
     paths = _resolve_images(args.images)  # before loading anything: a typo fails fast
-    resolved = _common.resolve_weights(args, image_size=args.image_size)  # None for --weights none
+    resolved = resolution.resolve_weights(args, image_size=args.image_size)  # None for --weights none
     model = load_model(resolved, args.arch, args.image_size)
     explain(model, paths, args.out, args.head_fusion, args.discard_ratio, args.components, verbose=args.verbose)
     return 0

@@ -13,7 +13,7 @@ artefacts and their signatures are described in keras_vit/export.py and docs/dep
 import os
 import sys
 
-from keras_vit.commands import _common
+from keras_vit.commands import arguments, checks
 
 
 FORMATS = ("saved_model", "onnx", "litert")
@@ -29,8 +29,8 @@ def add_parser(subparsers):
     parser.add_argument("out", metavar="OUT", help="the artefact: a folder (saved_model), a .onnx or a .tflite file")
     parser.add_argument("--format", choices=FORMATS, default="saved_model", help="default: saved_model")
     parser.add_argument("--int8", action="store_true", help="export the int8-quantized model")
-    parser.add_argument("--image-size", type=_common.image_size_type(), nargs="+", metavar="SIZE", default=None,
-                        help="input size: " + _common.IMAGE_SIZE_FORMS + ", or H W (default: the checkpoint's); "
+    parser.add_argument("--image-size", type=arguments.image_size_type(), nargs="+", metavar="SIZE", default=None,
+                        help="input size: " + arguments.IMAGE_SIZE_FORMS + ", or H W (default: the checkpoint's); "
                         "position embeddings are resized")
     parser.add_argument("--with-preprocessing", action="store_true",
                         help="the artefact takes uint8 images of any size and resizes and scales them itself")
@@ -52,16 +52,16 @@ def _image_size(values):
     if values is None:
         return None
     if len(values) == 1:
-        return _common.image_hw(values[0])
+        return arguments.image_hw(values[0])
     if len(values) == 2 and all(isinstance(v, int) for v in values):
         return tuple(values)
-    shown = " ".join(_common.format_image_size(v) for v in values)
-    raise ValueError(f"--image-size takes {_common.IMAGE_SIZE_FORMS}, or H W; got {shown}.")
+    shown = " ".join(arguments.format_image_size(v) for v in values)
+    raise ValueError(f"--image-size takes {arguments.IMAGE_SIZE_FORMS}, or H W; got {shown}.")
 
 
 def export(args):
     image_size = _image_size(args.image_size)
-    _common.check_image_size(image_size, weights=args.source)  # SOURCE a preset name: its patch size
+    checks.check_image_size(image_size, weights=args.source)  # SOURCE a preset name: its patch size
     if os.path.exists(args.out) and not args.force:
         raise ValueError(f"{args.out!r} exists; pass --force to overwrite it.")
     from keras_vit import export as exports

@@ -10,26 +10,27 @@ features fitted by closed-form regularised least squares to {-1, 1}^K targets
 metrics.csv (accuracy per shot count) and fewshot.png.
 """
 
-from keras_vit.commands import _common
+from keras_vit.commands import arguments, checks, resolution
+from keras_vit.runs import RunFolder
 
 
 def add_parser(subparsers):
     parser = subparsers.add_parser("fewshot", help="few-shot linear evaluation of frozen features",
                                    description=__doc__.split("\n\n")[0])
-    _common.add_model_args(parser)
-    _common.add_data_args(parser)
-    parser.add_argument("--shots", type=_common.shot_counts, default="1,5,10,25",
+    arguments.add_model_args(parser)
+    arguments.add_data_args(parser)
+    parser.add_argument("--shots", type=arguments.shot_counts, default="1,5,10,25",
                         help="comma-separated shots (training images) per class")
-    parser.add_argument("--l2-reg", type=_common.number(float, low=0, low_open=True), default=1024.0,
+    parser.add_argument("--l2-reg", type=arguments.number(float, low=0, low_open=True), default=1024.0,
                         help="ridge strength of the least-squares probe")
     parser.add_argument("--train-split", default="train", help="the split the shots are drawn from")
     parser.add_argument("--test-split", default="test", help="the split the probe is tested on")
-    parser.add_argument("--max-train-images", type=_common.positive_int, default=20_000,
+    parser.add_argument("--max-train-images", type=arguments.positive_int, default=20_000,
                         help="draw the shots from the first N training images")
-    parser.add_argument("--max-test-images", type=_common.positive_int, default=10_000,
+    parser.add_argument("--max-test-images", type=arguments.positive_int, default=10_000,
                         help="test on the first N test images")
-    parser.add_argument("--seed", type=_common.seed_int, default=0, help="seed of the drawing of the shots")
-    parser.add_argument("--out", type=_common.out_folder, required=True, help="run folder for metrics and plots")
+    parser.add_argument("--seed", type=arguments.seed_int, default=0, help="seed of the drawing of the shots")
+    parser.add_argument("--out", type=arguments.out_folder, required=True, help="run folder for metrics and plots")
     parser.set_defaults(func=fewshot)
     return parser
 
@@ -110,22 +111,21 @@ def plot_fewshot(results, path, title):
 
 
 def fewshot(args):
-    _common.check_model_args(args)  # before anything loads
-    _common.check_data_args(args.data, {"--train-split": args.train_split, "--test-split": args.test_split},
-                            args.data_dir)
-    _common.check_out_is_own(args)
-    _common.resolve_weights(args, image_size=args.image_size)
+    checks.check_model_args(args)  # before anything loads
+    checks.check_data_args(args.data, {"--train-split": args.train_split, "--test-split": args.test_split},
+                           args.data_dir)
+    RunFolder.check_command(args.out, args.command)
+    resolution.resolve_weights(args, image_size=args.image_size)
     import keras_vit.data as kd
-
-    api = _common.training_api()
+    from keras_vit import training as api
     shots = args.shots  # sorted positive counts (checked while parsing)
-    model = _common.load_model(args, image_size=args.image_size, include_top=False, fresh_classes=1)
+    model = resolution.load_model(args, image_size=args.image_size, include_top=False, fresh_classes=1)
     image_size = tuple(model.image_size)
     common = dict(image_size=image_size, batch_size=args.batch_size, classes=args.classes, data_dir=args.data_dir,
                   on_bad_file=args.on_bad_file)
     train_ds, info = kd.load_dataset(args.data, args.train_split, **common)
     test_ds, test_info = kd.load_dataset(args.data, args.test_split, **common)
-    run = _common.new_run_folder(args.out, _common.run_config(args, image_size=list(image_size)))
+    run = RunFolder.start(args.out, resolution.run_config(args, image_size=list(image_size)))
     train_x, train_y = _features(api, model, train_ds, args.max_train_images, args.train_split, info.num_examples,
                                  args.data)
     chosen = {n: _draw_shots(api, train_y, n, args) for n in shots}  # too few images fails before the test split

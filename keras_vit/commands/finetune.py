@@ -19,7 +19,7 @@ px for images under 96x96, else 480; an EfficientNet: its architecture's), else 
 import math
 import time
 
-from keras_vit.commands import _common
+from keras_vit.commands import arguments, checks, resolution
 
 
 def add_parser(subparsers):
@@ -27,29 +27,29 @@ def add_parser(subparsers):
         "finetune", help="fine-tune a model (any family) on a dataset (SGD momentum, warm-up + cosine)",
         description=__doc__.split("\n\n")[0],
     )
-    _common.add_model_args(parser)
-    _common.add_data_args(parser)
+    arguments.add_model_args(parser)
+    arguments.add_data_args(parser)
     group = parser.add_argument_group("training")
-    group.add_argument("--steps", type=_common.positive_int, default=500,
+    group.add_argument("--steps", type=arguments.positive_int, default=500,
                        help="optimizer updates (paper: CIFAR 10k, Pets 500)")
-    group.add_argument("--lr", type=_common.number(float, low=0, low_open=True, example="0.003"), default=0.003,
+    group.add_argument("--lr", type=arguments.number(float, low=0, low_open=True, example="0.003"), default=0.003,
                        help="base learning rate (paper: 0.001-0.03)")
-    group.add_argument("--warmup", type=_common.number(int, low=0), default=None,
+    group.add_argument("--warmup", type=arguments.number(int, low=0), default=None,
                        help="warm-up steps, fewer than --steps (default: min(500, steps // 5))")
-    group.add_argument("--eval-every", type=_common.positive_int, default=None,
+    group.add_argument("--eval-every", type=arguments.positive_int, default=None,
                        help="evaluate every N steps (default: steps // 5; adjusted so that the evaluations "
                        "divide --steps evenly)")
-    group.add_argument("--eval-steps", type=_common.positive_int, default=None,
+    group.add_argument("--eval-steps", type=arguments.positive_int, default=None,
                        help="batches per evaluation (default: all)")
     group.add_argument("--train-split", default="train", help="the split to train on")
     group.add_argument("--eval-split", default="test", help="the split to evaluate on")
-    group.add_argument("--label-smoothing", type=_common.number(float, low=0, high=1, high_open=True), default=0.0,
+    group.add_argument("--label-smoothing", type=arguments.number(float, low=0, high=1, high_open=True), default=0.0,
                        help="label smoothing of the loss")
-    group.add_argument("--min-crop-area", type=_common.number(float, low=0, high=1, low_open=True), default=0.05,
+    group.add_argument("--min-crop-area", type=arguments.number(float, low=0, high=1, low_open=True), default=0.05,
                        help="Inception crop area lower bound (fraction of the image)")
     group.add_argument("--no-crop", action="store_true", help="no Inception crop (resize only)")
     group.add_argument("--no-flip", action="store_true", help="no random horizontal flip")
-    group.add_argument("--ema", type=_common.number(float, low=0, high=1, low_open=True, high_open=True,
+    group.add_argument("--ema", type=arguments.number(float, low=0, high=1, low_open=True, high_open=True,
                                                     example="0.9999"),
                        default=None, metavar="MOMENTUM",
                        help="Polyak averaging of the weights, a momentum in (0, 1) (paper: 0.9999 for long runs); "
@@ -57,12 +57,12 @@ def add_parser(subparsers):
     group.add_argument("--resume", action="store_true",
                        help="back up weights + optimizer state in OUT/backup each evaluation and resume an "
                        "interrupted run from it (with the arguments it was started with)")
-    group.add_argument("--seed", type=_common.seed_int, default=0, help="seed of the initialisation and the data")
-    group.add_argument("--out", type=_common.out_folder, required=True,
+    group.add_argument("--seed", type=arguments.seed_int, default=0, help="seed of the initialisation and the data")
+    group.add_argument("--out", type=arguments.out_folder, required=True,
                        help="run folder (metrics, curves, model.keras)")
     group.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
                        help="Keras verbosity: 1 progress bars, 2 lines, 0 quiet")
-    _common.add_distribution_args(parser)
+    arguments.add_distribution_args(parser)
     parser.set_defaults(func=finetune)
     return parser
 
@@ -106,20 +106,65 @@ def _first_image_size(source):
     return None
 
 
+def start_distribution(args):
+    """With --distribute data: join the job's processes and set a data-parallel distribution
+    over all their devices (keras_vit.distribution). Returns the process shard for
+    keras_vit.data.load_dataset (None in one process), after saying what runs where."""
+    if not getattr(args, "distribute", None):
+        return None
+    import keras
+
+    from keras_vit import distribution
+
+    if keras.backend.backend() != "jax":
+        raise ValueError(
+            f"--distribute data runs on the JAX backend (keras.distribution); Keras runs on "
+            f"{keras.backend.backend()!r} here. Set KERAS_BACKEND=jax, or leave out --distribute."
+        )
+    count = args.num_processes
+    if count != 1 and (count or args.coordinator_address):
+        timeout = getattr(args, "join_timeout", distribution.JOIN_TIMEOUT)
+        print(f"process {args.process_id}: waiting up to {timeout:g} s for the job's {count or ''} processes to join at "
+              f"the coordinator {args.coordinator_address or '(from the environment)'}".replace("  ", " "), flush=True)
+    try:
+        distribution.join_processes(args.coordinator_address, args.num_processes, args.process_id,
+                                    timeout=getattr(args, "join_timeout", distribution.JOIN_TIMEOUT),
+                                    program=f"keras-vit {args.command}")
+    except distribution.NoJobFoundError:
+        raise ValueError(
+            "--distribute data found no job of several processes in the environment (a Cloud TPU pod slice, SLURM, "
+            "Open MPI, KERAS_DISTRIBUTION_JOB_ADDRESSES): pass --coordinator-address HOST:PORT --num-processes N "
+            "--process-id I in every process, or --num-processes 1 for this machine's devices alone."
+        ) from None
+    data_parallel = distribution.data_parallel()
+    devices = int(data_parallel.device_mesh.devices.size)
+    processes = distribution.process_count()
+    if args.batch_size % devices:
+        raise ValueError(
+            f"--batch-size {args.batch_size} (the global batch) does not split evenly over the {devices} devices of "
+            f"--distribute data ({processes} process{'es' if processes > 1 else ''}): pass a multiple of {devices}."
+        )
+    keras.distribution.set_distribution(data_parallel)
+    print(f"data-parallel over {devices} devices in {processes} process{'es' if processes > 1 else ''} (this is "
+          f"process {distribution.process_index()}): each process reads {args.batch_size // processes} of every "
+          f"{args.batch_size} examples of a batch")
+    return distribution.process_shard()
+
+
 def finetune(args):
-    _common.check_model_args(args)  # before anything loads
-    _common.check_training_args(args)
-    _common.check_distribution_args(args)
-    _common.check_resume(args)
-    _common.resolve_weights(args)  # model_for_task loads the base at its own resolution
+    checks.check_model_args(args)  # before anything loads
+    checks.check_training_args(args)
+    checks.check_distribution_args(args)
+    checks.check_resume(args)
+    resolution.resolve_weights(args)  # model_for_task loads the base at its own resolution
     import keras
 
     import keras_vit.data as kd
+    from keras_vit import training as api
     from keras_vit.runs import RunFolder
 
     keras.utils.set_random_seed(args.seed)  # the same seed in every process (runs nothing on the devices)
-    shard = _common.start_distribution(args)  # before anything runs on the devices
-    api = _common.training_api()
+    shard = start_distribution(args)  # before anything runs on the devices
     # The data decides the class count (and checks --classes); the model is built for it.
     source, info = kd.load_source(args.data, args.train_split, data_dir=args.data_dir, on_bad_file=args.on_bad_file)
     if args.classes is not None and info.num_classes is not None and args.classes != info.num_classes:
@@ -127,8 +172,8 @@ def finetune(args):
     classes = info.num_classes or args.classes
     if classes is None:
         raise ValueError(f"Cannot tell how many classes {args.data!r} has: pass --classes.")
-    model, base = _common.model_for_task(args, args.image_size, classes, 
-                                         data_size=None if args.image_size else _first_image_size(source))
+    model, base = resolution.model_for_task(args, args.image_size, classes,
+                                            data_size=None if args.image_size else _first_image_size(source))
     image_size = tuple(model.image_size)
     print(f"model: {model.name}, {model.count_params():,} parameters, input {image_size[0]}x{image_size[1]}, "
           f"{classes} classes" + (f" (from {base.name} at {tuple(base.image_size)})" if base is not None else ""))
@@ -143,10 +188,10 @@ def finetune(args):
     eval_ds, eval_info = kd.load_dataset(args.data, args.eval_split, training=False, **common)
     epochs, steps_per_epoch = steps_plan(args.steps, args.eval_every)
     total = epochs * steps_per_epoch
-    warmup = _common.default_warmup(total) if args.warmup is None else args.warmup  # below total: checked above
-    config = _common.run_config(args, image_size=list(image_size), classes=classes, warmup=warmup,
+    warmup = arguments.default_warmup(total) if args.warmup is None else args.warmup  # below total: checked above
+    config = resolution.run_config(args, image_size=list(image_size), classes=classes, warmup=warmup,
                                 train_examples=train_info.num_examples, eval_examples=eval_info.num_examples)
-    _common.check_resume(args, config)  # what the model and the data decided, against the run's record
+    checks.check_resume(args, config)  # what the model and the data decided, against the run's record
     if shard is not None and eval_info.num_examples and args.eval_steps is None:
         kept = eval_info.num_examples // args.batch_size * args.batch_size
         if kept < eval_info.num_examples:

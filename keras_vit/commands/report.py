@@ -9,7 +9,7 @@ markdown table; with --out writes table2.md and table2.csv.
 """
 
 
-from keras_vit.commands import _common
+from keras_vit.commands import arguments
 
 
 def add_parser(subparsers):
@@ -17,7 +17,7 @@ def add_parser(subparsers):
                                    description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders of keras-vit evaluate or vtab")
     parser.add_argument("--no-paper", action="store_true", help="leave out the paper's columns")
-    parser.add_argument("--out", type=_common.out_folder, default=None, help="folder for table2.md and table2.csv")
+    parser.add_argument("--out", type=arguments.out_folder, default=None, help="folder for table2.md and table2.csv")
     parser.set_defaults(func=report)
     return parser
 

@@ -11,7 +11,8 @@ decay. OUT holds vtab.json, vtab.csv (per task and the three group means), vtab.
 group bars) and tasks/<task>.json; a rerun with the same OUT resumes with the next task.
 """
 
-from keras_vit.commands import _common
+from keras_vit.commands import arguments, checks, resolution
+from keras_vit.runs import RunFolder
 
 
 def _setting():
@@ -22,12 +23,12 @@ def _setting():
 
 def add_parser(subparsers):
     setting = _setting()
-    positive = getattr(_common, "positive_int", int)
+    positive = arguments.positive_int
     parser = subparsers.add_parser("vtab", help="fine-tune and evaluate on the 19 VTAB-1k tasks",
                                    description=__doc__.split("\n\n")[0])
-    _common.add_model_args(parser, square_reason="vtab fine-tunes every task at one square resolution (the "
-                           f"paper's {setting.image_size} px)",
-                           image_size_default=f"the paper's {setting.image_size}")
+    arguments.add_model_args(parser, square_reason="vtab fine-tunes every task at one square resolution (the "
+                             f"paper's {setting.image_size} px)",
+                             image_size_default=f"the paper's {setting.image_size}")
     parser.add_argument("--data-dir", default=None, help="tensorflow-datasets data directory holding the tasks' data")
     parser.add_argument("--tasks", default=None,
                         help="comma-separated tasks (default: all 19), e.g. dtd,clevr_count or vtab/dtd")
@@ -40,11 +41,11 @@ def add_parser(subparsers):
                         "whole batch)")
     parser.add_argument("--eval-batch-size", type=positive, default=None,
                         help="test images per batch (default: the micro-batch size, at most 256)")
-    parser.add_argument("--seed", type=getattr(_common, "seed_int", int), default=0,
+    parser.add_argument("--seed", type=arguments.seed_int, default=0,
                         help="seed of the training data's order and augmentation")
     parser.add_argument("--verbose", type=int, choices=(0, 1, 2), default=1,
                         help="Keras verbosity: 1 progress bars, 2 lines, 0 quiet")
-    parser.add_argument("--out", type=_common.out_folder, required=True,
+    parser.add_argument("--out", type=arguments.out_folder, required=True,
                         help="run folder (tables, plot, one file per finished task)")
     parser.set_defaults(func=vtab)
     return parser
@@ -54,29 +55,29 @@ def vtab(args):
     from keras_vit.evaluation.vtab import check_micro_batch_size, check_run_folder, effective_setting, resolve_tasks
 
     tasks = resolve_tasks(args.tasks)  # an unknown task fails before anything loads
-    _common.check_data_dir(args.data_dir)
+    checks.check_data_dir(args.data_dir)
     check_run_folder(args.out, tasks, effective_setting(_setting(), steps=args.steps, batch_size=args.batch_size,
                                                         image_size=args.image_size))
-    _common.check_model_args(args, default_image_size=_setting().image_size)
+    checks.check_model_args(args, default_image_size=_setting().image_size)
     if args.micro_batch_size is not None:
         check_micro_batch_size(args.micro_batch_size, args.batch_size or _setting().batch_size,
                                names=("--micro-batch-size", "--batch-size"))
     image_size = args.image_size or _setting().image_size
-    _common.resolve_weights(args, image_size=image_size)
+    resolution.resolve_weights(args, image_size=image_size)
     from keras_vit.evaluation import run_vtab
     from keras_vit.evaluation.vtab import check_run_weights
 
-    _common.check_out_is_own(args)
-    weights = _common.weights_id(args)
+    RunFolder.check_command(args.out, args.command)
+    weights = resolution.weights_id(args)
     check_run_weights(args.out, weights)
 
-    if _common.weights_argument(args) is None:  # --weights none: a random --arch, for trials
-        model = _common.load_model(args, image_size=image_size, fresh_classes=1)
+    if resolution.weights_argument(args) is None:  # --weights none: a random --arch, for trials
+        model = resolution.load_model(args, image_size=image_size, fresh_classes=1)
     else:
-        model = _common.load_model(args, include_top=False)
+        model = resolution.load_model(args, include_top=False)
     print(f"model: {model.name}, {model.count_params():,} parameters; {len(tasks)} VTAB-1k task(s) into {args.out}")
     # The run's arguments and weights (`keras-vit report` gives runs of the same weights one column).
-    _common.new_run_folder(args.out, _common.run_config(args))
+    RunFolder.start(args.out, resolution.run_config(args))
     result = run_vtab(model, args.out, tasks=tasks, weights=weights, steps=args.steps, batch_size=args.batch_size,
                       image_size=args.image_size, micro_batch_size=args.micro_batch_size,
                       eval_batch_size=args.eval_batch_size, data_dir=args.data_dir, seed=args.seed,

@@ -80,3 +80,20 @@ class MAPHead(keras.layers.Layer):
         if self.norm_kind != "layer_norm":
             config.update(norm=self.norm_kind)
         return config
+
+
+def pooled_classifier(x, config, dtype, *, pool, head, max_pool=None, keepdims=False):
+    """The tail of a convolutional model on its last feature map `x` (batch, h, w, channels): with
+    `config.include_top`, global average pooling (layer `pool`; the map kept 1 x 1 with `keepdims`),
+    the family's classifier `head(x)` and the activation `config.classifier_activation` (layer
+    "predictions", float32); without, the features pooled as `config.pooling` says ("avg" or
+    "gap": layer `pool`, "max": layer `max_pool`, default `pool`; None: the map itself)."""
+    if config.include_top:
+        x = keras.layers.GlobalAveragePooling2D(keepdims=keepdims, dtype=dtype, name=pool)(x)
+        x = head(x)
+        return keras.layers.Activation(config.classifier_activation, dtype="float32", name="predictions")(x)
+    if config.pooling in ("avg", "gap"):
+        return keras.layers.GlobalAveragePooling2D(dtype=dtype, name=pool)(x)
+    if config.pooling == "max":
+        return keras.layers.GlobalMaxPooling2D(dtype=dtype, name=max_pool or pool)(x)
+    return x

@@ -24,13 +24,14 @@ import keras
 from keras_vit import compilation
 from keras_vit.backend_workarounds import TraceTrainStepOnce
 from keras_vit.layers.axial import BATCH_NORM_MOMENTUM, AxialBlock
+from keras_vit.layers.heads import pooled_classifier
 from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.layers.resnet import MaxPoolZeroPad, batch_norm_variables
 from keras_vit.models.axial_resnet_family import AxialResNetConfig
 from keras_vit.models.config_model import (
+    ConfigModel,
     config_from_arguments,
     expose_config_fields,
-    model_config, model_from_config,
     serialized_activation,
 )
 from keras_vit.models.export_method import DeploymentExport
@@ -39,7 +40,7 @@ from keras_vit.models.fit_checks import CheckedLabels
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class AxialResNet(DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepOnce, keras.Model):
+class AxialResNet(DeploymentExport, ConfigModel, FeatureMaps, CheckedLabels, TraceTrainStepOnce, keras.Model):
     """AxialResNet: a functional model whose layers carry the original's module names.
 
     The arguments are the fields of `keras_vit.models.axial_resnet_family.AxialResNetConfig`
@@ -98,25 +99,14 @@ class AxialResNet(DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepOn
                     epsilon=eps, dtype=dtype, name=f"layer{stage + 1}_{unit}",
                 )(x)
                 inplanes = AxialBlock.expansion * planes
-        if config.include_top:
-            x = keras.layers.GlobalAveragePooling2D(dtype=dtype, name="avgpool")(x)
-            x = keras.layers.Dense(config.classes, dtype=dtype, name="fc")(x)
-            x = keras.layers.Activation(config.classifier_activation, dtype="float32", name="predictions")(x)
-        elif config.pooling in ("avg", "gap"):
-            x = keras.layers.GlobalAveragePooling2D(dtype=dtype, name="avgpool")(x)
-        elif config.pooling == "max":
-            x = keras.layers.GlobalMaxPooling2D(dtype=dtype, name="maxpool_features")(x)
+        x = pooled_classifier(x, config, dtype, pool="avgpool", max_pool="maxpool_features",
+                              head=lambda x: keras.layers.Dense(config.classes, dtype=dtype, name="fc")(x))
         super().__init__(inputs=images, outputs=x, name=name or "axial_resnet", trainable=trainable)
         compilation.configure_model(self)
 
         # === Config ===
         activation = serialized_activation(config.classifier_activation)
-        self._axial_resnet_config = config.replace(classifier_activation=activation)
-
-    @property
-    def config(self):
-        """The model's `AxialResNetConfig` (every constructor argument, normalised)."""
-        return self._axial_resnet_config
+        self._model_config = config.replace(classifier_activation=activation)
 
     @property
     def stride(self):
@@ -150,13 +140,6 @@ class AxialResNet(DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepOn
 
     def _final_feature_layer(self):
         return f"layer{len(self.block_units)}_{self.block_units[-1] - 1}"
-
-    def get_config(self):
-        return model_config(self)
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        return model_from_config(cls, config)
 
 
 # Every config field reads as a model attribute; help() and IDEs show them as keyword arguments.

@@ -15,7 +15,7 @@ from keras_vit.layers.position import PositionEmbedding
 from keras_vit.layers.quantized import Dense
 from keras_vit.layers.transformer import PatchEmbedding
 from keras_vit.models.axial_vit_family import AxialViTConfig
-from keras_vit.models.config_model import config_from_arguments, expose_config_fields, model_config, model_from_config
+from keras_vit.models.config_model import ConfigModel, config_from_arguments, expose_config_fields
 from keras_vit.models.export_method import DeploymentExport
 from keras_vit.models.features import FeatureEndpoint, FeatureMaps
 from keras_vit.models.fit_checks import CheckedLabels
@@ -62,7 +62,7 @@ def _graph(c, dtype):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class AxialVisionTransformer(
-    DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepOnce, keras.Model
+    DeploymentExport, ConfigModel, FeatureMaps, CheckedLabels, TraceTrainStepOnce, keras.Model
 ):
     """Axial-ViT (Appendix D.6 of Dosovitskiy et al., 2021), keras_vit's reading of it.
 
@@ -97,12 +97,7 @@ class AxialVisionTransformer(
         inputs, outputs = _graph(config, dtype)
         super().__init__(inputs=inputs, outputs=outputs, name=name or "axial_vision_transformer", trainable=trainable)
         compilation.configure_model(self)
-        self._axial_config = config
-
-    @property
-    def config(self):
-        """The model's `AxialViTConfig`."""
-        return self._axial_config
+        self._model_config = config
 
     @property
     def grid_size(self):
@@ -143,13 +138,6 @@ class AxialVisionTransformer(
 
     def _final_feature_layer(self):
         return "encoder_norm"
-
-    def get_config(self):
-        return model_config(self)
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        return model_from_config(cls, config)
 
 
 # Every config field reads as a model attribute; help() and IDEs show them as keyword arguments.

@@ -16,12 +16,13 @@ import keras
 from keras_vit import compilation
 from keras_vit.backend_workarounds import TraceTrainStepOnce
 
+from keras_vit.layers.heads import pooled_classifier
 from keras_vit.layers.resnet import GroupNorm, MaxPoolZeroPad, PreActResNetStage, StdConv2D
 from keras_vit.models.bit_family import BiTConfig
 from keras_vit.models.config_model import (
+    ConfigModel,
     config_from_arguments,
     expose_config_fields,
-    model_config, model_from_config,
     serialized_activation,
 )
 from keras_vit.models.export_method import DeploymentExport
@@ -30,7 +31,7 @@ from keras_vit.models.fit_checks import CheckedLabels
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class BiTResNet(DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepOnce, keras.Model):
+class BiTResNet(DeploymentExport, ConfigModel, FeatureMaps, CheckedLabels, TraceTrainStepOnce, keras.Model):
     """BiT ResNet-v2: a functional model whose layers carry big_transfer's module names.
 
     The arguments are the fields of `keras_vit.models.bit_family.BiTConfig` (normalised and
@@ -80,28 +81,20 @@ class BiTResNet(DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepOnce
         for i, n in enumerate(block_units):
             x = PreActResNetStage(n, root * 2**i, 1 if i == 0 else 2, dtype=dtype, name=f"block{i + 1}", **numerics)(x)
         x = GroupNorm(32, config.group_norm_epsilon, relu=True, dtype=dtype, name="group_norm")(x)
-        if config.include_top:
-            x = keras.layers.GlobalAveragePooling2D(keepdims=True, dtype=dtype, name="pool")(x)
+
+        def head(x):  # big_transfer's 1x1 convolution on the kept 1x1 map
             x = keras.layers.Conv2D(
                 config.classes, 1, kernel_initializer="zeros", bias_initializer="zeros", dtype=dtype, name="head"
             )(x)
-            x = keras.layers.Flatten(dtype=dtype, name="flatten")(x)
-            x = keras.layers.Activation(config.classifier_activation, dtype="float32", name="predictions")(x)
-        elif config.pooling in ("avg", "gap"):
-            x = keras.layers.GlobalAveragePooling2D(dtype=dtype, name="pool")(x)
-        elif config.pooling == "max":
-            x = keras.layers.GlobalMaxPooling2D(dtype=dtype, name="pool")(x)
+            return keras.layers.Flatten(dtype=dtype, name="flatten")(x)
+
+        x = pooled_classifier(x, config, dtype, pool="pool", head=head, keepdims=True)
         super().__init__(inputs=images, outputs=x, name=name or "bit_resnet", trainable=trainable)
         compilation.configure_model(self)
 
         # === Config ===
         activation = serialized_activation(config.classifier_activation)
-        self._bit_config = config.replace(classifier_activation=activation)
-
-    @property
-    def config(self):
-        """The model's `BiTConfig` (every constructor argument, normalised)."""
-        return self._bit_config
+        self._model_config = config.replace(classifier_activation=activation)
 
     @property
     def stride(self):
@@ -138,13 +131,6 @@ class BiTResNet(DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepOnce
 
     def _final_feature_layer(self):
         return "group_norm"
-
-    def get_config(self):
-        return model_config(self)
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        return model_from_config(cls, config)
 
 
 # Every config field reads as a model attribute; help() and IDEs show them as keyword arguments.

@@ -65,6 +65,24 @@ def model_from_config(cls, config):
     return cls(**config)
 
 
+class ConfigModel:
+    """Mixin of every keras_vit model class (listed before `keras.Model`): the model's config object,
+    `model.config` (the constructor keeps it as `self._model_config`), and its Keras config round
+    trip, `get_config()` (`model_config`) and `from_config` (`model_from_config`)."""
+
+    @property
+    def config(self):
+        """The model's config object (every constructor argument, normalised)."""
+        return self._model_config
+
+    def get_config(self):
+        return model_config(self)
+
+    @classmethod
+    def from_config(cls, config, custom_objects=None):
+        return model_from_config(cls, config)
+
+
 def _field_property(field):
     return property(lambda self: getattr(self.config, field), doc=f"The config's `{field}`.")
 

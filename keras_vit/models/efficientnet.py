@@ -38,12 +38,13 @@ import keras
 
 from keras_vit import compilation
 from keras_vit.backend_workarounds import TraceTrainStepOnce
+from keras_vit.layers.heads import pooled_classifier
 from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.layers.resnet import batch_norm_variables
 from keras_vit.models.config_model import (
+    ConfigModel,
     config_from_arguments,
     expose_config_fields,
-    model_config, model_from_config,
     serialized_activation,
 )
 from keras_vit.models.export_method import DeploymentExport
@@ -80,7 +81,7 @@ def _layer_name(path):
 
 
 @keras.saving.register_keras_serializable(package="keras_vit")
-class EfficientNet(DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepOnce, keras.Model):
+class EfficientNet(DeploymentExport, ConfigModel, FeatureMaps, CheckedLabels, TraceTrainStepOnce, keras.Model):
     """EfficientNet: a functional model whose layers carry timm's module paths.
 
     The arguments are the fields of `keras_vit.models.efficientnet_family.EfficientNetConfig`
@@ -165,19 +166,16 @@ class EfficientNet(DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepO
                 x = keras.layers.Add(dtype=dtype, name=_layer_name(p + "add"))([x, shortcut])
         x = conv("conv_head", head_channels(config.width_multiplier), 1)(x)
         x = silu("act2")(norm("bn2")(x))
-        if config.include_top:
-            x = keras.layers.GlobalAveragePooling2D(dtype=dtype, name="global_pool")(x)
+
+        def head(x):  # timm's dropout before the classifier (trained with it)
             if config.dropout_rate > 0:
                 x = keras.layers.Dropout(config.dropout_rate, dtype=dtype, name="dropout")(x)
-            x = keras.layers.Dense(
+            return keras.layers.Dense(
                 config.classes, dtype=dtype, name="classifier",
                 kernel_initializer=_init(keras.initializers.VarianceScaling(1.0 / 3.0, "fan_out", "uniform")),
             )(x)
-            x = keras.layers.Activation(config.classifier_activation, dtype="float32", name="predictions")(x)
-        elif config.pooling in ("avg", "gap"):
-            x = keras.layers.GlobalAveragePooling2D(dtype=dtype, name="global_pool")(x)
-        elif config.pooling == "max":
-            x = keras.layers.GlobalMaxPooling2D(dtype=dtype, name="global_max_pool")(x)
+
+        x = pooled_classifier(x, config, dtype, pool="global_pool", max_pool="global_max_pool", head=head)
         # Keras maps a functional graph by recursing once per layer along its longest path: about
         # 1,050 layers for L2, over Python's default limit of 1,000 frames (reached sooner from a
         # deeper caller such as a notebook or a test runner's thread).
@@ -187,12 +185,7 @@ class EfficientNet(DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepO
 
         # === Config ===
         activation = serialized_activation(config.classifier_activation)
-        self._efficientnet_config = config.replace(classifier_activation=activation)
-
-    @property
-    def config(self):
-        """The model's `EfficientNetConfig` (every constructor argument, normalised)."""
-        return self._efficientnet_config
+        self._model_config = config.replace(classifier_activation=activation)
 
     @property
     def stride(self):
@@ -244,13 +237,6 @@ class EfficientNet(DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepO
 
     def _final_feature_layer(self):
         return "act2"
-
-    def get_config(self):
-        return model_config(self)
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        return model_from_config(cls, config)
 
 
 # Every config field reads as a model attribute; help() and IDEs show them as keyword arguments.

@@ -18,9 +18,10 @@ line each:
    `weight_tree.weight_variables` walks them or states its own tree with
    `weight_tree_variables()` ({canonical key: variable}). `keras_vit.models.config_model` is the
    plumbing every family's model uses: the constructor reads its config with
-   `config_from_arguments` and keeps it as `model.config`, `get_config()` is
-   `{**model.config.to_dict(), "name": ..., "trainable": ...}`, and `expose_config_fields`
-   makes every field a read-only model attribute.
+   `config_from_arguments` and keeps it as `self._model_config`, which the `ConfigModel` mixin
+   gives as `model.config` and writes as `get_config()` (`{"family": ..., **model.config.to_dict(),
+   "name": ..., "trainable": ...}`), and `expose_config_fields` makes every field a read-only
+   model attribute. A convolutional model's head and pooling are `layers.heads.pooled_classifier`.
 2. The record, a `ModelFamily(...)` instance in a module that does not import Keras (the CLI
    and the preset table read it without a backend), e.g. `keras_vit/models/<family>_family.py`
    beside a frozen config dataclass. Required fields: `name`, `title`, `model`
@@ -35,7 +36,8 @@ line each:
    `name`), like `ViTConfig` (keras_vit/models/vit_family.py) and `BiTConfig`
    (keras_vit/models/bit_family.py). The model's `get_config()` (`config_model.model_config`)
    writes `family`, so its .keras files and presets name it.
-3. One registry line: the record's "module:ATTRIBUTE" appended to `REGISTRY` below.
+3. One registry line: the record's "module:ATTRIBUTE" appended to `REGISTRY` below (a family
+   defined outside keras_vit registers at run time instead: `register_family(record)`).
 4. Its reader modules in `keras_vit/checkpoints/`, registered as before (one line each in
    `checkpoints/registry.py`); a reader's config dict holds the family's `signature` keys.
 
@@ -46,6 +48,7 @@ for it without further edits.
 
 import dataclasses
 import importlib
+import sys
 from collections.abc import Mapping
 from typing import Any, Callable, Optional
 
@@ -151,6 +154,9 @@ class ModelFamily:
         layer_groups: `(canonical keys) -> {key: ordinal}` ordering the weights from input to
             output for layer-wise learning-rate decay (equal ordinals share a group; timm's
             `group_matcher`), or None when the family has no grouping (layer decay is refused).
+        default_architecture: the constructor that stands for the family where a model is needed
+            and none is named (the default family's is what `keras-vit explain` inspects without
+            --arch and weights); None: the first of `architectures`.
     """
 
     name: str
@@ -186,6 +192,7 @@ class ModelFamily:
     patch_resize_refusal: Any = None
     transfer: Transfer = Transfer()
     layer_groups: Any = None
+    default_architecture: Optional[str] = None
 
     # --- the model --------------------------------------------------------------------------
 
@@ -200,6 +207,10 @@ class ModelFamily:
     def build(self, **kwargs):
         """A model of this family from its keyword arguments."""
         return self.model_class()(**kwargs)
+
+    def default_constructor(self):
+        """The name of the constructor that stands for the family (`default_architecture`)."""
+        return self.default_architecture or next(iter(self.architectures))
 
     def all_architectures(self):
         """{name: row} of the constructors' rows and the extra ones."""
@@ -326,6 +337,38 @@ def families():
     return tuple(_LOADED)
 
 
+def register_family(record):
+    """Add a family record at run time, after the `REGISTRY` ones (a family defined outside
+    keras_vit, e.g. in a plugin or a test); `unregister_family(record.name)` takes it away. Its
+    constructors are `keras_vit.applications.build_application(name, ...)` (the `keras_vit.<Name>`
+    functions are made when keras_vit is imported); its preset rows join `keras_vit.presets`'.
+
+    Raises:
+        ValueError when a registered family already has its name, model class or a constructor name.
+    """
+    known = families()
+    for family in known:
+        clash = ({family.name} & {record.name}) or ({family.class_name} & {record.class_name}) or (
+            set(family.all_architectures()) & set(record.all_architectures()))
+        if clash:
+            raise ValueError(f"The {record.title} family clashes with the registered {family.title} family: both "
+                             f"name {', '.join(sorted(clash))}. Give the new family its own names.")
+    _LOADED.append(record)
+    return record
+
+
+def unregister_family(name):
+    """Remove the family called `name` that `register_family` added (the `REGISTRY` ones stay)."""
+    base = len(REGISTRY)
+    for index, family in enumerate(families()):
+        if family.name == name:
+            if index < base:
+                raise ValueError(f"{name!r} is a family of keras_vit's REGISTRY; only register_family's are removed.")
+            del _LOADED[index]
+            return family
+    raise ValueError(f"No family {name!r} was added with register_family.")
+
+
 def import_model_classes():
     """{class name: class} of every family's model class, imported: importing them registers each
     model class and every keras_vit layer with keras.saving, which `keras.saving.load_model` needs
@@ -442,10 +485,11 @@ def family_of(thing):
             return family
         if any(type(thing) is type(row) for row in family.all_architectures().values()):
             return family
-    # A model: its class (or a base class) is a family's model class.
-    names = {cls.__name__ for cls in type(thing).__mro__}
+    # A model: an instance of a family's model class (a class not imported yet has no instances).
     for family in families():
-        if family.class_name in names and type(thing).__module__.startswith("keras_vit"):
+        module, _, name = family.model.partition(":")
+        model_class = getattr(sys.modules.get(module), name, None)
+        if isinstance(model_class, type) and isinstance(thing, model_class):
             return family
     for layer in getattr(thing, "layers", ()):  # a keras.Model wrapping one (input_tensor=, preprocessing)
         try:

@@ -21,7 +21,7 @@ from keras_vit.layers.transformer import (
 )
 from keras_vit.models.fit_checks import CheckedLabels
 from keras_vit.models.vit_family import ViTConfig
-from keras_vit.models.config_model import config_from_arguments, expose_config_fields, model_config, model_from_config
+from keras_vit.models.config_model import ConfigModel, config_from_arguments, expose_config_fields
 from keras_vit.models.export_method import DeploymentExport
 from keras_vit.models.features import FeatureEndpoint, FeatureMaps
 
@@ -157,7 +157,7 @@ def _distilled_heads(tokens, c, dtype):
 
 @keras.saving.register_keras_serializable(package="keras_vit")
 class VisionTransformer(
-    DeploymentExport, FeatureMaps, CheckedLabels, TraceTrainStepOnce, TorchOnBatchInputs, keras.Model
+    DeploymentExport, ConfigModel, FeatureMaps, CheckedLabels, TraceTrainStepOnce, TorchOnBatchInputs, keras.Model
 ):
     """Vision Transformer (Dosovitskiy et al., 2021), optionally on a BiT ResNet (R+ViT hybrids).
 
@@ -246,18 +246,13 @@ class VisionTransformer(
         inputs, outputs = _graph(config, dtype)
         super().__init__(inputs=inputs, outputs=outputs, name=name or "vision_transformer", trainable=trainable)
         compilation.configure_model(self)
-        self._vit_config = config.replace(quantization=None)
+        self._model_config = config.replace(quantization=None)
         if config.quantization:
             # A saved quantized model: quantize the fresh float layers the same way, so the
             # int8 variables (kernels and scales) exist for the saved values to load into.
             from keras_vit.quantization import restore_arguments
 
             self.quantize(**restore_arguments(config.quantization))
-
-    @property
-    def config(self):
-        """The model's `ViTConfig` (every constructor argument, normalised)."""
-        return self._vit_config
 
     @property
     def grid_size(self):
@@ -287,9 +282,6 @@ class VisionTransformer(
     def _final_feature_layer(self):
         return "encoder_norm" if self.final_norm and not self.fc_norm else f"encoderblock_{self.num_layers - 1}"
 
-    def get_config(self):
-        return model_config(self)
-
     def quantize(self, mode=None, config=None, filters=None, **kwargs):
         """Keras' `Model.quantize`, remembered in the model's config so that a saved quantized
         model loads quantized (`keras.saving.load_model` rebuilds the model from its arguments).
@@ -313,11 +305,7 @@ class VisionTransformer(
 
         keras_quantize = super().quantize
         remembered = quantization.quantize(self, keras_quantize, mode, config=config, filters=filters, **kwargs)
-        self._vit_config = self._vit_config.replace(quantization=remembered)
-
-    @classmethod
-    def from_config(cls, config, custom_objects=None):
-        return model_from_config(cls, config)
+        self._model_config = self._model_config.replace(quantization=remembered)
 
 
 # Every config field reads as a model attribute; help() and IDEs show them as keyword arguments.

@@ -1267,6 +1267,7 @@ VIT = ModelFamily(
     sharding=VIT_SHARDING,
     patch_resize_refusal=_patch_resize_refusal,
     layer_groups=layer_groups,
+    default_architecture="ViTB16",  # the paper's base model
     # dropout 0, the model's remat; position embeddings follow any input size
     transfer=Transfer(settings="keras_vit.models.transfer:dropout_free_settings",
                       options=("dropout_rate", "attention_dropout_rate", "patch_drop_rate", "remat")),
