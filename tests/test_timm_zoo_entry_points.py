@@ -150,6 +150,43 @@ def test_cli_convert_keeps_outputs_and_normalisation(zoo, tmp_path, case):
     assert model.config.input_normalization == expected
 
 
+def _licence_warnings(load):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = load()
+    return model, [str(w.message) for w in caught if issubclass(w.category, keras_vit.loading.LicenseWarning)]
+
+
+def test_cli_convert_keeps_the_licence(zoo, tmp_path, capsys):
+    import keras
+
+    mae = zoo["cases"][MAE[0]]  # timm's pretrained_cfg names cc-by-nc-4.0
+    x = mae["x"]
+    for name in ("preset", "model.keras"):
+        out = str(tmp_path / name)
+        assert main(["convert", mae["folder"], out]) == 0
+        assert keras_vit.loading.license_of(keras_vit.loading.resolve(out)) == "cc-by-nc-4.0", name
+        # Loading the converted weights says what loading timm's folder says, once.
+        model, said = _licence_warnings(lambda: keras_vit.load_checkpoint(out, **_load_kwargs(mae["model"])))
+        assert len(said) == 1 and "cc-by-nc-4.0" in said[0] and "non-commercial" in said[0], (name, said)
+        ok, errors = _within(model.predict(x, verbose=0), *mae["ref"])
+        assert ok, (name, errors)
+    # The .keras archive with the licence in its metadata.json is still Keras' own file.
+    restored = keras.saving.load_model(str(tmp_path / "model.keras"))
+    np.testing.assert_allclose(restored.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-6, atol=1e-6)
+    with open(tmp_path / "preset" / "metadata.json") as f:
+        assert json.load(f)["license"] == "cc-by-nc-4.0"
+    # An open licence travels too, and warns of nothing.
+    out = str(tmp_path / "dinov2")
+    assert main(["convert", zoo["cases"][DINOV2[0]]["folder"], out]) == 0
+    assert keras_vit.loading.license_of(keras_vit.loading.resolve(out)) == "apache-2.0"
+    assert _licence_warnings(lambda: keras_vit.load_checkpoint(out, include_top=False))[1] == []
+    # An .npz records no licence: convert says so.
+    capsys.readouterr()
+    assert main(["convert", mae["folder"], str(tmp_path / "mae.npz")]) == 0
+    assert "does not record the weights' licence (cc-by-nc-4.0)" in capsys.readouterr().err
+
+
 # === hf://, preset tags and the CLI from a Hub endpoint, in a fresh process ===
 
 _HUB_BODY = """
