@@ -134,8 +134,11 @@ def finetune(args):
           f"{classes} classes" + (f" (from {base.name} at {tuple(base.image_size)})" if base is not None else ""))
 
     # With --distribute each process reads its rows of every global batch (the same batches as one process).
+    from keras_vit.models.family import input_normalization_of
+
     common = dict(image_size=image_size, batch_size=args.batch_size, seed=args.seed, data_dir=args.data_dir,
-                  on_bad_file=args.on_bad_file, classes=classes, shard=shard)
+                  on_bad_file=args.on_bad_file, classes=classes, shard=shard,
+                  normalization=input_normalization_of(model))  # the input the weights expect
     train_ds, train_info = kd.load_dataset(
         args.data, args.train_split, training=True, crop=not args.no_crop, flip=not args.no_flip,
         area_range=(args.min_crop_area, 1.0), **common,

@@ -453,3 +453,23 @@ def family_of(thing):
         except ValueError:
             continue
     raise ValueError(f"A {type(thing).__name__} belongs to no keras_vit model family.")
+
+
+def input_normalization_of(model):
+    """(mean, std) per channel of [0, 1] pixels that `model` takes its images normalised with: its
+    weights' own (`config.input_normalization`: CLIP's, DINOv2's ImageNet statistics from timm's
+    pretrained_cfg), else its family's (`ModelFamily.input_normalization`: [-1, 1] for ViTs).
+
+    Raises:
+        ValueError for a model of no keras_vit family.
+
+    Example:
+        >>> import keras_vit
+        >>> input_normalization_of(keras_vit.VisionTransformer(image_size=32, patch_size=8, hidden_size=16,
+        ...     num_layers=1, num_heads=2, mlp_dim=32, classes=3))
+        ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+    """
+    own = getattr(getattr(model, "config", None), "input_normalization", None)
+    if own is not None:
+        return tuple(tuple(float(v) for v in part) for part in own)
+    return family_of(model).input_normalization
