@@ -917,8 +917,14 @@ def _zoo_preset_row(constructor, tag, timm_architecture):
             "timm", extra)
 
 
+#: The licence of the R+ViT hybrids' weights: timm's vision_transformer_hybrid.py, whose tags are
+#: not in the zoo table (vision_transformer.py's), states apache-2.0 in its `_cfg` for all of them.
+HYBRID_LICENSE = "apache-2.0"
+
+
 def _timm_preset_row(a, t, r, c, top1, repo, orig):
-    cfg = timm_pretrained_cfg(repo.split("/", 1)[-1]) or {}
+    cfg = timm_pretrained_cfg(repo.split("/", 1)[-1])
+    cfg = cfg if cfg is not None else {"license": HYBRID_LICENSE}
     extra = dict(license=cfg.get("license"), **_signed_unit(cfg))
     return (a, t, r, c, top1, repo, _GS + orig if orig else None, "timm", extra)
 
