@@ -58,7 +58,7 @@ def add_parser(subparsers):
                        default=None, metavar="D",
                        help="layer-wise learning-rate decay (BEiT, MAE, DINOv2 recipes): each group of layers from the "
                        "head down trains D times slower than the one above it, as timm's param_groups_layer_decay "
-                       "(keras_vit.training.layer_decay_scales; Vision Transformers) (default: one rate)")
+                       "(keras_vit.training.layer_decay_scales; Vision Transformers and Axial-ViTs) (default: one rate)")
     group.add_argument("--resume", action="store_true",
                        help="back up weights + optimizer state in OUT/backup each evaluation and resume an "
                        "interrupted run from it (with the arguments it was started with)")

@@ -71,6 +71,27 @@ def _as_tuple(value):
     return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
+def stem_block_head_groups(keys, stem, block, final_norm):
+    """{canonical key: ordinal} of a Transformer's weights for layer-wise learning-rate decay, as
+    timm's `group_matcher(coarse=False)` orders a VisionTransformer's: the keys `stem` (a compiled
+    regex) matches first, (0,); then the block whose index `block`'s first group captures, (1, i);
+    the final norm (keys starting with `final_norm`) with the last block; everything else (heads,
+    pooling, pre_logits) after the blocks, (2,)."""
+    blocks = [int(m.group(1)) for m in map(block.match, keys) if m]
+    out = {}
+    for key in keys:
+        match = block.match(key)
+        if stem.match(key):
+            out[key] = (0,)
+        elif match:
+            out[key] = (1, int(match.group(1)))
+        elif key.startswith(final_norm) and blocks:
+            out[key] = (1, max(blocks))
+        else:
+            out[key] = (2,)
+    return out
+
+
 # === The record ===
 
 

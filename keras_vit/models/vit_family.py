@@ -18,7 +18,7 @@ from keras_vit.choices import MLP_ACTIVATIONS, NORMS
 from keras_vit.errors import CheckpointError
 from keras_vit.models.bit_family import conv_flops, count_units, resnet_flops, width_factor
 from keras_vit.models.config import NUMERICS, RESIZE_RULES, FieldGroupConfig, as_pair, config_field, suggest
-from keras_vit.models.family import IMAGENET_NORMALIZATION, ModelFamily, ShardingRules
+from keras_vit.models.family import IMAGENET_NORMALIZATION, ModelFamily, ShardingRules, stem_block_head_groups
 from keras_vit.models.transfer import Transfer
 
 # === Architectures ===
@@ -1075,19 +1075,7 @@ def layer_groups(keys):
         >>> layer_groups(["cls", "Transformer/encoderblock_1/LayerNorm_0/scale", "head/bias"])
         {'cls': (0,), 'Transformer/encoderblock_1/LayerNorm_0/scale': (1, 1), 'head/bias': (2,)}
     """
-    blocks = [int(m.group(1)) for m in map(_BLOCK.match, keys) if m]
-    out = {}
-    for key in keys:
-        block = _BLOCK.match(key)
-        if _STEM.match(key):
-            out[key] = (0,)
-        elif block:
-            out[key] = (1, int(block.group(1)))
-        elif key.startswith("Transformer/encoder_norm/") and blocks:
-            out[key] = (1, max(blocks))
-        else:
-            out[key] = (2,)
-    return out
+    return stem_block_head_groups(keys, _STEM, _BLOCK, "Transformer/encoder_norm/")
 
 
 def _vit_describe(config):

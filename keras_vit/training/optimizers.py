@@ -185,7 +185,8 @@ def layer_decay_scales(model, layer_decay, *, min_scale=0.0):
     rate, each group before it `layer_decay` times slower.
 
     Args:
-        model: a keras_vit model of a family with a layer grouping (the Vision Transformers; others
+        model: a keras_vit model of a family with a layer grouping (the Vision Transformers and the
+            Axial-ViTs, whose layer i groups its row and column blocks; others
             are refused with a ValueError).
         layer_decay: the decay per group, in (0, 1] (0.65 MAE ViT-B, 0.75 BEiT, 0.9 DINOv2's linear
             probes fine-tuned).
@@ -213,7 +214,8 @@ def layer_decay_scales(model, layer_decay, *, min_scale=0.0):
     if ordinals is None:
         raise ValueError(
             f"{family.title} models have no layer grouping for layer-wise learning-rate decay (keras_vit groups the "
-            "Vision Transformers' blocks, as timm does); train them without layer_decay."
+            "blocks of the Vision Transformers, as timm does, and the layers of the Axial-ViTs); train them without "
+            "layer_decay."
         )
     ranks = {o: i for i, o in enumerate(sorted(set(ordinals.values())))}
     last = len(ranks) - 1
