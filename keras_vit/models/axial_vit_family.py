@@ -343,6 +343,7 @@ AXIAL_VIT = ModelFamily(
     from_checkpoint=_from_checkpoint,
     constructor_doc=DOC,
     layer_groups=layer_groups,
+    no_weight_decay=("Transformer/posembed_input/",),  # the position embedding, as a ViT's
     # Dropout 0 and the model's remat, as the ViT; the position embedding follows any input size.
     transfer=Transfer(settings="keras_vit.models.transfer:dropout_free_settings",
                       options=("dropout_rate", "attention_dropout_rate", "remat")),

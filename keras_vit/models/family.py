@@ -172,6 +172,9 @@ class ModelFamily:
         layer_groups: `(canonical keys) -> {key: ordinal}` ordering the weights from input to
             output for layer-wise learning-rate decay (equal ordinals share a group; timm's
             `group_matcher`), or None when the family has no grouping (layer decay is refused).
+        no_weight_decay: canonical keys (or prefixes ending in "/") of the weights timm's
+            `no_weight_decay()` names (a ViT's class, register and distillation tokens and position
+            embedding), which its weight-decay rule leaves undecayed besides biases and norms.
     """
 
     name: str
@@ -207,6 +210,7 @@ class ModelFamily:
     patch_resize_refusal: Any = None
     transfer: Transfer = Transfer()
     layer_groups: Any = None
+    no_weight_decay: tuple = ()
 
     # --- the model --------------------------------------------------------------------------
 

@@ -1261,6 +1261,8 @@ VIT = ModelFamily(
     sharding=VIT_SHARDING,
     patch_resize_refusal=_patch_resize_refusal,
     layer_groups=layer_groups,
+    # timm's VisionTransformer.no_weight_decay(): pos_embed, cls_token, reg_token, dist_token
+    no_weight_decay=("cls", "reg_tokens", "dist_token", "Transformer/posembed_input/"),
     # dropout 0, the model's remat; position embeddings follow any input size
     transfer=Transfer(settings="keras_vit.models.transfer:dropout_free_settings",
                       options=("dropout_rate", "attention_dropout_rate", "patch_drop_rate", "remat")),
