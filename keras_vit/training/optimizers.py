@@ -567,10 +567,11 @@ def finetune_optimizer(
     )
 
 
-def _layer_decay(layer_decay, model, caller):
+def _layer_decay(layer_decay, model, caller, uses=""):
     if layer_decay is None:
         if model is not None:
-            raise ValueError(f"{caller}(model=...) is for layer_decay; pass layer_decay=0.75 (say) too, or no model.")
+            raise ValueError(f"{caller}(model=...) is for layer_decay{uses}; pass layer_decay=0.75 (say) too, or no "
+                             "model.")
         return None
     if model is None:
         raise ValueError(
@@ -641,6 +642,6 @@ def pretrain_optimizer(
         gradient_accumulation_steps=gradient_accumulation_steps,
         use_ema=use_ema,
         ema_momentum=ema_momentum,
-        learning_rate_scales=_layer_decay(layer_decay, model if layer_decay is not None or weight_decay_rule != "timm"
-                                          else None, "pretrain_optimizer"),
+        learning_rate_scales=_layer_decay(layer_decay, None if decayed is not None and layer_decay is None else model,
+                                          "pretrain_optimizer", " or weight_decay_rule='timm'"),
     )
