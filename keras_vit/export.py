@@ -221,8 +221,10 @@ def input_normalization(model):
         ...     depth_multiplier=0.1))  # doctest: +SKIP
         ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))
     """
-    own = getattr(getattr(model, "config", None), "input_normalization", None)  # the weights' own (timm's zoo)
-    return tuple(own) if own is not None else _family(model).input_normalization
+    from keras_vit.models.family import input_normalization_of
+
+    _family(model)  # a model of no family is an ExportError
+    return input_normalization_of(model)
 
 
 def input_description(model, with_preprocessing=False):

@@ -270,3 +270,39 @@ def test_trains_with_the_fine_tuning_recipe():
     assert np.abs(after["head/kernel"] - before["head/kernel"]).max() > 0
     assert np.abs(after["Transformer/encoderblock_0_row/MlpBlock_3/Dense_0/kernel"]
                   - before["Transformer/encoderblock_0_row/MlpBlock_3/Dense_0/kernel"]).max() > 0
+
+
+def test_layer_decay_groups_each_layer_with_its_row_and_column_blocks():
+    from keras_vit.models.weight_tree import weight_variables
+
+    model = randomize(AxialVisionTransformer(**TINY_AXIAL, classifier_activation=None), seed=5)
+    variables = weight_variables(model)
+
+    def expected(key):  # 4 groups: the stem, layer 0, layer 1 with the final norm, pre_logits/head
+        if key.startswith(("embedding/", "Transformer/posembed_input/")):
+            return 0.5**3
+        if key.startswith("Transformer/encoderblock_0_"):
+            return 0.5**2
+        if key.startswith(("Transformer/encoderblock_1_", "Transformer/encoder_norm/")):
+            return 0.5
+        return 1.0
+
+    scales = keras_vit.training.layer_decay_scales(model, 0.5)
+    assert {key: scales[var.path] for key, var in variables.items()} == {key: expected(key) for key in variables}
+    # One SGD step from the same weights and gradients, with and without the decay: every variable
+    # moves `scale` times as far.
+    rng = np.random.default_rng(2)
+    trainable = model.trainable_variables
+    grads = [rng.normal(size=v.shape).astype("float32") * 0.01 for v in trainable]
+    start = [keras.ops.convert_to_numpy(v) for v in trainable]
+    moved = {}
+    for decay in (None, 0.5):
+        for var, value in zip(trainable, start):
+            var.assign(value)
+        optimizer = keras_vit.training.finetune_optimizer(1.0, total_steps=4, warmup_steps=0, layer_decay=decay,
+                                                          model=model if decay else None)
+        optimizer.apply_gradients(zip([keras.ops.convert_to_tensor(g) for g in grads], trainable))
+        moved[decay] = {v.path: keras.ops.convert_to_numpy(v) - s for v, s in zip(trainable, start)}
+    for key, var in variables.items():
+        full = moved[None][var.path]
+        np.testing.assert_allclose(moved[0.5][var.path], expected(key) * full, rtol=1e-4, atol=1e-6, err_msg=key)

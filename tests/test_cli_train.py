@@ -109,6 +109,34 @@ def test_fewshot(scratch_run, tmp_path):
     assert {"fewshot.csv", "fewshot.png", "metrics.csv"} <= set(os.listdir(tmp_path))
 
 
+def test_finetune_layer_decay_scales_each_layer_group(tmp_path, capsys):
+    from keras_vit.cli import build_parser
+    from keras_vit.commands.finetune import build_optimizer
+
+    arch = ["--arch", TINY_ARCH, "--weights", "none", "--image-size", "16"]
+    model = keras_vit.VisionTransformer(image_size=16, classes=10, **json.loads(TINY_ARCH))
+    for decay, expected in (("0.5", (0.25, 0.25, 0.5, 0.5, 1.0)), (None, None)):
+        argv = ["finetune", "--data", "digits", "--out", str(tmp_path / "x"), *arch]
+        args = build_parser().parse_args(argv + (["--layer-decay", decay] if decay else []))
+        scales = build_optimizer(args, model, 10, 2).learning_rate_scales
+        if decay is None:
+            assert scales == {}  # one rate for every variable
+            continue
+        assert scales == keras_vit.training.layer_decay_scales(model, float(decay))
+        # One block: the stem (patch embedding, class token, position embedding) at 0.5 ** 2, the
+        # block and the final norm at 0.5, the head at the full rate (timm's param_groups_layer_decay).
+        assert (scales["embedding/kernel"], scales["cls/cls"], scales["encoderblock_0/MlpBlock_3/Dense_0/kernel"],
+                scales["encoder_norm/gamma"], scales["head/kernel"]) == expected
+    # The command trains with it: three rates.
+    assert _finetune(tmp_path / "llrd", *arch, "--layer-decay", "0.5") == 0
+    assert "layer decay 0.5 over 3 rates" in capsys.readouterr().out
+    assert json.loads((tmp_path / "llrd" / "config.json").read_text())["layer_decay"] == 0.5
+    for bad in ("0", "1.5"):
+        with pytest.raises(SystemExit):
+            _finetune(tmp_path / "bad", *arch, "--layer-decay", bad)
+        assert "argument --layer-decay: " in capsys.readouterr().err
+
+
 def test_cli_errors_are_clear(scratch_run, tmp_path, capsys):
     arch = ["--arch", TINY_ARCH, "--weights", "none"]
     assert _finetune(tmp_path / "a", *arch, "--image-size", "20") == 2

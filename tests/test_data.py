@@ -50,6 +50,24 @@ def test_eval_split_is_complete_and_ordered():
     np.testing.assert_allclose(images, x.astype(np.float32) / 127.5 - 1.0, atol=1e-6)
 
 
+def test_pipeline_gives_the_input_the_weights_expect():
+    x, y, _ = kd.load_embedded("digits", "test")
+    clip = ((0.48145466, 0.4578275, 0.40821073), (0.26862954, 0.26130258, 0.27577711))
+    images, labels, _ = kd.as_arrays("digits", "test", image_size=8, normalization=clip)
+    np.testing.assert_array_equal(labels, y)
+    # Same size: the resize is the identity; the pixels become (x / 255 - mean) / std.
+    expected = (x.astype(np.float64) / 255.0 - np.array(clip[0])) / np.array(clip[1])
+    np.testing.assert_allclose(images, expected, atol=2e-6)
+    # Training batches get it too; [-1, 1]'s own statistics change nothing.
+    ds, _ = kd.load_dataset("digits", "train", image_size=8, batch_size=4, training=True, seed=1, normalization=clip)
+    plain, _ = kd.load_dataset("digits", "train", image_size=8, batch_size=4, training=True, seed=1)
+    half, _ = kd.load_dataset("digits", "train", image_size=8, batch_size=4, training=True, seed=1,
+                              normalization=((0.5,) * 3, (0.5,) * 3))
+    (a, _), (b, _), (c, _) = (_first_batches(d, 1)[0] for d in (ds, plain, half))
+    np.testing.assert_allclose(a, ((b + 1) / 2 - np.array(clip[0])) / np.array(clip[1]), atol=2e-6)
+    np.testing.assert_array_equal(c, b)
+
+
 def test_embedded_splits_are_disjoint_slices():
     x_all, _, _ = kd.load_embedded("digits", "train")
     a, _, _ = kd.load_embedded("digits", "train[:1000]")

@@ -9,11 +9,17 @@ units). The mapping from canonical keys to timm names is written here, from timm
 names. ViT-B/16 (a head: the head is a group of its own) and DINOv2-S/14 at 518 px (no head: the
 final norm and the last block are the last group) at full size; tiny models for the distillation
 token, registers, norm_pre, fc_norm, a MAP head and a hybrid stem.
+
+timm's weight-decay rule (`param_groups_weight_decay` with the model's `no_weight_decay()`)
+against `training.timm_weight_decay`: timm's decayed parameters are saved as ones, the others as
+zeros, and read through the timm reader, so the canonical tree itself maps the names.
 """
 
 import re
 import sys
 
+import keras
+import numpy as np
 import pytest
 
 import keras_vit
@@ -25,7 +31,7 @@ sys.modules.setdefault("triton", None)
 torch = pytest.importorskip("torch")
 timm = pytest.importorskip("timm")
 from timm.models._hub import save_for_hf  # noqa: E402
-from timm.optim._param_groups import param_groups_layer_decay  # noqa: E402
+from timm.optim._param_groups import param_groups_layer_decay, param_groups_weight_decay  # noqa: E402
 
 from tests.test_timm_zoo import _load  # noqa: E402  (load as keras_vit: with its head, else pooled as timm)
 
@@ -136,3 +142,62 @@ def test_families_without_grouping_refuse():
         training.layer_decay_scales(model, 0.75)
     with pytest.raises(ValueError, match=r"layer_decay must be in \(0, 1\]"):
         training.layer_decay_scales(keras_vit.VisionTransformer(**TINY), 1.5)
+
+
+# === timm's weight-decay rule (param_groups_weight_decay with the model's no_weight_decay()) ===
+
+
+def timm_decayed_keys(tmp_path, arch, args):
+    """(the keras_vit model, the canonical keys of the weights timm's rule decays): every parameter
+    timm decays is saved as ones, every other as zeros, and read back through keras_vit's timm
+    reader, so each canonical weight says which of its timm parameters it came from."""
+    model = timm.create_model(arch, pretrained=False, **args)
+    groups = param_groups_weight_decay(model, weight_decay=0.1, no_weight_decay_list=model.no_weight_decay())
+    decayed = {id(p) for g in groups if g["weight_decay"] for p in g["params"]}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.fill_(1.0 if id(p) in decayed else 0.0)
+    save_for_hf(model, tmp_path, safe_serialization=True, model_args=args)
+    tree, _ = keras_vit.read_checkpoint(tmp_path)
+    assert all(float(v.min()) == float(v.max()) for v in tree.values())  # no weight mixes the two
+    return _load(tmp_path, model), {k for k, v in tree.items() if float(v.max()) == 1.0}
+
+
+@pytest.mark.parametrize("arch,args", [
+    ("vit_base_patch16_224", dict(img_size=32, depth=2, embed_dim=64, num_heads=4)),
+    ("deit_small_distilled_patch16_224", dict(img_size=32, depth=2)),  # dist_token, head_dist
+    ("vit_small_patch14_reg4_dinov2", dict(img_size=28, depth=2)),  # reg_token, layer scale
+    ("vit_base_patch16_siglip_224", dict(img_size=32, depth=2, embed_dim=64, num_heads=4)),  # MAP head
+], ids=["vit_b16", "deit_distilled", "registers", "map_head"])
+def test_weight_decay_rule_equals_timm(tmp_path, arch, args):
+    keras_model, want = timm_decayed_keys(tmp_path, arch, args)
+    variables = weight_variables(keras_model)
+    assert set(variables) == set(keras_vit.read_checkpoint(tmp_path)[0])
+    paths = set(training.timm_weight_decay(keras_model))
+    assert {k for k, v in variables.items() if v.path in paths} == want
+    # big_vision's rule (kernels only, the default) decays the same weights, but for a MAP head's
+    # probe, which timm decays.
+    kernels = training.pretrain_optimizer(1e-3, total_steps=10, warmup_steps=0)
+    by_pattern = {k for k, v in variables.items() if kernels._use_weight_decay(v)}
+    assert want - by_pattern == ({"MAPHead_0/probe"} if "siglip" in arch else set())
+    assert by_pattern <= want
+    # The optimizer decays exactly those.
+    optimizer = training.pretrain_optimizer(0.5, total_steps=10, warmup_steps=0, weight_decay_rule="timm",
+                                            model=keras_model)
+    assert {k for k, v in variables.items() if optimizer._use_weight_decay(v)} == want
+    if "siglip" not in arch:
+        return
+    # One step of zero gradients moves each decayed w by -rate * 0.1 * w, and no other.
+    before = {k: np.array(keras.ops.convert_to_numpy(v)) for k, v in variables.items()}
+    trainable = keras_model.trainable_variables
+    optimizer.apply_gradients([(keras.ops.zeros(v.shape), v) for v in trainable])
+    for key, var in variables.items():
+        factor = 1.0 - 0.5 * 0.1 if key in want else 1.0
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(var), factor * before[key], rtol=1e-6, err_msg=key)
+
+
+def test_weight_decay_rule_needs_the_model():
+    with pytest.raises(ValueError, match="weight_decay_rule='timm'.*model=model"):
+        training.pretrain_optimizer(1e-3, total_steps=10, warmup_steps=0, weight_decay_rule="timm")
+    with pytest.raises(ValueError, match="weight_decay_rule must be 'kernels' or 'timm'"):
+        training.pretrain_optimizer(1e-3, total_steps=10, warmup_steps=0, weight_decay_rule="all")

@@ -153,7 +153,8 @@ def test_weights_manifest_lists_every_preset():
     assert len(rows) == len(presets.PRESETS)
     for p in presets.PRESETS.values():
         m = rows[(p.architecture, p.tag, p.resolution)]
-        assert (m["repo"], m["classes"], m["top1"], m["original"]) == (p.repo, p.classes, p.top1, p.original)
+        assert (m["repo"], m["classes"], m["top1"], m["original"], m["license"]) == (
+            p.repo, p.classes, p.top1, p.original, p.license)
 
 
 def test_missing_local_path_is_reported_as_a_path(tmp_path):

@@ -1,6 +1,7 @@
 """timm's ViT zoo through every entry point besides `load_checkpoint(folder)` (tests/test_timm_zoo.py):
 the constructors' `weights=`, `hf://timm/...` from a Hub endpoint on 127.0.0.1
-(tests/test_hub_server.py), preset tags, and `keras-vit convert`; and the one-line warning of
+(tests/test_hub_server.py), preset tags, `keras-vit convert` (which keeps the licence) and
+`keras-vit evaluate` (with the weights' normalisation); and the one-line warning of
 non-commercial weights.
 
 Each model is a random-weight timm model saved exactly as timm saves a Hub repository
@@ -62,6 +63,49 @@ def _within(ours, ref32, ref64):
     return error <= max(2e-5, 2 * timm_error), (error, timm_error)
 
 
+def _loss_and_top1(logits, labels):
+    logits = logits - logits.max(1, keepdims=True)
+    log_p = logits - np.log(np.exp(logits).sum(1, keepdims=True))
+    return -log_p[np.arange(len(labels)), labels].mean(), (logits.argmax(1) == labels).mean()
+
+
+def _evaluated_repo(root):
+    """A DINOv2-S/14 with 4 registers, one block and a 3-class head, whose pretrained_cfg states
+    ImageNet's mean/std and (here) a non-commercial licence, as a Hub repository; an image folder
+    of 6 images at its size; and timm's loss and top-1 on them, for `keras-vit evaluate`."""
+    from PIL import Image
+    from timm.models._hub import save_for_hf
+
+    args = dict(img_size=28, depth=1, num_classes=3)
+    model = randomize_torch(timm.create_model("vit_small_patch14_reg4_dinov2", pretrained=False, **args), seed=7)
+    repo = root / "repos" / OWNER / "dinov2_reg4_head"
+    save_for_hf(model, repo, safe_serialization=True, model_args=args)
+    config = json.loads((repo / "config.json").read_text())
+    config["pretrained_cfg"]["license"] = "cc-by-nc-4.0"
+    (repo / "config.json").write_text(json.dumps(config))
+    pixels = np.random.default_rng(3).integers(0, 256, (6, 28, 28, 3), dtype=np.uint8)
+    labels = np.arange(6) % 3
+    for i, (image, label) in enumerate(zip(pixels, labels)):
+        folder = root / "eval_data" / "test" / f"class{label}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image).save(folder / f"{i}.png")  # at the model's size: the resize keeps the pixels
+
+    def loss_and_top1(x, dtype):
+        with torch.no_grad():
+            logits = model.to(dtype)(torch.from_numpy(x.transpose(0, 3, 1, 2).copy()).to(dtype)).double().numpy()
+        return _loss_and_top1(logits, labels)
+
+    cfg = model.pretrained_cfg
+    unit = pixels / 255.0
+    x = ((unit - np.array(cfg["mean"])) / np.array(cfg["std"])).astype("float32")
+    (loss64, top1), (loss32, _) = (loss_and_top1(x, t) for t in (torch.float64, torch.float32))
+    unit_range_loss, _ = loss_and_top1((unit * 2 - 1).astype("float32"), torch.float64)
+    model.to(torch.float32)
+    return dict(data=str(root / "eval_data"), mean=list(cfg["mean"]), std=list(cfg["std"]), loss=loss64,
+                top1=top1, tolerance=max(2e-5 * abs(loss64), 2 * abs(loss32 - loss64)),
+                unit_range_loss=unit_range_loss)
+
+
 @pytest.fixture(scope="module")
 def zoo(tmp_path_factory):
     """Every case saved as a Hub repository under <root>/repos/timm-test/, with its input images
@@ -88,7 +132,7 @@ def zoo(tmp_path_factory):
     gelu = timm.create_model("vit_base_patch32_clip_224", pretrained=False, **args)
     gelu.load_state_dict(quick.state_dict())
     save_for_hf(gelu.eval(), root / "repos" / OWNER / "clip_b32_gelu_repo", safe_serialization=True, model_args=args)
-    return dict(root=root, cases=out)
+    return dict(root=root, cases=out, evaluate=_evaluated_repo(root))
 
 
 # === The constructors' weights= (a local folder), on every backend ===
@@ -150,6 +194,43 @@ def test_cli_convert_keeps_outputs_and_normalisation(zoo, tmp_path, case):
     assert model.config.input_normalization == expected
 
 
+def _licence_warnings(load):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model = load()
+    return model, [str(w.message) for w in caught if issubclass(w.category, keras_vit.loading.LicenseWarning)]
+
+
+def test_cli_convert_keeps_the_licence(zoo, tmp_path, capsys):
+    import keras
+
+    mae = zoo["cases"][MAE[0]]  # timm's pretrained_cfg names cc-by-nc-4.0
+    x = mae["x"]
+    for name in ("preset", "model.keras"):
+        out = str(tmp_path / name)
+        assert main(["convert", mae["folder"], out]) == 0
+        assert keras_vit.loading.license_of(keras_vit.loading.resolve(out)) == "cc-by-nc-4.0", name
+        # Loading the converted weights says what loading timm's folder says, once.
+        model, said = _licence_warnings(lambda: keras_vit.load_checkpoint(out, **_load_kwargs(mae["model"])))
+        assert len(said) == 1 and "cc-by-nc-4.0" in said[0] and "non-commercial" in said[0], (name, said)
+        ok, errors = _within(model.predict(x, verbose=0), *mae["ref"])
+        assert ok, (name, errors)
+    # The .keras archive with the licence in its metadata.json is still Keras' own file.
+    restored = keras.saving.load_model(str(tmp_path / "model.keras"))
+    np.testing.assert_allclose(restored.predict(x, verbose=0), model.predict(x, verbose=0), rtol=1e-6, atol=1e-6)
+    with open(tmp_path / "preset" / "metadata.json") as f:
+        assert json.load(f)["license"] == "cc-by-nc-4.0"
+    # An open licence travels too, and warns of nothing.
+    out = str(tmp_path / "dinov2")
+    assert main(["convert", zoo["cases"][DINOV2[0]]["folder"], out]) == 0
+    assert keras_vit.loading.license_of(keras_vit.loading.resolve(out)) == "apache-2.0"
+    assert _licence_warnings(lambda: keras_vit.load_checkpoint(out, include_top=False))[1] == []
+    # An .npz records no licence: convert says so.
+    capsys.readouterr()
+    assert main(["convert", mae["folder"], str(tmp_path / "mae.npz")]) == 0
+    assert "does not record the weights' licence (cc-by-nc-4.0)" in capsys.readouterr().err
+
+
 # === hf://, preset tags and the CLI from a Hub endpoint, in a fresh process ===
 
 _HUB_BODY = """
@@ -160,6 +241,16 @@ from keras_vit import presets
 from keras_vit.cli import main
 root, owner, cases = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
 result = {}
+# keras-vit evaluate of a repository, the first load of its weights in this process.
+handle = f"hf://{owner}/dinov2_reg4_head"
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    result["evaluate"] = main(["evaluate", "--weights", handle, "--data", os.path.join(root, "eval_data"), "--out",
+                               os.path.join(root, "evaluated"), "--verbose", "0"])
+result["evaluate_warnings"] = [str(w.message) for w in caught if issubclass(w.category, keras_vit.loading.LicenseWarning)]
+model = keras_vit.load_checkpoint(handle)
+result["evaluate_normalization"] = model.config.input_normalization
+result["evaluate_license"] = keras_vit.loading.license_of(keras_vit.loading.resolve(handle))
 for case, kwargs in cases.items():
     x = np.load(os.path.join(root, f"x_{case}.npy"))
     model = keras_vit.load_checkpoint(f"hf://{owner}/{case}", **kwargs)
@@ -217,3 +308,15 @@ def test_zoo_cases_load_from_the_hub(zoo, tmp_path):
     ok, errors = _within(model.predict(siglip["x"], verbose=0), *siglip["ref"])
     assert ok, errors
     assert os.path.isfile(zoo["root"] / "converted" / "config.json")
+    # keras-vit evaluate --weights hf://...: the repository's mean/std (ImageNet's) reach the model,
+    # so the loss is timm's on the normalised images (with [-1, 1] inputs it would differ); its
+    # licence comes along and is said once.
+    ev = zoo["evaluate"]
+    assert abs(ev["unit_range_loss"] - ev["loss"]) > 100 * ev["tolerance"]  # the normalisation shows in the loss
+    assert result["evaluate"] == 0
+    metrics = json.loads((zoo["root"] / "evaluated" / "metrics.json").read_text())
+    assert metrics["examples"] == 6 and metrics["top1"] == ev["top1"]
+    assert abs(metrics["loss"] - ev["loss"]) <= ev["tolerance"], (metrics["loss"], ev)
+    assert result["evaluate_normalization"] == [ev["mean"], ev["std"]]
+    assert result["evaluate_license"] == "cc-by-nc-4.0"
+    assert len(result["evaluate_warnings"]) == 1 and "cc-by-nc-4.0" in result["evaluate_warnings"][0]

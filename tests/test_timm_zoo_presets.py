@@ -76,6 +76,20 @@ def test_zoo_presets_are_timms_pretrained_cfgs():
     assert presets.preset_by_name("ViTB16.augreg2_in21k_ft_in1k").license == "apache-2.0"
 
 
+def test_every_timm_preset_has_timms_licence():
+    # The presets of every family that timm publishes (ViTs, R+ViT hybrids, BiT, EfficientNet),
+    # against the licence of timm's own pretrained_cfg of each repository's tag.
+    _need_timm()
+    rows = [p for p in presets.PRESETS.values() if p.repo.startswith("timm/")]
+    assert {p.architecture[:3] for p in rows} >= {"ViT", "R50", "BiT", "Eff"}
+    names = sorted({p.repo.split("/", 1)[1] for p in rows})
+    cfgs = json.loads(run_script(_TIMM_CFGS, json.dumps(names)).strip().splitlines()[-1])
+    for p in rows:
+        assert p.license == cfgs[p.repo.split("/", 1)[1]]["license"], p.name
+    # Every preset names its licence; `keras-vit presets` shows no "-".
+    assert all(p.license for p in presets.PRESETS.values())
+
+
 def test_normalisation_travels_with_each_preset():
     dinov2 = presets.preset_by_name("DINOv2S14.lvd142m")
     assert dinov2.normalization == ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225))

@@ -243,6 +243,23 @@ def _check_keras_archive(path):
     return weights, config
 
 
+def license_of(path):
+    """The licence a Keras-native checkpoint records for its weights (`metadata.json`'s "license":
+    a preset folder's, the one inside a .keras archive, or the one beside a .weights.h5), or None."""
+    path = os.fspath(path)
+    try:
+        if os.path.isdir(path):
+            metadata = read_json_object(os.path.join(path, METADATA_FILE), missing={}, malformed={})
+        elif _detect_keras(path):
+            metadata = read_member_json(path, METADATA_FILE) if is_zip_with(path, (METADATA_FILE,)) else {}
+        else:
+            metadata = read_json_object(os.path.join(os.path.dirname(path), METADATA_FILE), missing={}, malformed={})
+    except CheckpointError:  # a damaged metadata.json states no licence; the weights' own checks still run
+        return None
+    license = metadata.get("license") if isinstance(metadata, dict) else None
+    return license if isinstance(license, str) and license else None
+
+
 def _detect_preset(path):
     return (
         os.path.isdir(path)
@@ -266,6 +283,7 @@ FORMATS = (
         detect=_detect_preset,
         read=read_keras_preset,
         hub_files=(WEIGHTS_FILE,),
+        license=license_of,
     ),
     CheckpointFormat(
         name="keras",
@@ -273,12 +291,14 @@ FORMATS = (
         detect=_detect_keras,
         read=read_keras_file,
         hub_files=("*.keras",),
+        license=license_of,
     ),
     CheckpointFormat(
         name="keras_weights",
         description="a .weights.h5 with config.json beside it",
         detect=_detect_weights,
         read=read_weights_h5,
+        license=license_of,
     ),
 )
 
@@ -389,6 +409,44 @@ def save_preset(model, folder, metadata=None, readme=True):
     if readme:
         _write_text(os.path.join(folder, README_FILE), _model_card(model, metadata, folder))
     return folder
+
+
+def save_keras_file(model, path, metadata=None):
+    """`model.save(path)` (a .keras file), with `metadata` (e.g. {"license": "cc-by-nc-4.0"})
+    added to the archive's own metadata.json, where `load_checkpoint` reads the licence back.
+
+    Example:
+        >>> model = keras_vit.VisionTransformer(image_size=32, patch_size=8, hidden_size=16,
+        ...     num_layers=1, num_heads=2, mlp_dim=32, classes=3)
+        >>> save_keras_file(model, "/tmp/tiny.keras", {"license": "apache-2.0"})   # doctest: +SKIP
+        >>> license_of("/tmp/tiny.keras")   # doctest: +SKIP
+        'apache-2.0'
+    """
+    import shutil
+    import zipfile
+
+    path = os.fspath(path)
+    if not metadata:
+        model.save(path)
+        return path
+    saved, tmp = path + ".part.keras", path + ".tmp"
+    try:
+        model.save(saved)
+        # A zip member cannot be rewritten in place: the archive is copied, metadata.json extended.
+        with zipfile.ZipFile(saved) as source, zipfile.ZipFile(tmp, "w") as target:
+            for info in source.infolist():
+                if info.filename == METADATA_FILE:
+                    merged = {**json.loads(source.read(info)), **metadata}
+                    target.writestr(info, json.dumps(merged, indent=2, default=_json_default))
+                    continue
+                with source.open(info) as reader, target.open(info, "w", force_zip64=info.file_size > 2**31) as writer:
+                    shutil.copyfileobj(reader, writer, 1 << 20)
+        os.replace(tmp, path)
+    finally:
+        for leftover in (saved, tmp):
+            if os.path.exists(leftover):
+                os.remove(leftover)
+    return path
 
 
 def _json_default(value):

@@ -109,13 +109,17 @@ def run(args):
     from keras_vit.models.family import family_of
 
     to = destination_format(dst, args.to, family_of(model))
+    # The weights' licence travels with them (metadata.json), so loading the result warns as the source does.
+    license = loading.license_of(resolved)
     if to == _KERAS_FILE:
-        model.save(dst)
+        from keras_vit.checkpoints.keras_format import save_keras_file
+
+        save_keras_file(model, dst, {"license": license} if license else None)
         kind = ".keras file"
     elif to == _PRESET:
         from keras_vit import save_preset
 
-        save_preset(model, dst, metadata={"source": args.source})
+        save_preset(model, dst, metadata={"source": args.source, **({"license": license} if license else {})})
         kind = "Keras preset folder"
     else:
         fmt = _npz_writers()[to]
@@ -124,6 +128,9 @@ def run(args):
         except ValueError as err:
             raise ValueError(f"This model cannot be written as {fmt.description}: {err}") from None
         kind = fmt.description
+        if license:
+            print(f"keras-vit convert: note: {dst} does not record the weights' licence ({license}); convert to .keras "
+                  "or a preset folder to keep it with them.", file=sys.stderr)
         # An .npz states no numerics: its reader assumes its framework's. Say so where they differ.
         _, written = fmt.read_at(dst, (h, w))  # a non-square grid: the file alone may not tell it
         differ = {k: (v, written[k]) for k, v in _numerics(c).items() if k in written and written[k] != v}

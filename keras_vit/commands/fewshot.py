@@ -121,8 +121,10 @@ def fewshot(args):
     shots = args.shots  # sorted positive counts (checked while parsing)
     model = resolution.load_model(args, image_size=args.image_size, include_top=False, fresh_classes=1)
     image_size = tuple(model.image_size)
+    from keras_vit.models.family import input_normalization_of
+
     common = dict(image_size=image_size, batch_size=args.batch_size, classes=args.classes, data_dir=args.data_dir,
-                  on_bad_file=args.on_bad_file)
+                  on_bad_file=args.on_bad_file, normalization=input_normalization_of(model))
     train_ds, info = kd.load_dataset(args.data, args.train_split, **common)
     test_ds, test_info = kd.load_dataset(args.data, args.test_split, **common)
     run = RunFolder.start(args.out, resolution.run_config(args, image_size=list(image_size)))

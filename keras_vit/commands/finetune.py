@@ -10,7 +10,7 @@ On several hosts (a TPU pod slice: the same command on every worker; see docs/TP
         --image-size 384 --batch-size 512 --resume --out /mnt/shared/runs/cifar100
 
 Recipe: SGD momentum 0.9, global-norm clip 1.0, no weight decay, linear warm-up then cosine
-decay; Inception crop + flip for training, resize for evaluation; a zero-initialised head and
+decay (with --layer-decay D, layer-wise rates: each layer group D times slower than the next); Inception crop + flip for training, resize for evaluation; a zero-initialised head and
 position embeddings resized to the new resolution (keras_vit.training.for_finetuning). Any model
 family fine-tunes; without --image-size, at its family's resolution (a BiT: BiT-HyperRule's, 128
 px for images under 96x96, else 480; an EfficientNet: its architecture's), else the checkpoint's.
@@ -54,6 +54,11 @@ def add_parser(subparsers):
                        default=None, metavar="MOMENTUM",
                        help="Polyak averaging of the weights, a momentum in (0, 1) (paper: 0.9999 for long runs); "
                        "evaluate and save the averages (default: no averaging)")
+    group.add_argument("--layer-decay", type=arguments.number(float, low=0, high=1, low_open=True, example="0.75"),
+                       default=None, metavar="D",
+                       help="layer-wise learning-rate decay (BEiT, MAE, DINOv2 recipes): each group of layers from the "
+                       "head down trains D times slower than the one above it, as timm's param_groups_layer_decay "
+                       "(keras_vit.training.layer_decay_scales; Vision Transformers and Axial-ViTs) (default: one rate)")
     group.add_argument("--resume", action="store_true",
                        help="back up weights + optimizer state in OUT/backup each evaluation and resume an "
                        "interrupted run from it (with the arguments it was started with)")
@@ -151,6 +156,19 @@ def start_distribution(args):
     return distribution.process_shard()
 
 
+def build_optimizer(args, model, total_steps, warmup_steps):
+    """The fine-tuning optimizer of the parsed `args` for `model`: the paper's SGD, with --ema's
+    averaging and --layer-decay's per-variable rates (`training.layer_decay_scales`; a family
+    without layer groups is refused with a ValueError)."""
+    from keras_vit import training
+
+    return training.finetune_optimizer(
+        args.lr, total_steps=total_steps, warmup_steps=warmup_steps, use_ema=args.ema is not None,
+        ema_momentum=args.ema or 0.9999, layer_decay=args.layer_decay,
+        model=model if args.layer_decay is not None else None,
+    )
+
+
 def finetune(args):
     checks.check_model_args(args)  # before anything loads
     checks.check_training_args(args)
@@ -179,8 +197,11 @@ def finetune(args):
           f"{classes} classes" + (f" (from {base.name} at {tuple(base.image_size)})" if base is not None else ""))
 
     # With --distribute each process reads its rows of every global batch (the same batches as one process).
+    from keras_vit.models.family import input_normalization_of
+
     common = dict(image_size=image_size, batch_size=args.batch_size, seed=args.seed, data_dir=args.data_dir,
-                  on_bad_file=args.on_bad_file, classes=classes, shard=shard)
+                  on_bad_file=args.on_bad_file, classes=classes, shard=shard,
+                  normalization=input_normalization_of(model))  # the input the weights expect
     train_ds, train_info = kd.load_dataset(
         args.data, args.train_split, training=True, crop=not args.no_crop, flip=not args.no_flip,
         area_range=(args.min_crop_area, 1.0), **common,
@@ -198,6 +219,7 @@ def finetune(args):
             print(f"evaluating on {kept} of the {eval_info.num_examples} {args.eval_split} examples: several processes "
                   f"evaluate whole batches of {args.batch_size} only (a --batch-size dividing "
                   f"{eval_info.num_examples} uses them all)")
+    optimizer = build_optimizer(args, model, total, warmup)  # before the run folder: it may refuse --layer-decay
     run = RunFolder(args.out)  # process 0 writes it; created once the model and data are ready
     run.save_config(config)
     backup, done = None, 0
@@ -220,12 +242,13 @@ def finetune(args):
     callbacks = [run.logger(stage="finetune", step_offset=done)]
     callbacks += api.finetune_callbacks(backup_dir=backup, ema=args.ema is not None)
     model.compile(
-        optimizer=api.finetune_optimizer(args.lr, total_steps=total, warmup_steps=warmup,
-                                         use_ema=args.ema is not None, ema_momentum=args.ema or 0.9999),
+        optimizer=optimizer,
         loss=api.classification_loss(model, label_smoothing=args.label_smoothing),
         metrics=["accuracy"],
     )
-    print(f"fine-tuning {total} steps (batch {args.batch_size}, lr {args.lr}, warm-up {warmup}), "
+    groups = len(set(optimizer.learning_rate_scales.values()))
+    print(f"fine-tuning {total} steps (batch {args.batch_size}, lr {args.lr}, warm-up {warmup}"
+          + (f", layer decay {args.layer_decay} over {groups} rates" if groups else "") + "), "
           f"evaluating every {steps_per_epoch} steps on {args.eval_split}")
     start = time.time()
     model.fit(

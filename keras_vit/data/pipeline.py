@@ -225,6 +225,7 @@ def load_dataset(
     data_dir=None,
     on_bad_file="skip",
     shard=None,
+    normalization=None,
 ):
     """Build the input pipeline of `data`/`split` for a model at `image_size`.
 
@@ -256,6 +257,10 @@ def load_dataset(
             is what keeps the global batches those of one process); any other pipeline keeps
             whole global batches only (the last short one, if any, is left out), since a step
             needs the same number of rows in every process.
+
+        normalization: (mean, std) per channel of [0, 1] pixels the model's weights expect
+            (`keras_vit.models.family.input_normalization_of(model)`: CLIP's, ImageNet's); None:
+            images in [-1, 1], the original ViT's input.
 
     Returns:
         (tf.data.Dataset, DatasetInfo).
@@ -321,6 +326,9 @@ def load_dataset(
             lambda image, label: (preprocessing.eval_preprocess(image, image_size), label),
             num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
         )
+    if not preprocessing.is_unit_range(normalization):  # the weights expect another input than [-1, 1]
+        ds = ds.map(lambda image, label: (preprocessing.from_unit_range(image, normalization), label),
+                    num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
     if one_hot:
         ds = ds.map(lambda image, label: (image, tf.one_hot(label, num_classes, dtype=tf.float32)))
     else:

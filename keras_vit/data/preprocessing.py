@@ -14,6 +14,7 @@ built with the same seed yields the same batches on every run and every Keras ba
     ((32, 32, 3), 1.0)
 """
 
+import numpy as np
 import tensorflow as tf
 
 from keras_vit.data.augmentation import INCEPTION_AREA_RANGE, INCEPTION_ASPECT_RANGE  # noqa: F401
@@ -23,6 +24,27 @@ from keras_vit.geometry import as_pair
 def scale_to_unit_range(image):
     """Map pixel values in [0, 255] (any dtype) to float32 in [-1, 1]: x / 127.5 - 1."""
     return tf.cast(image, tf.float32) / 127.5 - 1.0
+
+
+def is_unit_range(normalization):
+    """Whether (mean, std) per channel of [0, 1] pixels (or None) maps pixels to [-1, 1]: 0.5 / 0.5."""
+    return normalization is None or all(float(v) == 0.5 for part in normalization for v in part)
+
+
+def from_unit_range(images, normalization):
+    """Images in [-1, 1] (what this module's preprocessing gives) as a model whose weights expect
+    `normalization` takes them: ((images + 1) / 2 - mean) / std, i.e. (pixels / 255 - mean) / std,
+    with (mean, std) per channel of [0, 1] pixels (`keras_vit.models.family.input_normalization_of`).
+    None, or [-1, 1]'s own 0.5 / 0.5, returns `images` unchanged. NumPy arrays or tensors.
+
+    Example:
+        >>> from_unit_range(np.array([[-1.0, 0.0, 1.0]], np.float32), ((0.5, 0.5, 0.5), (0.25, 0.5, 0.5)))
+        array([[-2.,  0.,  1.]], dtype=float32)
+    """
+    if is_unit_range(normalization):
+        return images
+    mean, std = (np.asarray(part, np.float32) for part in normalization)
+    return ((images + np.float32(1.0)) * np.float32(0.5) - mean) / std
 
 
 def inception_crop_box(image_shape, seed, area_range=INCEPTION_AREA_RANGE, aspect_range=INCEPTION_ASPECT_RANGE):

@@ -12,7 +12,9 @@
   * anything `keras_vit.data.load_dataset` reads (tfds:cifar100, an image folder, digits, ...).
 
 Images get the evaluation preprocessing of the paper (resize to the model's resolution, pixels
-in [-1, 1]), which every keras_vit model is trained with. When the model's optimizer keeps an
+in [-1, 1]), then the normalisation the model's weights expect where it is another
+(`keras_vit.models.family.input_normalization_of`: timm's DINOv2 and CLIP weights state theirs,
+EfficientNet and AxialResNet take ImageNet's). When the model's optimizer keeps an
 EMA of the weights (a .keras file saved with its optimizer, use_ema=True), the averages are
 evaluated (`keras_vit.evaluation.load_for_evaluation`).
 """
@@ -48,9 +50,25 @@ def _progress(total, verbose):
     return keras.utils.Progbar(total, unit_name="image") if verbose else None
 
 
-def _predict(model, images):
+def _normalization(model):
+    """(mean, std) the model's weights expect of [0, 1] pixels; None ([-1, 1]) for a model of no
+    keras_vit family."""
+    from keras_vit.models.family import input_normalization_of
+
+    try:
+        return input_normalization_of(model)
+    except ValueError:
+        return None
+
+
+def _predict(model, images, normalization=None):
+    """The model's outputs for a batch of images in [-1, 1], given to it as its weights expect them
+    (`normalization`: DINOv2's ImageNet statistics, CLIP's)."""
     import keras
 
+    from keras_vit.data.preprocessing import from_unit_range
+
+    images = from_unit_range(np.asarray(images, np.float32), normalization)
     return np.asarray(keras.ops.convert_to_numpy(model.predict_on_batch(images)), np.float64)
 
 
@@ -142,6 +160,7 @@ def evaluate_classifier(model, data, split="test", *, batch_size=64, data_dir=No
 
     data = os.fspath(data)
     image_size = tuple(model.image_size) if hasattr(model, "image_size") else tuple(model.input_shape[1:3])
+    normalization = _normalization(model)
     if data.startswith("objectnet:"):
         names, _ = load_mapping()
         _check_head(model, 1000, data)
@@ -150,7 +169,7 @@ def evaluate_classifier(model, data, split="test", *, batch_size=64, data_dir=No
         metrics = ClassificationMetrics(len(names))
         bar = _progress(total, verbose)
         for images, labels in _batches_of_files(ds, paths, batch_size, image_size):
-            metrics.update(objectnet_scores(_predict(model, images)), labels)
+            metrics.update(objectnet_scores(_predict(model, images, normalization)), labels)
             if bar:
                 bar.update(metrics.examples)
         result = _result(metrics, data, "all images")
@@ -164,7 +183,7 @@ def evaluate_classifier(model, data, split="test", *, batch_size=64, data_dir=No
         metrics = ClassificationMetrics(1000, real=True)
         bar = _progress(total, verbose)
         for images, labels, real in numpy_batches(ds):
-            metrics.update(_predict(model, images), labels, real=real)
+            metrics.update(_predict(model, images, normalization), labels, real=real)
             if bar:
                 bar.update(metrics.examples)
         names = _imagenet_names()
@@ -184,7 +203,7 @@ def evaluate_classifier(model, data, split="test", *, batch_size=64, data_dir=No
     metrics = ClassificationMetrics(k)
     bar = _progress(info.num_examples, verbose)
     for images, labels in numpy_batches(ds):
-        metrics.update(_predict(model, images), np.argmax(labels, -1) if labels.ndim == 2 else labels)
+        metrics.update(_predict(model, images, normalization), np.argmax(labels, -1) if labels.ndim == 2 else labels)
         if bar:
             bar.update(metrics.examples)
     names = info.class_names if info.class_names and len(info.class_names) == k else None

@@ -257,7 +257,7 @@ def run_vtab(model, out, *, tasks=None, weights=None, setting=VTAB_1K, steps=Non
     from keras_vit import training
     from keras_vit.evaluation.evaluators import evaluate_classifier
 
-    from keras_vit.models.family import family_of
+    from keras_vit.models.family import family_of, input_normalization_of
 
     if image_size is None and not family_of(model).transfer.resizable:
         image_size = own_size(model)  # a family fine-tuned at its own resolution only (an AxialResNet)
@@ -282,6 +282,7 @@ def run_vtab(model, out, *, tasks=None, weights=None, setting=VTAB_1K, steps=Non
         train_ds, info = kd.load_dataset(
             f"tfds:{task}", setting.train_split, image_size=setting.image_size, batch_size=micro, training=True,
             seed=seed, classes=source.classes, data_dir=data_dir,
+            normalization=input_normalization_of(model),  # the input the weights expect, as evaluate_classifier's
         )
         keras.utils.set_random_seed(seed)
         task_model = training.for_finetuning(model, image_size=setting.image_size, classes=source.classes,

@@ -12,10 +12,11 @@ and the head end it. With ViT-B's widths and patch 16 at 224 px that is 171,620,
 """
 
 import dataclasses
+import re
 from typing import ClassVar
 
 from keras_vit.models.config import NUMERICS, RESIZE_RULES, FieldGroupConfig, as_pair, suggest
-from keras_vit.models.family import ModelFamily
+from keras_vit.models.family import ModelFamily, stem_block_head_groups
 from keras_vit.models.transfer import Transfer
 
 #: The axes an Axial Transformer block can attend along: "row" (along the width, within each row
@@ -299,6 +300,27 @@ Example:
     >>> model = keras_vit.{name}(weights=None, input_shape=(224, 224, 3))
 """
 
+# === Layer groups (layer-wise learning-rate decay) ===
+
+#: The stem: the patch embedding and the position embedding (no class token).
+_STEM = re.compile(r"^(embedding|Transformer/posembed_input)(/|$)")
+#: Transformer layer i: its row block and its column block, one group (the unit that takes the
+#: place of ViT block i, so a decay tuned for a ViT of the same depth scales the same way).
+_LAYER = re.compile(r"^Transformer/encoderblock_(\d+)_(?:row|column)/")
+
+
+def layer_groups(keys):
+    """{canonical key: ordinal} for layer-wise learning-rate decay, ordered as a ViT's (timm's
+    `param_groups_layer_decay`): the stem, then Transformer layer i (its row and column blocks
+    together), the final norm with the last layer, then pre_logits and the head.
+
+    Example:
+        >>> layer_groups(["embedding/kernel", "Transformer/encoderblock_1_column/LayerNorm_0/scale", "head/bias"])
+        {'embedding/kernel': (0,), 'Transformer/encoderblock_1_column/LayerNorm_0/scale': (1, 1), 'head/bias': (2,)}
+    """
+    return stem_block_head_groups(keys, _STEM, _LAYER, "Transformer/encoder_norm/")
+
+
 AXIAL_VIT = ModelFamily(
     name="axial_vit",
     title="Axial-ViT",
@@ -320,6 +342,8 @@ AXIAL_VIT = ModelFamily(
     to_checkpoint=_to_checkpoint,
     from_checkpoint=_from_checkpoint,
     constructor_doc=DOC,
+    layer_groups=layer_groups,
+    no_weight_decay=("Transformer/posembed_input/",),  # the position embedding, as a ViT's
     # Dropout 0 and the model's remat, as the ViT; the position embedding follows any input size.
     transfer=Transfer(settings="keras_vit.models.transfer:dropout_free_settings",
                       options=("dropout_rate", "attention_dropout_rate", "remat")),

@@ -233,9 +233,14 @@ _TIMM_BIT_ROWS = [
     ("BiTResNet152x4", "goog_in21k", 224, 21843, None, "timm/resnetv2_152x4_bit.goog_in21k"),
 ]
 
+#: The weights' licence: google-research/big_transfer publishes them under Apache-2.0, as timm's
+#: resnetv2.py `_cfg` states for every one of its BiT tags.
+BIT_LICENSE = "apache-2.0"
+
 #: Each family's preset rows (`ModelFamily.presets`): (constructor, tag, resolution, classes,
-#: top-1, Hub repository, original file or None, source).
-BIT_PRESET_ROWS = tuple((a, t, r, c, top1, repo, None, "timm") for a, t, r, c, top1, repo in _TIMM_BIT_ROWS)
+#: top-1, Hub repository, original file or None, source, {further `Preset` fields}).
+BIT_PRESET_ROWS = tuple((a, t, r, c, top1, repo, None, "timm", dict(license=BIT_LICENSE))
+                        for a, t, r, c, top1, repo in _TIMM_BIT_ROWS)
 
 
 

@@ -290,10 +290,15 @@ def finetune_resolution(config, data_size):
 
 # === Presets ===
 
+#: The Noisy Student weights' licence: timm's efficientnet.py `_cfg` states apache-2.0 for its tags
+#: (google's tensorflow/tpu checkpoints they are ported from are Apache-2.0 too).
+EFFICIENTNET_LICENSE = "apache-2.0"
+
 #: (constructor, tag, resolution, classes, ImageNet-1k top-1 (timm's results-imagenet.csv), Hub
-#: repository, original file, source) of the Noisy Student weights timm publishes.
+#: repository, original file, source, {further `Preset` fields}) of the Noisy Student weights timm publishes.
 PRESET_ROWS = tuple(
-    (name, tag, resolution, 1000, top1, f"timm/{EFFICIENTNET_ARCHITECTURES[name].timm_name}.{tag}", None, "timm")
+    (name, tag, resolution, 1000, top1, f"timm/{EFFICIENTNET_ARCHITECTURES[name].timm_name}.{tag}", None, "timm",
+     dict(license=EFFICIENTNET_LICENSE))
     for name, tag, resolution, top1 in (
         ("EfficientNetB0", "ns_jft_in1k", 224, 78.670),
         ("EfficientNetB1", "ns_jft_in1k", 240, 81.394),

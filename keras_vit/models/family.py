@@ -74,6 +74,27 @@ def _as_tuple(value):
     return tuple(value) if isinstance(value, (list, tuple)) else value
 
 
+def stem_block_head_groups(keys, stem, block, final_norm):
+    """{canonical key: ordinal} of a Transformer's weights for layer-wise learning-rate decay, as
+    timm's `group_matcher(coarse=False)` orders a VisionTransformer's: the keys `stem` (a compiled
+    regex) matches first, (0,); then the block whose index `block`'s first group captures, (1, i);
+    the final norm (keys starting with `final_norm`) with the last block; everything else (heads,
+    pooling, pre_logits) after the blocks, (2,)."""
+    blocks = [int(m.group(1)) for m in map(block.match, keys) if m]
+    out = {}
+    for key in keys:
+        match = block.match(key)
+        if stem.match(key):
+            out[key] = (0,)
+        elif match:
+            out[key] = (1, int(match.group(1)))
+        elif key.startswith(final_norm) and blocks:
+            out[key] = (1, max(blocks))
+        else:
+            out[key] = (2,)
+    return out
+
+
 # === The record ===
 
 
@@ -157,6 +178,9 @@ class ModelFamily:
         default_architecture: the constructor that stands for the family where a model is needed
             and none is named (the default family's is what `keras-vit explain` inspects without
             --arch and weights); None: the first of `architectures`.
+        no_weight_decay: canonical keys (or prefixes ending in "/") of the weights timm's
+            `no_weight_decay()` names (a ViT's class, register and distillation tokens and position
+            embedding), which its weight-decay rule leaves undecayed besides biases and norms.
     """
 
     name: str
@@ -193,6 +217,7 @@ class ModelFamily:
     transfer: Transfer = Transfer()
     layer_groups: Any = None
     default_architecture: Optional[str] = None
+    no_weight_decay: tuple = ()
 
     # --- the model --------------------------------------------------------------------------
 
@@ -497,3 +522,23 @@ def family_of(thing):
         except ValueError:
             continue
     raise ValueError(f"A {type(thing).__name__} belongs to no keras_vit model family.")
+
+
+def input_normalization_of(model):
+    """(mean, std) per channel of [0, 1] pixels that `model` takes its images normalised with: its
+    weights' own (`config.input_normalization`: CLIP's, DINOv2's ImageNet statistics from timm's
+    pretrained_cfg), else its family's (`ModelFamily.input_normalization`: [-1, 1] for ViTs).
+
+    Raises:
+        ValueError for a model of no keras_vit family.
+
+    Example:
+        >>> import keras_vit
+        >>> input_normalization_of(keras_vit.VisionTransformer(image_size=32, patch_size=8, hidden_size=16,
+        ...     num_layers=1, num_heads=2, mlp_dim=32, classes=3))
+        ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5))
+    """
+    own = getattr(getattr(model, "config", None), "input_normalization", None)
+    if own is not None:
+        return tuple(tuple(float(v) for v in part) for part in own)
+    return family_of(model).input_normalization

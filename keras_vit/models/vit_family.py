@@ -18,7 +18,7 @@ from keras_vit.choices import MLP_ACTIVATIONS, NORMS
 from keras_vit.errors import CheckpointError
 from keras_vit.models.bit_family import conv_flops, count_units, resnet_flops, width_factor
 from keras_vit.models.config import NUMERICS, RESIZE_RULES, FieldGroupConfig, as_pair, config_field, suggest
-from keras_vit.models.family import IMAGENET_NORMALIZATION, ModelFamily, ShardingRules
+from keras_vit.models.family import IMAGENET_NORMALIZATION, ModelFamily, ShardingRules, stem_block_head_groups
 from keras_vit.models.transfer import Transfer
 
 # === Architectures ===
@@ -917,8 +917,14 @@ def _zoo_preset_row(constructor, tag, timm_architecture):
             "timm", extra)
 
 
+#: The licence of the R+ViT hybrids' weights: timm's vision_transformer_hybrid.py, whose tags are
+#: not in the zoo table (vision_transformer.py's), states apache-2.0 in its `_cfg` for all of them.
+HYBRID_LICENSE = "apache-2.0"
+
+
 def _timm_preset_row(a, t, r, c, top1, repo, orig):
-    cfg = timm_pretrained_cfg(repo.split("/", 1)[-1]) or {}
+    cfg = timm_pretrained_cfg(repo.split("/", 1)[-1])
+    cfg = cfg if cfg is not None else {"license": HYBRID_LICENSE}
     extra = dict(license=cfg.get("license"), **_signed_unit(cfg))
     return (a, t, r, c, top1, repo, _GS + orig if orig else None, "timm", extra)
 
@@ -1069,19 +1075,7 @@ def layer_groups(keys):
         >>> layer_groups(["cls", "Transformer/encoderblock_1/LayerNorm_0/scale", "head/bias"])
         {'cls': (0,), 'Transformer/encoderblock_1/LayerNorm_0/scale': (1, 1), 'head/bias': (2,)}
     """
-    blocks = [int(m.group(1)) for m in map(_BLOCK.match, keys) if m]
-    out = {}
-    for key in keys:
-        block = _BLOCK.match(key)
-        if _STEM.match(key):
-            out[key] = (0,)
-        elif block:
-            out[key] = (1, int(block.group(1)))
-        elif key.startswith("Transformer/encoder_norm/") and blocks:
-            out[key] = (1, max(blocks))
-        else:
-            out[key] = (2,)
-    return out
+    return stem_block_head_groups(keys, _STEM, _BLOCK, "Transformer/encoder_norm/")
 
 
 def _vit_describe(config):
@@ -1268,6 +1262,8 @@ VIT = ModelFamily(
     patch_resize_refusal=_patch_resize_refusal,
     layer_groups=layer_groups,
     default_architecture="ViTB16",  # the paper's base model
+    # timm's VisionTransformer.no_weight_decay(): pos_embed, cls_token, reg_token, dist_token
+    no_weight_decay=("cls", "reg_tokens", "dist_token", "Transformer/posembed_input/"),
     # dropout 0, the model's remat; position embeddings follow any input size
     transfer=Transfer(settings="keras_vit.models.transfer:dropout_free_settings",
                       options=("dropout_rate", "attention_dropout_rate", "patch_drop_rate", "remat")),

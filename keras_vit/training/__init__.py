@@ -28,6 +28,9 @@ under gradient accumulation):
     layer_decay_scales(model, layer_decay, *, min_scale=0.0)
                                                  -> timm's layer-wise lr decay scales; also
                                                     finetune/pretrain_optimizer(layer_decay=, model=)
+    timm_weight_decay(model)                     -> the variable paths timm's weight-decay rule
+                                                    decays; AdamW(decayed_variables=),
+                                                    pretrain_optimizer(weight_decay_rule="timm", model=)
 
 Recipes:
     for_finetuning(model, *, image_size=None, classes, classifier_activation=<model's>,
@@ -101,6 +104,7 @@ from keras_vit.training.optimizers import (  # noqa: F401
     finetune_optimizer,
     layer_decay_scales,
     pretrain_optimizer,
+    timm_weight_decay,
 )
 from keras_vit.training.pilot import MaskedPatchPrediction, colour_targets  # noqa: F401
 from keras_vit.training.recipes import (  # noqa: F401

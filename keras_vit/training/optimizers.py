@@ -22,6 +22,10 @@ and PyTorch, and Keras' clipping, accumulation, EMA and serialisation apply:
   Only variables whose name matches `weight_decay_pattern` (default: kernels) decay, big_vision's
   `.*/kernel$` rule: biases, LayerNorm/GroupNorm scales, the class token and the position
   embedding are not decayed. `weight_decay_pattern=None` decays every parameter.
+  `decayed_variables=` names the decayed variables instead; `timm_weight_decay(model)` gives timm's
+  rule (`param_groups_weight_decay`: every weight but biases, norms, layer scales and the family's
+  `no_weight_decay` tokens and position embedding), which `pretrain_optimizer(...,
+  weight_decay_rule="timm", model=model)` uses.
 - Gradient accumulation (`gradient_accumulation_steps=N`, fed micro-batches of B / N): Keras
   sums the gradients of N successive micro-batches, divides by N, clips the average and applies
   ONE update, which is the original's `accumulate_gradient` on the batch of B made of those
@@ -185,7 +189,8 @@ def layer_decay_scales(model, layer_decay, *, min_scale=0.0):
     rate, each group before it `layer_decay` times slower.
 
     Args:
-        model: a keras_vit model of a family with a layer grouping (the Vision Transformers; others
+        model: a keras_vit model of a family with a layer grouping (the Vision Transformers and the
+            Axial-ViTs, whose layer i groups its row and column blocks; others
             are refused with a ValueError).
         layer_decay: the decay per group, in (0, 1] (0.65 MAE ViT-B, 0.75 BEiT, 0.9 DINOv2's linear
             probes fine-tuned).
@@ -213,7 +218,8 @@ def layer_decay_scales(model, layer_decay, *, min_scale=0.0):
     if ordinals is None:
         raise ValueError(
             f"{family.title} models have no layer grouping for layer-wise learning-rate decay (keras_vit groups the "
-            "Vision Transformers' blocks, as timm does); train them without layer_decay."
+            "blocks of the Vision Transformers, as timm does, and the layers of the Axial-ViTs); train them without "
+            "layer_decay."
         )
     ranks = {o: i for i, o in enumerate(sorted(set(ordinals.values())))}
     last = len(ranks) - 1
@@ -221,6 +227,35 @@ def layer_decay_scales(model, layer_decay, *, min_scale=0.0):
         _variable_path(var): max(float(min_scale), layer_decay ** (last - ranks[ordinals[key]]))
         for key, var in variables.items()
     }
+
+
+def timm_weight_decay(model):
+    """The variable paths timm's weight-decay rule decays (`param_groups_weight_decay`, the rule of
+    timm's `create_optimizer_v2` and of its layer-decay fine-tuning): every weight of 2 or more
+    dimensions in timm's layout that is no bias (the query/key/value biases, 2-D here, are 1-D in
+    timm), and not one of the family's `no_weight_decay` weights (a ViT's class, register and
+    distillation tokens and its position embedding, timm's `no_weight_decay()`). Norm scales,
+    biases and layer scales are not decayed; kernels and a MAP head's probe are.
+
+    Example:
+        >>> model = keras_vit.VisionTransformer(image_size=32, patch_size=8, hidden_size=16,
+        ...                                     num_layers=1, num_heads=2, mlp_dim=32, classes=10)
+        >>> decayed = timm_weight_decay(model)
+        >>> "head/kernel" in decayed, "head/bias" in decayed, "posembed_input/pos_embedding" in decayed
+        (True, False, False)
+    """
+    from keras_vit.models.family import family_of
+    from keras_vit.models.weight_tree import weight_variables
+
+    excluded = family_of(model).no_weight_decay
+    decayed = []
+    for key, var in weight_variables(model).items():
+        if len(var.shape) < 2 or key.endswith("/bias"):
+            continue
+        if any(key == name or (name.endswith("/") and key.startswith(name)) for name in excluded):
+            continue
+        decayed.append(_variable_path(var))
+    return sorted(decayed)
 
 
 @register
@@ -349,6 +384,8 @@ class AdamW(_AccumulationFixes, _LearningRateScales, keras.optimizers.AdamW):
         epsilon: added to sqrt(v_hat), after the bias correction (optax); default 1e-8.
         weight_decay_pattern: regular expression searched in each variable's name (without a
             ":0" suffix); default "kernel$" (dense, attention and conv kernels). None decays all.
+        decayed_variables: the variables (or variable paths) that decay, instead of the pattern,
+            e.g. `timm_weight_decay(model)`; None: the pattern decides.
         learning_rate_scales: {variable or variable path: scale}: those variables are updated and
             decayed at rate_t * scale (a PyTorch parameter group's `lr_scale`), e.g.
             `layer_decay_scales(model, 0.75)`.
@@ -361,7 +398,8 @@ class AdamW(_AccumulationFixes, _LearningRateScales, keras.optimizers.AdamW):
     """
 
     def __init__(self, learning_rate=0.001, weight_decay=0.004, beta_1=0.9, beta_2=0.999, epsilon=1e-8,
-                 amsgrad=False, *, weight_decay_pattern="kernel$", learning_rate_scales=None, **kwargs):
+                 amsgrad=False, *, weight_decay_pattern="kernel$", decayed_variables=None, learning_rate_scales=None,
+                 **kwargs):
         if amsgrad:
             raise ValueError("keras_vit's AdamW is optax's adamw, without AMSGrad; use keras.optimizers.AdamW"
                              "(amsgrad=True) for that.")
@@ -369,6 +407,13 @@ class AdamW(_AccumulationFixes, _LearningRateScales, keras.optimizers.AdamW):
                          epsilon=epsilon, amsgrad=False, **kwargs)
         self.weight_decay_pattern = weight_decay_pattern
         self._weight_decay_regex = None if weight_decay_pattern is None else re.compile(weight_decay_pattern)
+        if decayed_variables is not None and (isinstance(decayed_variables, (str, Mapping))
+                                              or not hasattr(decayed_variables, "__iter__")):
+            raise TypeError("decayed_variables must be a list of variables or variable paths, e.g. "
+                            f"timm_weight_decay(model); got {type(decayed_variables).__name__}.")
+        self.decayed_variables = None if decayed_variables is None else sorted(
+            {v if isinstance(v, str) else _variable_path(v) for v in decayed_variables})
+        self._decayed = None if decayed_variables is None else set(self.decayed_variables)
         self._init_scales(learning_rate_scales)
 
     def build(self, variables):
@@ -386,6 +431,8 @@ class AdamW(_AccumulationFixes, _LearningRateScales, keras.optimizers.AdamW):
     def _use_weight_decay(self, variable):
         if not super()._use_weight_decay(variable):
             return False
+        if self._decayed is not None:
+            return _variable_path(variable) in self._decayed
         if self._weight_decay_regex is None:
             return True
         name = str(variable.name).split(":")[0].split("/")[-1]
@@ -445,6 +492,7 @@ class AdamW(_AccumulationFixes, _LearningRateScales, keras.optimizers.AdamW):
     def get_config(self):
         config = super().get_config()
         config["weight_decay_pattern"] = self.weight_decay_pattern
+        config["decayed_variables"] = self.decayed_variables
         return self._scales_config(config)
 
 
@@ -519,10 +567,11 @@ def finetune_optimizer(
     )
 
 
-def _layer_decay(layer_decay, model, caller):
+def _layer_decay(layer_decay, model, caller, uses=""):
     if layer_decay is None:
         if model is not None:
-            raise ValueError(f"{caller}(model=...) is for layer_decay; pass layer_decay=0.75 (say) too, or no model.")
+            raise ValueError(f"{caller}(model=...) is for layer_decay{uses}; pass layer_decay=0.75 (say) too, or no "
+                             "model.")
         return None
     if model is None:
         raise ValueError(
@@ -549,6 +598,7 @@ def pretrain_optimizer(
     ema_momentum=0.9999,
     layer_decay=None,
     model=None,
+    weight_decay_rule="kernels",
 ):
     """The paper's pre-training optimizer: Adam (0.9, 0.999) with decoupled weight decay 0.1,
     global-norm clip 1.0, linear warm-up (10k steps) then linear decay to 1e-5; optax's
@@ -560,16 +610,29 @@ def pretrain_optimizer(
     applies to kernels only (see `AdamW`); `weight_decay_pattern=None` decays all.
     `layer_decay=` with `model=`: layer-wise rates as `finetune_optimizer`'s (the AdamW fine-tuning
     of BEiT, MAE and DINOv2), the decay scaled with each variable's rate as in timm.
+    `weight_decay_rule="timm"` with `model=`: decay the variables timm's rule decays
+    (`timm_weight_decay(model)`: every weight but biases, norms, layer scales, tokens and the
+    position embedding; for a ViT that is the kernels plus a MAP head's probe), as timm's
+    fine-tuning recipes do; the default "kernels" is `weight_decay_pattern`'s (big_vision's).
 
     Example:
         >>> opt = pretrain_optimizer(1e-3, total_steps=100_000)
         >>> opt.weight_decay
         0.1
     """
+    if weight_decay_rule not in ("kernels", "timm"):
+        raise ValueError(f"weight_decay_rule must be 'kernels' or 'timm'; got {weight_decay_rule!r}.")
+    decayed = None
+    if weight_decay_rule == "timm":
+        if model is None:
+            raise ValueError("weight_decay_rule='timm' decides per variable of the model: pass "
+                             "pretrain_optimizer(..., weight_decay_rule='timm', model=model).")
+        decayed = timm_weight_decay(model)
     return AdamW(
         learning_rate=_schedule(
             learning_rate, total_steps, warmup_steps, WarmupLinearDecay, end_learning_rate=end_learning_rate
         ),
+        decayed_variables=decayed,
         weight_decay=weight_decay,
         beta_1=beta_1,
         beta_2=beta_2,
@@ -579,5 +642,6 @@ def pretrain_optimizer(
         gradient_accumulation_steps=gradient_accumulation_steps,
         use_ema=use_ema,
         ema_momentum=ema_momentum,
-        learning_rate_scales=_layer_decay(layer_decay, model, "pretrain_optimizer"),
+        learning_rate_scales=_layer_decay(layer_decay, None if decayed is not None and layer_decay is None else model,
+                                          "pretrain_optimizer", " or weight_decay_rule='timm'"),
     )
