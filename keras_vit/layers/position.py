@@ -214,6 +214,36 @@ class PositionEmbedding2D(_GridLayer):
         return tree
 
 
+def relative_position_index(grid_size):
+    """(tokens, tokens) indices into BEiT's relative position bias table for a class token followed
+    by the patches of a (rows, cols) grid in row-major order (Bao et al. 2022; timm's
+    `gen_relative_position_index`).
+
+    The table has (2 rows - 1) (2 cols - 1) + 3 entries: one per 2-D offset between two patches,
+    (row offset + rows - 1) * (2 cols - 1) + col offset + cols - 1, then three for the class
+    token: class-to-patch, patch-to-class and class-to-class.
+
+    Example:
+        >>> relative_position_index((1, 2)).tolist()
+        [[5, 3, 3], [4, 1, 0], [4, 2, 1]]
+    """
+    rows, cols = (int(g) for g in grid_size)
+    r, c = (a.reshape(-1) for a in np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij"))
+    offsets = (2 * rows - 1) * (2 * cols - 1)
+    index = np.empty((rows * cols + 1,) * 2, dtype=np.int32)
+    index[1:, 1:] = (r[:, None] - r[None, :] + rows - 1) * (2 * cols - 1) + (c[:, None] - c[None, :] + cols - 1)
+    index[0, :] = offsets  # the class token attending to every token
+    index[:, 0] = offsets + 1  # every token attending to the class token
+    index[0, 0] = offsets + 2
+    return index
+
+
+def relative_position_entries(grid_size):
+    """Rows of BEiT's relative position bias table for a (rows, cols) grid: (2 rows - 1) (2 cols - 1) + 3."""
+    rows, cols = (int(g) for g in grid_size)
+    return (2 * rows - 1) * (2 * cols - 1) + 3
+
+
 def sincos2d_position_embedding(grid_size, width, temperature=10000.0):
     """big_vision's fixed 2-D sin-cos embedding, (rows * cols, width) float32, row-major.
 

@@ -17,6 +17,7 @@ from keras_vit.layers.init_scope import SplitFanXavierUniform  # noqa: F401  (re
 from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.layers.matmul import dot_product_attention, gelu, matmul, matmul_add, seeded_dropout
 from keras_vit.layers.position import PositionEmbedding  # noqa: F401  (re-exported)
+from keras_vit.layers.position import relative_position_entries, relative_position_index
 from keras_vit.layers.quantized import Dense, Int8AttentionMixin
 from keras_vit.layers.resize import resize_patch_embedding
 
@@ -336,12 +337,21 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
     (Appendix D.4): a learned `relative_embedding` (2N - 1, heads, head_dim), one vector per
     query-key offset q - k, acts as the key for the content query; its scaled logits
     q . r[q - k] / sqrt(head_dim) are added to the attention logits before the softmax.
+
+    `relative_position_bias=(rows, cols)` adds BEiT's 2-D relative position bias (Bao et al. 2022):
+    a learned `relative_position_bias_table` ((2 rows - 1) (2 cols - 1) + 3, heads), one scalar per
+    head for each 2-D offset between two patches and three for the class token (see
+    `layers.position.relative_position_index`), added to the logits before the softmax. The
+    sequence is then one class token followed by the rows x cols patches.
     int8 quantization lives in `layers.quantized.Int8AttentionMixin`.
     """
 
     def __init__(self, num_heads, attention_dropout_rate=0.0, relative_positions=None, use_bias=True, out_bias=True,
-                 **kwargs):
+                 relative_position_bias=None, **kwargs):
         super().__init__(**kwargs)
+        self.relative_position_bias = (
+            None if relative_position_bias is None else tuple(int(g) for g in relative_position_bias)
+        )
         self.use_bias = bool(use_bias)  # query/key/value biases (timm's qkv_bias)
         self.out_bias_enabled = bool(out_bias)  # the out projection's bias (timm's proj_bias)
         self.num_heads = int(num_heads)
@@ -392,6 +402,20 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
                 shape=(2 * self.relative_positions - 1, self.num_heads, head_dim),
                 initializer=_init(keras.initializers.RandomNormal(stddev=0.02)),
             )
+        self.relative_position_bias_table = None
+        if self.relative_position_bias is not None:
+            rows, cols = self.relative_position_bias
+            if input_shape[1] is not None and input_shape[1] != rows * cols + 1:
+                raise ValueError(
+                    f"Relative position bias laid out for a class token and a {rows}x{cols} grid "
+                    f"({rows * cols + 1} tokens) received {input_shape[1]} tokens."
+                )
+            self.relative_position_bias_table = self.add_weight(
+                name="relative_position_bias_table",
+                shape=(relative_position_entries(self.relative_position_bias), self.num_heads),
+                initializer="zeros",
+            )
+            self._relative_position_index = relative_position_index(self.relative_position_bias).reshape(-1)
         if quantized:
             self._int8_build(hidden, self.num_heads * head_dim, getattr(self, "quantization_config", None))
             self._is_quantized = True
@@ -445,12 +469,16 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         use_dropout = training and self.attention_dropout_rate > 0
         # float16: the explicit path keeps the softmax in float32 (and JAX's fused CPU kernel
         # rejects float16 inputs with float32 accumulation under jit).
-        if return_attention_weights or use_dropout or q.dtype == "float16" or self.relative_embedding is not None:
+        relative = self.relative_embedding is not None or self.relative_position_bias_table is not None
+        if return_attention_weights or use_dropout or q.dtype == "float16" or relative:
             q = q * ops.cast(scale, q.dtype)
             logits = ops.einsum("bqhk,bthk->bhqt", q, k)
             if self.relative_embedding is not None:
                 logits = logits + self._relative_logits(q)
-            weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+            logits = ops.cast(logits, "float32")
+            if self.relative_position_bias_table is not None:
+                logits = logits + self._relative_position_bias()
+            weights = ops.softmax(logits, axis=-1)
             weights = ops.cast(weights, v.dtype)
             dropped = _dropout(self.dropout, weights, training, dropout_seed)
             y = ops.einsum("bhqt,bthk->bqhk", dropped, v)
@@ -458,6 +486,12 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
             weights = None
             y = dot_product_attention(q, k, v, scale)
         return ops.reshape(y, (-1, self.num_heads * self.head_dim)), weights
+
+    def _relative_position_bias(self):
+        """(1, heads, tokens, tokens) float32 bias: the table's entry for each query-key pair."""
+        tokens = self.relative_position_bias[0] * self.relative_position_bias[1] + 1
+        bias = ops.take(ops.cast(self.relative_position_bias_table, "float32"), self._relative_position_index, axis=0)
+        return ops.expand_dims(ops.transpose(ops.reshape(bias, (tokens, tokens, self.num_heads)), (2, 0, 1)), 0)
 
     def _relative_logits(self, q):
         """(batch, heads, N, N) logits of the scaled query `q` against the embedding of each
@@ -483,6 +517,8 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
                 tree[f"{name}/bias"] = getattr(self, f"{name}_bias")
         if self.relative_embedding is not None:
             tree["relative_embedding"] = self.relative_embedding
+        if self.relative_position_bias_table is not None:
+            tree["relative_position_bias_table"] = self.relative_position_bias_table
         return tree
 
     def get_config(self):
@@ -490,6 +526,8 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         config.update(num_heads=self.num_heads, attention_dropout_rate=self.attention_dropout_rate)
         if self.relative_positions is not None:
             config.update(relative_positions=self.relative_positions)
+        if self.relative_position_bias is not None:
+            config.update(relative_position_bias=list(self.relative_position_bias))
         if not self.use_bias:
             config.update(use_bias=False)
         if not self.out_bias_enabled:
@@ -613,9 +651,14 @@ class EncoderBlock(keras.layers.Layer):
         norm="layer_norm",
         mlp_activation=None,
         glu=False,
+        relative_position_bias=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        # BEiT's 2-D relative position bias: the (rows, cols) patch grid behind one class token.
+        self.relative_position_bias = (
+            None if relative_position_bias is None else tuple(int(g) for g in relative_position_bias)
+        )
         # timm's switches (VisionTransformer's fields of the same names say what each does).
         self.qkv_bias = bool(qkv_bias)
         self.projection_bias = bool(projection_bias)
@@ -639,6 +682,7 @@ class EncoderBlock(keras.layers.Layer):
             self.relative_positions,
             use_bias=self.qkv_bias,
             out_bias=self.projection_bias,
+            relative_position_bias=self.relative_position_bias,
             dtype=policy,
             name="MultiHeadDotProductAttention_1",
         )
@@ -725,6 +769,8 @@ class EncoderBlock(keras.layers.Layer):
         )
         if self.relative_positions is not None:
             config.update(relative_positions=self.relative_positions)
+        if self.relative_position_bias is not None:
+            config.update(relative_position_bias=list(self.relative_position_bias))
         if self.remat:
             config.update(remat=True)
         defaults = dict(qkv_bias=True, projection_bias=True, layer_scale=None, norm="layer_norm", mlp_activation=None,
@@ -733,7 +779,17 @@ class EncoderBlock(keras.layers.Layer):
         return config
 
     def resized_weight(self, key, value, source_grid=None, rule=None):
-        """Relative embeddings index offsets in the flattened token sequence: no resize exists."""
+        """Relative embeddings index offsets in the flattened token sequence: no resize exists.
+        BEiT's relative position bias tables are laid out for one patch grid: refused on another."""
+        if key.endswith("relative_position_bias_table"):
+            rows, cols = self.relative_position_bias
+            raise ValueError(
+                f"{self.name}: the checkpoint's relative position bias table has {tuple(value.shape)[0]} entries "
+                + (f"(a {source_grid[0]}x{source_grid[1]} patch grid) " if source_grid is not None else "")
+                + f"and the model's {relative_position_entries((rows, cols))} (a {rows}x{cols} grid). BEiT's table "
+                "is learned per 2-D offset of its own grid and keras_vit does not resample it: load the checkpoint "
+                "at its own image size (image_size=None), or fine-tune at the new size from a model built at it"
+            )
         if key.endswith("relative_embedding"):
             raise ValueError(
                 relative_resize_error(f"checkpoint {tuple(value.shape)}, model {tuple(self.attention.relative_embedding.shape)}")

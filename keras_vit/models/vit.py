@@ -106,6 +106,7 @@ def _graph(config, dtype):
             norm=c.norm,
             mlp_activation=c.mlp_activation,
             glu=c.glu,
+            relative_position_bias=c.grid_size if c.relative_position_bias else None,
             dtype=dtype,
             name=f"encoderblock_{i}",
         )(x)
@@ -193,6 +194,10 @@ class VisionTransformer(
             laid out on the patch grid alone and added before the class token joins, so the
             class token gets none (resizing then treats every row as a grid cell). No effect
             without a class token; "sincos2d" never gives the class token an embedding.
+        relative_position_bias: BEiT's learned 2-D relative position bias (Bao et al. 2022) in
+            every block: a table per block of one bias per head for each 2-D offset between two
+            patches, plus class-token entries, added to the attention logits. Needs exactly one
+            prefix token (the class token) and a fixed image size.
         num_channels: input channels.
         layer_norm_epsilon, gelu_approximate, group_norm_epsilon, std_conv_epsilon,
         std_conv_epsilon_inside_sqrt: the numerics of the weights' source (see

@@ -335,6 +335,10 @@ class ViTConfig(FieldGroupConfig):
         doc="'gelu', 'gelu_tanh', 'quick_gelu', 'silu'; None: GELU in the form gelu_approximate says",
     )
     glu: bool = config_field("architecture", False, doc="gated MLP: Dense_1(act(Dense_0(x)) * Dense_2(x)) (SwiGLU)")
+    relative_position_bias: bool = config_field(
+        "architecture", False,
+        doc="BEiT's learned 2-D relative position bias in every block's attention (one class token, no registers)",
+    )
     input_normalization: tuple = config_field(
         "input", None, doc="(mean, std) per channel of [0, 1] pixels the weights expect; None: [-1, 1] inputs"
     )
@@ -411,6 +415,12 @@ class ViTConfig(FieldGroupConfig):
                 + " cannot follow; set patch_drop_rate=0 or use a 'learned' position embedding and classifier 'token', "
                 "'gap' or 'map'."
             )
+        if self.relative_position_bias and (self.dynamic_image_size or self.patch_drop_rate):
+            raise ValueError(
+                ("dynamic_image_size=True" if self.dynamic_image_size else f"patch_drop_rate={self.patch_drop_rate}")
+                + " changes the patch grid at run time, but relative_position_bias=True (BEiT's) learns one bias per "
+                "2-D offset of the fixed grid of image_size. Use a fixed image_size and patch_drop_rate=0."
+            )
         if self.dynamic_image_size and self.position_embedding == "relative":
             raise ValueError(
                 "dynamic_image_size=True needs position embeddings that follow the patch grid; relative ones "
@@ -443,7 +453,7 @@ class ViTConfig(FieldGroupConfig):
         if self.class_token is not None:
             set_("class_token", bool(self.class_token))
         for key in ("distillation_token", "patch_embedding_bias", "patch_embedding_norm", "pre_norm",
-                    "qkv_bias", "projection_bias", "final_norm", "fc_norm", "glu"):
+                    "qkv_bias", "projection_bias", "final_norm", "fc_norm", "glu", "relative_position_bias"):
             set_(key, bool(getattr(self, key)))
         registers = self.register_tokens
         if isinstance(registers, bool) or not isinstance(registers, int) and not hasattr(registers, "__index__") or (
@@ -466,6 +476,13 @@ class ViTConfig(FieldGroupConfig):
         if self.distillation_token and self.classifier != "token":
             raise ValueError(
                 "distillation_token=True reads the class and distillation tokens (DeiT); it needs classifier='token'."
+            )
+        if self.relative_position_bias and not (self.has_class_token and self.num_prefix_tokens == 1):
+            raise ValueError(
+                "relative_position_bias=True (BEiT's) is laid out for one class token in front of the patches; this "
+                f"model has {self.num_prefix_tokens} prefix token(s) (class_token={self.class_token!r}, "
+                f"register_tokens={self.register_tokens}, distillation_token={self.distillation_token}). Use "
+                "class_token=True without register or distillation tokens."
             )
         if self.fc_norm and not self.final_norm:
             raise ValueError("fc_norm=True moves the final norm after pooling; it needs final_norm=True.")
@@ -1247,7 +1264,9 @@ VIT = ModelFamily(
     presets=VIT_PRESET_ROWS,
     head="head/",
     extra_heads=("head_dist/",),
-    optional_weights=("head/", "head_dist/", "pre_logits/"),
+    # fc_norm: a headless model that returns the token sequence has no norm after pooling (timm's
+    # forward_features of a BEiT or GAP model does not normalise either).
+    optional_weights=("head/", "head_dist/", "pre_logits/", "fc_norm/"),
     resizable_weights=("Transformer/posembed_input/", "embedding/kernel", "head/", "head_dist/"),
     features_pooling=None,
     patch_resize=True,
