@@ -94,10 +94,12 @@ def timm_variant(args, source, module="vision_transformer"):
     Beit for beit.py); a switch this package cannot build raises a CheckpointError naming it."""
     if module == "beit":
         return _beit_variant(args, source)
+    if module == "eva":
+        return _eva_variant(args, source)
     if module not in ("vision_transformer", "deit"):
         raise CheckpointError(
             f"{source}: timm's {module}.py architectures are not supported by keras_vit's VisionTransformer "
-            "(supported: vision_transformer.py, deit.py and beit.py)."
+            "(supported: vision_transformer.py, deit.py, beit.py and eva.py's EVA / EVA-02)."
         )
     _refuse_switches(args, _UNSUPPORTED, source, "architecture option",
                      "class/register/distillation tokens, pooling token/avg/map, no_embed_class, pre_norm, fc_norm, "
@@ -178,11 +180,73 @@ def _beit_variant(args, source):
     return variant, None
 
 
+#: Eva keyword arguments keras_vit cannot build, and the values that mean "off".
+_EVA_UNSUPPORTED = {
+    "attn_type": (None, "eva"),  # "rope": timm's AttentionRope (the rope_224, PE and Sapiens models)
+    "rope_type": (None, "cat"),  # mixed (learned), dinov3 and mrope rotary embeddings
+    "rope_grid_indexing": (None, "ij"),
+    "rope_grid_offset": (None, 0, 0.0),
+    "rope_rotate_half": (None, False),
+    "rope_rescale_coords": (None,),
+    "use_post_norm": (None, False),  # post-norm blocks (EVA-02 enormous)
+    "qk_norm": (None, False),
+    "num_kv_heads": (None,),  # grouped-query attention
+    "attn_only_layer_scale": (None, False),
+    "gated_attn": (None, False),
+    "attn_head_dim": (None,),
+    "dynamic_img_size": (None, False),
+    "dynamic_img_pad": (None, False),
+}
+_EVA_SUPPORTED = ("EVA and EVA-02: class and register tokens, absolute and rotary ('cat', 'ij') position embeddings, "
+                  "fused or separate q/k/v, sub-LN in attention (scale_attn_inner) and MLP (scale_mlp), "
+                  "SwiGLU, layer scale, average or token pooling, fc_norm, pre-norm")
+
+
+def _eva_variant(args, source):
+    """(VisionTransformer variant fields, timm MLP layer name) of timm's Eva keyword arguments
+    `args` (eva.py): EVA's ViT with q and v biases, and EVA-02's rotary position embedding
+    (`use_rot_pos_emb`, RotaryEmbeddingCat), SwiGLU MLPs (`swiglu_mlp`: a packed GluMlp, or SwiGLU
+    with `scale_mlp`'s norm) and sub-LNs (`scale_attn_inner`, `scale_mlp`)."""
+    _refuse_switches(args, _EVA_UNSUPPORTED, source, "Eva option", _EVA_SUPPORTED)
+    pool = args.get("global_pool", "avg")  # Eva's default
+    if pool not in ("avg", "token", ""):
+        raise CheckpointError(f"{source}: timm Eva global_pool={pool!r} is not supported (use 'avg' or 'token').")
+    class_token = bool(args.get("class_token", True))
+    classifier = "gap" if pool == "avg" or not class_token else "token"
+    fc_norm = args.get("use_fc_norm")
+    fc_norm = pool == "avg" if fc_norm is None else bool(fc_norm)
+    post_norm = args.get("use_post_transformer_norm")
+    post_norm = not fc_norm if post_norm is None else bool(post_norm)
+    if fc_norm and post_norm:
+        raise CheckpointError(f"{source}: timm Eva with both a final norm and fc_norm is not supported.")
+    norm, norm_args = _layer_name(args.get("norm_layer") or {"name": "LayerNorm", "eps": 1e-6})
+    if norm not in _NORMS:
+        raise CheckpointError(f"{source}: timm Eva norm_layer {norm!r} is not supported (LayerNorm, RmsNorm).")
+    swiglu = bool(args.get("swiglu_mlp", False))
+    scale_mlp = bool(args.get("scale_mlp", False))
+    mlp_layer = ("SwiGLU" if scale_mlp or args.get("swiglu_align_to") else "GluMlp") if swiglu else None
+    rope = bool(args.get("use_rot_pos_emb", False))
+    reference = args.get("ref_feat_shape")
+    variant = dict(
+        _VARIANT_DEFAULTS, classifier=classifier, class_token=class_token if class_token != (classifier == "token")
+        else None, register_tokens=int(args.get("num_reg_tokens", 0) or 0),
+        class_token_position_embedding=not args.get("no_embed_class", False),
+        pre_norm=bool(args.get("use_pre_transformer_norm", False)), layer_scale=args.get("init_values") or None,
+        final_norm=fc_norm or post_norm, fc_norm=fc_norm, norm=_NORMS[norm], mlp_activation="silu" if swiglu else None,
+        glu=swiglu, layer_norm_epsilon=float(norm_args.get("eps", 1e-6 if norm == "LayerNorm" else 1e-5)),
+        position_embedding="learned" if args.get("use_abs_pos_emb", True) else "none",
+        rotary_position_embedding=rope, rope_temperature=float(args.get("rope_temperature", 10000.0)),
+        rope_reference_grid=tuple(reference) if rope and reference is not None else None,
+        attention_norm=bool(args.get("scale_attn_inner", False)), mlp_norm=scale_mlp)
+    return variant, mlp_layer
+
+
 _VARIANT_DEFAULTS = dict(
     class_token=None, register_tokens=0, distillation_token=False, class_token_position_embedding=True,
     patch_embedding_norm=False, pre_norm=False, layer_scale=None, final_norm=True, fc_norm=False, norm="layer_norm",
     mlp_activation=None, glu=False, position_embedding="learned", dynamic_image_size=False, qkv_bias=True,
-    projection_bias=True, patch_embedding_bias=True, relative_position_bias=False,
+    projection_bias=True, patch_embedding_bias=True, relative_position_bias=False, rotary_position_embedding=False,
+    rope_temperature=10000.0, rope_reference_grid=None, attention_norm=False, mlp_norm=False,
 )
 
 # === timm's architecture names ===
@@ -284,6 +348,15 @@ def _linear_to_tree(r, src, dst, tree, rows=None):
 
 def _attention_to_tree(r, src, dst, tree, hidden, num_heads):
     hd = hidden // num_heads
+    if r.has(src + "q_proj.weight"):  # EVA-02's separate projections (the key's without bias)
+        for proj, name in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
+            tree[f"{dst}{name}/kernel"] = _linear(r.get(f"{src}{proj}.weight")).reshape(hidden, num_heads, hd)
+            if r.has(f"{src}q_proj.bias"):
+                bias = (r.get(f"{src}{proj}.bias") if r.has(f"{src}{proj}.bias")
+                        else LazyArray(lambda: np.zeros(hidden, np.float32), (hidden,)))
+                tree[f"{dst}{name}/bias"] = bias.reshape(num_heads, hd)
+        _attention_out_to_tree(r, src, dst, tree, hidden, num_heads)
+        return
     qkv_w = r.get(src + "qkv.weight")
     if qkv_w.shape != (3 * hidden, hidden):
         raise CheckpointError(f"{r.source}: {src}qkv.weight has shape {qkv_w.shape}; expected {(3 * hidden, hidden)}.")
@@ -304,7 +377,14 @@ def _attention_to_tree(r, src, dst, tree, hidden, num_heads):
         tree[f"{dst}relative_position_bias_table"] = r.get(src + "relative_position_bias_table")
     if r.has(src + "relative_position_index"):  # a constant of the grid (older files store it)
         r.get(src + "relative_position_index")
-    tree[f"{dst}out/kernel"] = _linear(r.get(src + "proj.weight")).reshape(num_heads, hd, hidden)
+    _attention_out_to_tree(r, src, dst, tree, hidden, num_heads)
+
+
+def _attention_out_to_tree(r, src, dst, tree, hidden, num_heads):
+    """The out projection, and EVA-02 CLIP's norm before it (`attn.norm`)."""
+    if r.has(src + "norm.weight"):
+        _norm_to_tree(r, src + "norm", dst + "norm", tree, "layer_norm" if r.has(src + "norm.bias") else "rms_norm")
+    tree[f"{dst}out/kernel"] = _linear(r.get(src + "proj.weight")).reshape(num_heads, hidden // num_heads, hidden)
     if r.has(src + "proj.bias"):
         tree[f"{dst}out/bias"] = r.get(src + "proj.bias")
 
@@ -319,8 +399,8 @@ def _mlp_to_tree(r, src, dst, tree, mlp_layer):
         _linear_to_tree(r, src + "fc1", dst + "Dense_2", tree, slice(width, 2 * width))
     else:
         _linear_to_tree(r, src + "fc1", dst + "Dense_0", tree)
-    if r.has(src + "norm.weight"):
-        raise CheckpointError(f"{r.source}: {src}norm (a norm inside the MLP) is not supported.")
+    if r.has(src + "norm.weight"):  # EVA-02's sub-LN before fc2 (scale_mlp)
+        _norm_to_tree(r, src + "norm", dst + "norm", tree, "layer_norm" if r.has(src + "norm.bias") else "rms_norm")
     _linear_to_tree(r, src + "fc2", dst + "Dense_1", tree)
 
 

@@ -17,7 +17,7 @@ from keras_vit.layers.init_scope import SplitFanXavierUniform  # noqa: F401  (re
 from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.layers.matmul import dot_product_attention, gelu, matmul, matmul_add, seeded_dropout
 from keras_vit.layers.position import PositionEmbedding  # noqa: F401  (re-exported)
-from keras_vit.layers.position import relative_position_entries, relative_position_index
+from keras_vit.layers.position import relative_position_entries, relative_position_index, rotary_embedding_tables
 from keras_vit.layers.quantized import Dense, Int8AttentionMixin
 from keras_vit.layers.resize import resize_patch_embedding
 
@@ -343,12 +343,24 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
     head for each 2-D offset between two patches and three for the class token (see
     `layers.position.relative_position_index`), added to the logits before the softmax. The
     sequence is then one class token followed by the rows x cols patches.
+
+    `rotary={"grid": (rows, cols), "prefix_tokens": n, "temperature": t, "reference_grid": (r, c) or
+    None}` rotates the queries and keys of the patch tokens (those after the n prefix tokens) by
+    EVA-02's 2-D rotary position embedding (`layers.position.rotary_embedding_tables`) before the
+    logits. `output_norm=True` normalises the heads' concatenated output before the out projection
+    (EVA-02 CLIP's sub-LN, timm's `scale_attn_inner`), with `norm` and `norm_epsilon`.
     int8 quantization lives in `layers.quantized.Int8AttentionMixin`.
     """
 
     def __init__(self, num_heads, attention_dropout_rate=0.0, relative_positions=None, use_bias=True, out_bias=True,
-                 relative_position_bias=None, **kwargs):
+                 relative_position_bias=None, rotary=None, output_norm=False, norm="layer_norm", norm_epsilon=1e-6,
+                 **kwargs):
         super().__init__(**kwargs)
+        self.rotary = None if rotary is None else _rotary_config(rotary)
+        self.output_norm_enabled = bool(output_norm)
+        self.norm = norm
+        self.norm_epsilon = float(norm_epsilon)
+        self.output_norm = make_norm(norm, self.norm_epsilon, self.dtype_policy, "norm") if output_norm else None
         self.relative_position_bias = (
             None if relative_position_bias is None else tuple(int(g) for g in relative_position_bias)
         )
@@ -416,6 +428,13 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
                 initializer="zeros",
             )
             self._relative_position_index = relative_position_index(self.relative_position_bias).reshape(-1)
+        if self.rotary is not None:
+            if head_dim % 4:
+                raise ValueError(f"Rotary position embeddings need a head size divisible by 4; got {head_dim}.")
+            self._rotary_tables = rotary_embedding_tables(
+                self.rotary["grid"], head_dim, self.rotary["temperature"], self.rotary["reference_grid"])
+        if self.output_norm is not None:
+            self.output_norm.build((None, self.num_heads * head_dim))
         if quantized:
             self._int8_build(hidden, self.num_heads * head_dim, getattr(self, "quantization_config", None))
             self._is_quantized = True
@@ -465,6 +484,8 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         """Scaled dot-product attention of (batch, tokens, heads, head_dim) q/k/v; returns the
         heads concatenated as (batch * tokens, heads * head_dim) and the weights (or None). The
         attention-weight dropout draws its mask from `dropout_seed` when one is given."""
+        if self.rotary is not None:
+            q, k = self._rotate(q), self._rotate(k)
         scale = 1.0 / float(self.head_dim) ** 0.5
         use_dropout = training and self.attention_dropout_rate > 0
         # float16: the explicit path keeps the softmax in float32 (and JAX's fused CPU kernel
@@ -485,7 +506,23 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         else:
             weights = None
             y = dot_product_attention(q, k, v, scale)
-        return ops.reshape(y, (-1, self.num_heads * self.head_dim)), weights
+        y = ops.reshape(y, (-1, self.num_heads * self.head_dim))
+        if self.output_norm is not None:
+            y = self.output_norm(y)
+        return y, weights
+
+    def _rotate(self, x):
+        """The (batch, tokens, heads, head_dim) queries or keys with the patch tokens rotated by
+        their rotary position embedding (in float32, as timm), the prefix tokens unchanged."""
+        n = self.rotary["prefix_tokens"]
+        sin, cos = (ops.convert_to_tensor(t[None, :, None, :]) for t in self._rotary_tables)
+        patches = ops.cast(x[:, n:], "float32")
+        shape = ops.shape(patches)
+        pairs = ops.reshape(patches, (shape[0], shape[1], shape[2], self.head_dim // 2, 2))
+        # Each channel pair (x0, x1) -> (-x1, x0): the quarter turn the sines multiply.
+        turned = ops.reshape(ops.stack([-pairs[..., 1], pairs[..., 0]], axis=-1), shape)
+        patches = ops.cast(patches * cos + turned * sin, x.dtype)
+        return ops.concatenate([x[:, :n], patches], axis=1) if n else patches
 
     def _relative_position_bias(self):
         """(1, heads, tokens, tokens) float32 bias: the table's entry for each query-key pair."""
@@ -519,6 +556,8 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
             tree["relative_embedding"] = self.relative_embedding
         if self.relative_position_bias_table is not None:
             tree["relative_position_bias_table"] = self.relative_position_bias_table
+        if self.output_norm is not None:
+            tree.update({f"norm/{k}": v for k, v in layer_norm_variables(self.output_norm).items()})
         return tree
 
     def get_config(self):
@@ -528,11 +567,23 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
             config.update(relative_positions=self.relative_positions)
         if self.relative_position_bias is not None:
             config.update(relative_position_bias=list(self.relative_position_bias))
+        if self.rotary is not None:
+            config.update(rotary=dict(self.rotary))
+        if self.output_norm is not None:
+            config.update(output_norm=True, norm=self.norm, norm_epsilon=self.norm_epsilon)
         if not self.use_bias:
             config.update(use_bias=False)
         if not self.out_bias_enabled:
             config.update(out_bias=False)
         return config
+
+
+def _rotary_config(rotary):
+    """The JSON form of an attention layer's `rotary` argument (lists, not tuples)."""
+    reference = rotary.get("reference_grid")
+    return {"grid": [int(g) for g in rotary["grid"]], "prefix_tokens": int(rotary.get("prefix_tokens", 0)),
+            "temperature": float(rotary.get("temperature", 10000.0)),
+            "reference_grid": None if reference is None else [int(g) for g in reference]}
 
 
 # === Encoder ===
@@ -545,12 +596,16 @@ class MlpBlock(keras.layers.Layer):
     `activation` (one of MLP_ACTIVATIONS) replaces the GELU; `glu=True` makes it a gated MLP
     (SwiGLU with "silu": timm's SwiGLU and GluMlp): Dense_1(act(Dense_0(x)) * Dense_2(x)), the
     gate's branch Dense_0 and the linear branch Dense_2 each `mlp_dim` wide. `use_bias=False`
-    drops every Dense bias (timm's proj_bias=False).
+    drops every Dense bias (timm's proj_bias=False). `norm=True` normalises the hidden activations
+    before Dense_1 (EVA-02's sub-LN, timm's `scale_mlp`), with `norm_kind` and `norm_epsilon`.
     """
 
     def __init__(self, mlp_dim, dropout_rate=0.0, gelu_approximate=True, activation=None, glu=False, use_bias=True,
-                 **kwargs):
+                 norm=False, norm_kind="layer_norm", norm_epsilon=1e-6, **kwargs):
         super().__init__(**kwargs)
+        self.norm_kind = norm_kind
+        self.norm_epsilon = float(norm_epsilon)
+        self.norm = make_norm(norm_kind, self.norm_epsilon, self.dtype_policy, "norm") if norm else None
         self.mlp_dim = int(mlp_dim)
         self.dropout_rate = float(dropout_rate)
         self.gelu_approximate = bool(gelu_approximate)
@@ -577,6 +632,8 @@ class MlpBlock(keras.layers.Layer):
         self.dense_1.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
         if self.dense_2 is not None:
             self.dense_2.build(input_shape)
+        if self.norm is not None:
+            self.norm.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
 
     def call(self, x, training=None, dropout_seeds=(None, None)):
         # The Dense layers see the (batch * tokens, hidden) view: a plain 2-D matmul whose bias
@@ -589,6 +646,8 @@ class MlpBlock(keras.layers.Layer):
         if self.dense_2 is not None:
             y = y * self.dense_2(x2d)
         y = _dropout(self.dropout, y, training, dropout_seeds[0])
+        if self.norm is not None:
+            y = self.norm(y)
         y = self.dense_1(y)
         y = ops.reshape(y, shape)
         return _dropout(self.dropout, y, training, dropout_seeds[1])
@@ -603,6 +662,8 @@ class MlpBlock(keras.layers.Layer):
                 tree[f"{name}/kernel"] = dense.kernel
                 if dense.bias is not None:
                     tree[f"{name}/bias"] = dense.bias
+        if self.norm is not None:
+            tree.update({f"norm/{k}": v for k, v in layer_norm_variables(self.norm).items()})
         return tree
 
     def get_config(self):
@@ -611,6 +672,8 @@ class MlpBlock(keras.layers.Layer):
         for key, default in (("activation", None), ("glu", False), ("use_bias", True)):
             if getattr(self, key) != default:
                 config[key] = getattr(self, key)
+        if self.norm is not None:
+            config.update(norm=True, norm_kind=self.norm_kind, norm_epsilon=self.norm_epsilon)
         return config
 
 
@@ -652,9 +715,17 @@ class EncoderBlock(keras.layers.Layer):
         mlp_activation=None,
         glu=False,
         relative_position_bias=None,
+        rotary=None,
+        attention_norm=False,
+        mlp_norm=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        # EVA-02's rotary position embedding and sub-LNs (MultiHeadDotProductAttention's `rotary`
+        # and `output_norm`, MlpBlock's `norm`).
+        self.rotary = None if rotary is None else _rotary_config(rotary)
+        self.attention_norm = bool(attention_norm)
+        self.mlp_norm = bool(mlp_norm)
         # BEiT's 2-D relative position bias: the (rows, cols) patch grid behind one class token.
         self.relative_position_bias = (
             None if relative_position_bias is None else tuple(int(g) for g in relative_position_bias)
@@ -683,6 +754,10 @@ class EncoderBlock(keras.layers.Layer):
             use_bias=self.qkv_bias,
             out_bias=self.projection_bias,
             relative_position_bias=self.relative_position_bias,
+            rotary=self.rotary,
+            output_norm=self.attention_norm,
+            norm=self.norm,
+            norm_epsilon=self.layer_norm_epsilon,
             dtype=policy,
             name="MultiHeadDotProductAttention_1",
         )
@@ -690,7 +765,8 @@ class EncoderBlock(keras.layers.Layer):
         self.norm_2 = make_norm(self.norm, self.layer_norm_epsilon, policy, "LayerNorm_2")
         self.mlp = MlpBlock(
             self.mlp_dim, self.dropout_rate, self.gelu_approximate, activation=self.mlp_activation, glu=self.glu,
-            use_bias=self.projection_bias, dtype=policy, name="MlpBlock_3",
+            use_bias=self.projection_bias, norm=self.mlp_norm, norm_kind=self.norm,
+            norm_epsilon=self.layer_norm_epsilon, dtype=policy, name="MlpBlock_3",
         )
         self.layer_scales = None
         if self.layer_scale is not None:
@@ -771,6 +847,11 @@ class EncoderBlock(keras.layers.Layer):
             config.update(relative_positions=self.relative_positions)
         if self.relative_position_bias is not None:
             config.update(relative_position_bias=list(self.relative_position_bias))
+        if self.rotary is not None:
+            config.update(rotary=dict(self.rotary))
+        for key in ("attention_norm", "mlp_norm"):
+            if getattr(self, key):
+                config[key] = True
         if self.remat:
             config.update(remat=True)
         defaults = dict(qkv_bias=True, projection_bias=True, layer_scale=None, norm="layer_norm", mlp_activation=None,

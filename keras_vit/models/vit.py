@@ -107,6 +107,10 @@ def _graph(config, dtype):
             mlp_activation=c.mlp_activation,
             glu=c.glu,
             relative_position_bias=c.grid_size if c.relative_position_bias else None,
+            rotary=dict(grid=c.grid_size, prefix_tokens=c.num_prefix_tokens, temperature=c.rope_temperature,
+                        reference_grid=c.rope_reference_grid) if c.rotary_position_embedding else None,
+            attention_norm=c.attention_norm,
+            mlp_norm=c.mlp_norm,
             dtype=dtype,
             name=f"encoderblock_{i}",
         )(x)
@@ -198,6 +202,12 @@ class VisionTransformer(
             every block: a table per block of one bias per head for each 2-D offset between two
             patches, plus class-token entries, added to the attention logits. Needs exactly one
             prefix token (the class token) and a fixed image size.
+        rotary_position_embedding, rope_temperature, rope_reference_grid: EVA-02's 2-D rotary
+            position embedding (Fang et al. 2023) of the patch tokens' queries and keys in every
+            block (prefix tokens unrotated), with its frequency base and the (rows, cols) the
+            positions are rescaled to span (None: patch indices); it follows `image_size`.
+        attention_norm, mlp_norm: EVA-02's sub-LNs: a norm on the attention's output before its
+            projection, and one inside the MLP before `Dense_1`.
         num_channels: input channels.
         layer_norm_epsilon, gelu_approximate, group_norm_epsilon, std_conv_epsilon,
         std_conv_epsilon_inside_sqrt: the numerics of the weights' source (see

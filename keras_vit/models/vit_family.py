@@ -339,6 +339,17 @@ class ViTConfig(FieldGroupConfig):
         "architecture", False,
         doc="BEiT's learned 2-D relative position bias in every block's attention (one class token, no registers)",
     )
+    rotary_position_embedding: bool = config_field(
+        "architecture", False, doc="EVA-02's 2-D rotary position embedding of the patch tokens' queries and keys",
+    )
+    rope_temperature: float = config_field("architecture", 10000.0, doc="the rotary embedding's frequency base")
+    rope_reference_grid: tuple = config_field(
+        "architecture", None,
+        doc="(rows, cols) the rotary positions are rescaled to span (timm's ref_feat_shape); None: patch indices",
+    )
+    attention_norm: bool = config_field(
+        "architecture", False, doc="a norm on the attention's output before its projection (EVA-02 CLIP's sub-LN)")
+    mlp_norm: bool = config_field("architecture", False, doc="a norm inside the MLP before Dense_1 (EVA-02's sub-LN)")
     input_normalization: tuple = config_field(
         "input", None, doc="(mean, std) per channel of [0, 1] pixels the weights expect; None: [-1, 1] inputs"
     )
@@ -421,6 +432,13 @@ class ViTConfig(FieldGroupConfig):
                 + " changes the patch grid at run time, but relative_position_bias=True (BEiT's) learns one bias per "
                 "2-D offset of the fixed grid of image_size. Use a fixed image_size and patch_drop_rate=0."
             )
+        if self.rotary_position_embedding and (self.dynamic_image_size or self.patch_drop_rate):
+            raise ValueError(
+                ("dynamic_image_size=True" if self.dynamic_image_size else f"patch_drop_rate={self.patch_drop_rate}")
+                + " changes the patch grid at run time; keras_vit lays the rotary position embedding "
+                "(rotary_position_embedding=True) out for the grid of image_size. Use a fixed image_size (any size: "
+                "the rotary positions follow it) and patch_drop_rate=0."
+            )
         if self.dynamic_image_size and self.position_embedding == "relative":
             raise ValueError(
                 "dynamic_image_size=True needs position embeddings that follow the patch grid; relative ones "
@@ -453,7 +471,8 @@ class ViTConfig(FieldGroupConfig):
         if self.class_token is not None:
             set_("class_token", bool(self.class_token))
         for key in ("distillation_token", "patch_embedding_bias", "patch_embedding_norm", "pre_norm",
-                    "qkv_bias", "projection_bias", "final_norm", "fc_norm", "glu", "relative_position_bias"):
+                    "qkv_bias", "projection_bias", "final_norm", "fc_norm", "glu", "relative_position_bias",
+                    "rotary_position_embedding", "attention_norm", "mlp_norm"):
             set_(key, bool(getattr(self, key)))
         registers = self.register_tokens
         if isinstance(registers, bool) or not isinstance(registers, int) and not hasattr(registers, "__index__") or (
@@ -476,6 +495,14 @@ class ViTConfig(FieldGroupConfig):
         if self.distillation_token and self.classifier != "token":
             raise ValueError(
                 "distillation_token=True reads the class and distillation tokens (DeiT); it needs classifier='token'."
+            )
+        set_("rope_temperature", float(self.rope_temperature))
+        if self.rope_reference_grid is not None:
+            set_("rope_reference_grid", as_pair(self.rope_reference_grid))
+        if self.rotary_position_embedding and (self.hidden_size // max(self.num_heads, 1)) % 4:
+            raise ValueError(
+                f"rotary_position_embedding=True rotates channel pairs of each head by row and by column: the head "
+                f"size (hidden_size / num_heads = {self.hidden_size / self.num_heads:g}) must be a multiple of 4."
             )
         if self.relative_position_bias and not (self.has_class_token and self.num_prefix_tokens == 1):
             raise ValueError(
@@ -557,6 +584,8 @@ class ViTConfig(FieldGroupConfig):
             out["resnet"] = [list(self.resnet[0]), self.resnet[1]]
         if self.input_normalization is not None:
             out["input_normalization"] = [list(part) for part in self.input_normalization]
+        if self.rope_reference_grid is not None:
+            out["rope_reference_grid"] = list(self.rope_reference_grid)
         return out
 
     def architecture(self):
