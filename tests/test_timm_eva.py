@@ -32,6 +32,8 @@ CASES = [
     ("eva02_base_clip", "eva02_base_patch16_clip_224", dict(img_size=32)),
     ("eva_giant", "eva_giant_patch14_224", dict(img_size=28)),
     ("rope_reg1_gap", "vit_medium_patch16_rope_reg1_gap_256", dict(img_size=(32, 48))),
+    ("rope_ape_xy", "vit_small_patch16_rope_ape_224", dict(img_size=(48, 32))),
+    ("pe_lang", "vit_pe_lang_large_patch14_448", dict(img_size=(28, 42))),
 ]
 
 
@@ -108,15 +110,16 @@ def test_rotary_grid_fixed_at_run_time():
 
 
 @pytest.mark.backend_independent
-@pytest.mark.parametrize("grid, head_dim, temperature, reference", [
-    ((2, 3), 16, 10000.0, (16, 16)), ((4, 4), 8, 100.0, None), ((3, 2), 8, 10000.0, (5, 7))])
-def test_rotary_tables_equal_timm(grid, head_dim, temperature, reference):
+@pytest.mark.parametrize("grid, head_dim, temperature, reference, offset, indexing", [
+    ((2, 3), 16, 10000.0, (16, 16), 0.0, "ij"), ((4, 4), 8, 100.0, None, 0.0, "xy"),
+    ((3, 2), 8, 10000.0, (5, 7), 1.0, "xy"), ((2, 3), 8, 10000.0, None, 1.0, "ij")])
+def test_rotary_tables_equal_timm(grid, head_dim, temperature, reference, offset, indexing):
     from timm.layers.pos_embed_sincos import RotaryEmbeddingCat
 
     rope = RotaryEmbeddingCat(dim=head_dim, temperature=temperature, in_pixels=False, feat_shape=list(grid),
-                              ref_feat_shape=reference)
+                              ref_feat_shape=reference, grid_offset=offset, grid_indexing=indexing)
     sin, cos = np.split(rope.get_embed().numpy(), 2, axis=-1)
-    ours = rotary_embedding_tables(grid, head_dim, temperature, reference)
+    ours = rotary_embedding_tables(grid, head_dim, temperature, reference, offset, indexing)
     np.testing.assert_allclose(ours[0], sin, atol=2e-7)
     np.testing.assert_allclose(ours[1], cos, atol=2e-7)
 

@@ -182,10 +182,8 @@ def _beit_variant(args, source):
 
 #: Eva keyword arguments keras_vit cannot build, and the values that mean "off".
 _EVA_UNSUPPORTED = {
-    "attn_type": (None, "eva"),  # "rope": timm's AttentionRope (the rope_224, PE and Sapiens models)
+    "attn_type": (None, "eva", "rope"),  # "rope": timm's AttentionRope (qkv biases fused)
     "rope_type": (None, "cat"),  # mixed (learned), dinov3 and mrope rotary embeddings
-    "rope_grid_indexing": (None, "ij"),
-    "rope_grid_offset": (None, 0, 0.0),
     "rope_rotate_half": (None, False),
     "rope_rescale_coords": (None,),
     "use_post_norm": (None, False),  # post-norm blocks (EVA-02 enormous)
@@ -197,7 +195,7 @@ _EVA_UNSUPPORTED = {
     "dynamic_img_size": (None, False),
     "dynamic_img_pad": (None, False),
 }
-_EVA_SUPPORTED = ("EVA and EVA-02: class and register tokens, absolute and rotary ('cat', 'ij') position embeddings, "
+_EVA_SUPPORTED = ("EVA and EVA-02: class and register tokens, absolute and rotary ('cat') position embeddings, "
                   "fused or separate q/k/v, sub-LN in attention (scale_attn_inner) and MLP (scale_mlp), "
                   "SwiGLU, layer scale, average or token pooling, fc_norm, pre-norm")
 
@@ -237,6 +235,8 @@ def _eva_variant(args, source):
         position_embedding="learned" if args.get("use_abs_pos_emb", True) else "none",
         rotary_position_embedding=rope, rope_temperature=float(args.get("rope_temperature", 10000.0)),
         rope_reference_grid=tuple(reference) if rope and reference is not None else None,
+        rope_grid_offset=float(args.get("rope_grid_offset", 0.0) or 0.0) if rope else 0.0,
+        rope_grid_indexing=args.get("rope_grid_indexing", "ij") if rope else "ij",
         attention_norm=bool(args.get("scale_attn_inner", False)), mlp_norm=scale_mlp)
     return variant, mlp_layer
 
@@ -246,7 +246,8 @@ _VARIANT_DEFAULTS = dict(
     patch_embedding_norm=False, pre_norm=False, layer_scale=None, final_norm=True, fc_norm=False, norm="layer_norm",
     mlp_activation=None, glu=False, position_embedding="learned", dynamic_image_size=False, qkv_bias=True,
     projection_bias=True, patch_embedding_bias=True, relative_position_bias=False, rotary_position_embedding=False,
-    rope_temperature=10000.0, rope_reference_grid=None, attention_norm=False, mlp_norm=False,
+    rope_temperature=10000.0, rope_reference_grid=None, rope_grid_offset=0.0, rope_grid_indexing="ij",
+    attention_norm=False, mlp_norm=False,
 )
 
 # === timm's architecture names ===

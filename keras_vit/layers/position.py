@@ -244,7 +244,7 @@ def relative_position_entries(grid_size):
     return (2 * rows - 1) * (2 * cols - 1) + 3
 
 
-def rotary_embedding_tables(grid_size, head_dim, temperature=10000.0, reference_grid=None):
+def rotary_embedding_tables(grid_size, head_dim, temperature=10000.0, reference_grid=None, offset=0.0, indexing="ij"):
     """(sin, cos), each (rows * cols, head_dim) float32: EVA-02's 2-D rotary position embedding
     (Fang et al. 2023; timm's `RotaryEmbeddingCat` with integer positions) for the patches of a
     (rows, cols) grid in row-major order.
@@ -253,7 +253,9 @@ def rotary_embedding_tables(grid_size, head_dim, temperature=10000.0, reference_
     head's channels by the patch's row and the second half by its column, in interleaved pairs
     (channels 2j and 2j + 1 share an angle). With `reference_grid` the positions are rescaled so that
     the grid spans the reference one (row * ref_rows / rows), as EVA-02 runs at another resolution
-    than it was pre-trained at. Computed in float32, as timm computes them.
+    than it was pre-trained at. `offset` is added to the patch indices first (Perception Encoder's
+    1); `indexing="xy"` rotates the first half by the column and the second by the row (timm's
+    `grid_indexing`). Computed in float32, as timm computes them.
 
     Example:
         >>> sin, cos = rotary_embedding_tables((2, 3), 8)
@@ -264,10 +266,14 @@ def rotary_embedding_tables(grid_size, head_dim, temperature=10000.0, reference_
     bands = int(head_dim) // 4
     f32 = np.float32
     frequencies = f32(1.0) / (f32(temperature) ** (np.arange(bands).astype(f32) / f32(bands)))
-    axes = [np.arange(n).astype(f32) for n in (rows, cols)]
+    if indexing not in ("ij", "xy"):
+        raise ValueError(f"indexing must be 'ij' (rows first) or 'xy' (columns first); got {indexing!r}.")
+    axes = [np.arange(n).astype(f32) + f32(offset) for n in (rows, cols)]
     if reference_grid is not None:
         axes = [a / f32(n) * f32(r) for a, n, r in zip(axes, (rows, cols), reference_grid)]
-    grid = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1)  # (rows, cols, 2)
+    grid = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1)  # (rows, cols, 2): (row, col)
+    if indexing == "xy":
+        grid = grid[..., ::-1]  # (col, row)
     angles = (grid[..., None] * frequencies).astype(f32).reshape(rows * cols, 2 * bands)
     angles = np.repeat(angles, 2, axis=-1)  # interleaved: channels 2j and 2j + 1 share an angle
     return np.sin(angles).astype(f32), np.cos(angles).astype(f32)

@@ -345,7 +345,7 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
     sequence is then one class token followed by the rows x cols patches.
 
     `rotary={"grid": (rows, cols), "prefix_tokens": n, "temperature": t, "reference_grid": (r, c) or
-    None}` rotates the queries and keys of the patch tokens (those after the n prefix tokens) by
+    None, "offset": o, "indexing": "ij" or "xy"}` rotates the queries and keys of the patch tokens (those after the n prefix tokens) by
     EVA-02's 2-D rotary position embedding (`layers.position.rotary_embedding_tables`) before the
     logits. `output_norm=True` normalises the heads' concatenated output before the out projection
     (EVA-02 CLIP's sub-LN, timm's `scale_attn_inner`), with `norm` and `norm_epsilon`.
@@ -432,7 +432,8 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
             if head_dim % 4:
                 raise ValueError(f"Rotary position embeddings need a head size divisible by 4; got {head_dim}.")
             self._rotary_tables = rotary_embedding_tables(
-                self.rotary["grid"], head_dim, self.rotary["temperature"], self.rotary["reference_grid"])
+                self.rotary["grid"], head_dim, self.rotary["temperature"], self.rotary["reference_grid"],
+                self.rotary["offset"], self.rotary["indexing"])
         if self.output_norm is not None:
             self.output_norm.build((None, self.num_heads * head_dim))
         if quantized:
@@ -583,7 +584,8 @@ def _rotary_config(rotary):
     reference = rotary.get("reference_grid")
     return {"grid": [int(g) for g in rotary["grid"]], "prefix_tokens": int(rotary.get("prefix_tokens", 0)),
             "temperature": float(rotary.get("temperature", 10000.0)),
-            "reference_grid": None if reference is None else [int(g) for g in reference]}
+            "reference_grid": None if reference is None else [int(g) for g in reference],
+            "offset": float(rotary.get("offset", 0.0)), "indexing": str(rotary.get("indexing", "ij"))}
 
 
 # === Encoder ===

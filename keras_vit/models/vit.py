@@ -108,7 +108,8 @@ def _graph(config, dtype):
             glu=c.glu,
             relative_position_bias=c.grid_size if c.relative_position_bias else None,
             rotary=dict(grid=c.grid_size, prefix_tokens=c.num_prefix_tokens, temperature=c.rope_temperature,
-                        reference_grid=c.rope_reference_grid) if c.rotary_position_embedding else None,
+                        reference_grid=c.rope_reference_grid, offset=c.rope_grid_offset,
+                        indexing=c.rope_grid_indexing) if c.rotary_position_embedding else None,
             attention_norm=c.attention_norm,
             mlp_norm=c.mlp_norm,
             dtype=dtype,
@@ -202,10 +203,12 @@ class VisionTransformer(
             every block: a table per block of one bias per head for each 2-D offset between two
             patches, plus class-token entries, added to the attention logits. Needs exactly one
             prefix token (the class token) and a fixed image size.
-        rotary_position_embedding, rope_temperature, rope_reference_grid: EVA-02's 2-D rotary
-            position embedding (Fang et al. 2023) of the patch tokens' queries and keys in every
-            block (prefix tokens unrotated), with its frequency base and the (rows, cols) the
-            positions are rescaled to span (None: patch indices); it follows `image_size`.
+        rotary_position_embedding, rope_temperature, rope_reference_grid, rope_grid_offset,
+        rope_grid_indexing: EVA-02's 2-D rotary position embedding (Fang et al. 2023) of the patch
+            tokens' queries and keys in every block (prefix tokens unrotated), with its frequency
+            base, the (rows, cols) the positions are rescaled to span (None: patch indices), an
+            offset added to the indices, and which axis the first half follows ("ij": the row,
+            "xy": the column); it follows `image_size`.
         attention_norm, mlp_norm: EVA-02's sub-LNs: a norm on the attention's output before its
             projection, and one inside the MLP before `Dense_1`.
         num_channels: input channels.

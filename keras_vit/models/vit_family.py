@@ -347,6 +347,9 @@ class ViTConfig(FieldGroupConfig):
         "architecture", None,
         doc="(rows, cols) the rotary positions are rescaled to span (timm's ref_feat_shape); None: patch indices",
     )
+    rope_grid_offset: float = config_field("architecture", 0.0, doc="added to the rotary embedding's patch indices")
+    rope_grid_indexing: str = config_field(
+        "architecture", "ij", doc="'ij': the rotary embedding's first half follows the row, 'xy': the column")
     attention_norm: bool = config_field(
         "architecture", False, doc="a norm on the attention's output before its projection (EVA-02 CLIP's sub-LN)")
     mlp_norm: bool = config_field("architecture", False, doc="a norm inside the MLP before Dense_1 (EVA-02's sub-LN)")
@@ -497,6 +500,8 @@ class ViTConfig(FieldGroupConfig):
                 "distillation_token=True reads the class and distillation tokens (DeiT); it needs classifier='token'."
             )
         set_("rope_temperature", float(self.rope_temperature))
+        set_("rope_grid_offset", float(self.rope_grid_offset))
+        self._check_choice("rope_grid_indexing", ("ij", "xy"))
         if self.rope_reference_grid is not None:
             set_("rope_reference_grid", as_pair(self.rope_reference_grid))
         if self.rotary_position_embedding and (self.hidden_size // max(self.num_heads, 1)) % 4:
