@@ -4,8 +4,11 @@ read through `keras_vit.load_checkpoint`, against timm itself.
 Each case is a random-weight timm Eva at a tiny size, saved as timm saves a Hub repo
 (`save_for_hf`): EVA-02 Ti (RoPE, packed SwiGLU, headless), EVA-02 B (separate q/k/v, SwiGLU with
 its sub-LN, a reference grid other than the grid), EVA-02 CLIP B (the attention's sub-LN, token
-pooling), EVA-g (no RoPE, q/v biases, fc_norm) and the RoPE register GAP ViT (a register token, no
-class token, layer scale). Logits (or the pooled pre-logits features) equal timm's within
+pooling), EVA-g (no RoPE, q/v biases, fc_norm), the RoPE register GAP ViT (a register token, no
+class token, layer scale), timm's RoPE ViT with an absolute embedding on the patches
+(AttentionRope, "xy" rotary axes, temperature 100), a Perception Encoder language tower (pre-norm,
+no final norm, rotary offset 1) and DINOv3 S and S+ (centred rotary positions in the half-rotation
+layout, four registers, layer scale, no q/k/v bias or q/v biases, split SwiGLU). Logits (or the pooled pre-logits features) equal timm's within
 max(2e-5, twice timm's own float32 error against float64), relative to the output's scale.
 """
 
@@ -34,6 +37,8 @@ CASES = [
     ("rope_reg1_gap", "vit_medium_patch16_rope_reg1_gap_256", dict(img_size=(32, 48))),
     ("rope_ape_xy", "vit_small_patch16_rope_ape_224", dict(img_size=(48, 32))),
     ("pe_lang", "vit_pe_lang_large_patch14_448", dict(img_size=(28, 42))),
+    ("dinov3_small", "vit_small_patch16_dinov3", dict(img_size=(32, 48))),
+    ("dinov3_splus_qkvb", "vit_small_plus_patch16_dinov3_qkvb", dict(img_size=32)),
 ]
 
 
@@ -124,12 +129,26 @@ def test_rotary_tables_equal_timm(grid, head_dim, temperature, reference, offset
     np.testing.assert_allclose(ours[1], cos, atol=2e-7)
 
 
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("grid, head_dim, offset, indexing", [((2, 3), 16, 0.0, "ij"), ((3, 2), 8, 1.0, "xy")])
+def test_dinov3_rotary_tables_equal_timm(grid, head_dim, offset, indexing):
+    from timm.layers.pos_embed_sincos import RotaryEmbeddingDinoV3
+
+    rope = RotaryEmbeddingDinoV3(dim=head_dim, temperature=100.0, feat_shape=list(grid), grid_offset=offset,
+                                 grid_indexing=indexing)
+    sin, cos = np.split(rope.pos_embed_cached.numpy(), 2, axis=-1)
+    ours = rotary_embedding_tables(grid, head_dim, 100.0, None, offset, indexing, "centered", True)
+    np.testing.assert_allclose(ours[0], sin, atol=2e-7)
+    np.testing.assert_allclose(ours[1], cos, atol=2e-7)
+
+
 def test_unsupported_eva_is_refused(tmp_path):
-    """An Eva switch keras_vit does not build (DINOv3's rotary embedding) is refused by name."""
+    """An Eva switch keras_vit does not build (the mixed rotary embedding's learned frequencies) is
+    refused by name."""
     from timm.models._hub import save_for_hf
 
     args = dict(depth=1, embed_dim=32, num_heads=2, img_size=32)
-    save_for_hf(timm.create_model("vit_small_patch16_dinov3", pretrained=False, **args), tmp_path,
+    save_for_hf(timm.create_model("vit_small_patch16_rope_mixed_224", pretrained=False, **args), tmp_path,
                 safe_serialization=True, model_args=args)
-    with pytest.raises(keras_vit.errors.CheckpointError, match="rope_type='dinov3' is not supported"):
+    with pytest.raises(keras_vit.errors.CheckpointError, match="rope_type='mixed' is not supported"):
         keras_vit.load_checkpoint(tmp_path)

@@ -183,8 +183,7 @@ def _beit_variant(args, source):
 #: Eva keyword arguments keras_vit cannot build, and the values that mean "off".
 _EVA_UNSUPPORTED = {
     "attn_type": (None, "eva", "rope"),  # "rope": timm's AttentionRope (qkv biases fused)
-    "rope_type": (None, "cat"),  # mixed (learned), dinov3 and mrope rotary embeddings
-    "rope_rotate_half": (None, False),
+    "rope_type": (None, "cat", "dinov3"),  # mixed (learned) and mrope rotary embeddings
     "rope_rescale_coords": (None,),
     "use_post_norm": (None, False),  # post-norm blocks (EVA-02 enormous)
     "qk_norm": (None, False),
@@ -192,19 +191,20 @@ _EVA_UNSUPPORTED = {
     "attn_only_layer_scale": (None, False),
     "gated_attn": (None, False),
     "attn_head_dim": (None,),
-    "dynamic_img_size": (None, False),
     "dynamic_img_pad": (None, False),
 }
-_EVA_SUPPORTED = ("EVA and EVA-02: class and register tokens, absolute and rotary ('cat') position embeddings, "
-                  "fused or separate q/k/v, sub-LN in attention (scale_attn_inner) and MLP (scale_mlp), "
+_EVA_SUPPORTED = ("EVA and EVA-02: class and register tokens, absolute and rotary (EVA's 'cat', DINOv3's) position "
+                  "embeddings, fused or separate q/k/v, sub-LN in attention (scale_attn_inner) and MLP (scale_mlp), "
                   "SwiGLU, layer scale, average or token pooling, fc_norm, pre-norm")
 
 
 def _eva_variant(args, source):
     """(VisionTransformer variant fields, timm MLP layer name) of timm's Eva keyword arguments
     `args` (eva.py): EVA's ViT with q and v biases, and EVA-02's rotary position embedding
-    (`use_rot_pos_emb`, RotaryEmbeddingCat), SwiGLU MLPs (`swiglu_mlp`: a packed GluMlp, or SwiGLU
-    with `scale_mlp`'s norm) and sub-LNs (`scale_attn_inner`, `scale_mlp`)."""
+    (`use_rot_pos_emb`, RotaryEmbeddingCat; DINOv3's RotaryEmbeddingDinoV3), SwiGLU MLPs
+    (`swiglu_mlp`: a packed GluMlp, or SwiGLU with `scale_mlp`'s norm) and sub-LNs
+    (`scale_attn_inner`, `scale_mlp`). timm's `dynamic_img_size` models are built for the weights'
+    image size (any other one with `image_size=`: the rotary positions follow it)."""
     _refuse_switches(args, _EVA_UNSUPPORTED, source, "Eva option", _EVA_SUPPORTED)
     pool = args.get("global_pool", "avg")  # Eva's default
     if pool not in ("avg", "token", ""):
@@ -224,7 +224,8 @@ def _eva_variant(args, source):
     scale_mlp = bool(args.get("scale_mlp", False))
     mlp_layer = ("SwiGLU" if scale_mlp or args.get("swiglu_align_to") else "GluMlp") if swiglu else None
     rope = bool(args.get("use_rot_pos_emb", False))
-    reference = args.get("ref_feat_shape")
+    dinov3 = args.get("rope_type") == "dinov3"
+    reference = None if dinov3 else args.get("ref_feat_shape")  # DINOv3's rotary embedding ignores it
     variant = dict(
         _VARIANT_DEFAULTS, classifier=classifier, class_token=class_token if class_token != (classifier == "token")
         else None, register_tokens=int(args.get("num_reg_tokens", 0) or 0),
@@ -237,6 +238,8 @@ def _eva_variant(args, source):
         rope_reference_grid=tuple(reference) if rope and reference is not None else None,
         rope_grid_offset=float(args.get("rope_grid_offset", 0.0) or 0.0) if rope else 0.0,
         rope_grid_indexing=args.get("rope_grid_indexing", "ij") if rope else "ij",
+        rope_coordinates="centered" if rope and dinov3 else "index",
+        rope_rotate_half=rope and bool(args.get("rope_rotate_half", False)),
         attention_norm=bool(args.get("scale_attn_inner", False)), mlp_norm=scale_mlp)
     return variant, mlp_layer
 
@@ -247,6 +250,7 @@ _VARIANT_DEFAULTS = dict(
     mlp_activation=None, glu=False, position_embedding="learned", dynamic_image_size=False, qkv_bias=True,
     projection_bias=True, patch_embedding_bias=True, relative_position_bias=False, rotary_position_embedding=False,
     rope_temperature=10000.0, rope_reference_grid=None, rope_grid_offset=0.0, rope_grid_indexing="ij",
+    rope_coordinates="index", rope_rotate_half=False,
     attention_norm=False, mlp_norm=False,
 )
 

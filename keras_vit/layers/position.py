@@ -244,7 +244,8 @@ def relative_position_entries(grid_size):
     return (2 * rows - 1) * (2 * cols - 1) + 3
 
 
-def rotary_embedding_tables(grid_size, head_dim, temperature=10000.0, reference_grid=None, offset=0.0, indexing="ij"):
+def rotary_embedding_tables(grid_size, head_dim, temperature=10000.0, reference_grid=None, offset=0.0, indexing="ij",
+                            coordinates="index", rotate_half=False):
     """(sin, cos), each (rows * cols, head_dim) float32: EVA-02's 2-D rotary position embedding
     (Fang et al. 2023; timm's `RotaryEmbeddingCat` with integer positions) for the patches of a
     (rows, cols) grid in row-major order.
@@ -255,7 +256,11 @@ def rotary_embedding_tables(grid_size, head_dim, temperature=10000.0, reference_
     the grid spans the reference one (row * ref_rows / rows), as EVA-02 runs at another resolution
     than it was pre-trained at. `offset` is added to the patch indices first (Perception Encoder's
     1); `indexing="xy"` rotates the first half by the column and the second by the row (timm's
-    `grid_indexing`). Computed in float32, as timm computes them.
+    `grid_indexing`). `coordinates="centered"` is DINOv3's form (timm's RotaryEmbeddingDinoV3): each
+    axis' patch centres (i + 0.5 + offset) / n mapped to [-1, 1], angles 2 pi coordinate / period
+    with periods temperature ** (i / (head_dim / 4)). `rotate_half=True` lays the angles out as two
+    halves (channel j pairs with j + head_dim / 2) instead of interleaved pairs. Computed in
+    float32, as timm computes them.
 
     Example:
         >>> sin, cos = rotary_embedding_tables((2, 3), 8)
@@ -265,17 +270,30 @@ def rotary_embedding_tables(grid_size, head_dim, temperature=10000.0, reference_
     rows, cols = (int(g) for g in grid_size)
     bands = int(head_dim) // 4
     f32 = np.float32
-    frequencies = f32(1.0) / (f32(temperature) ** (np.arange(bands).astype(f32) / f32(bands)))
-    if indexing not in ("ij", "xy"):
-        raise ValueError(f"indexing must be 'ij' (rows first) or 'xy' (columns first); got {indexing!r}.")
-    axes = [np.arange(n).astype(f32) + f32(offset) for n in (rows, cols)]
+    if indexing not in ("ij", "xy") or coordinates not in ("index", "centered"):
+        raise ValueError(f"indexing must be 'ij' (rows first) or 'xy' (columns first) and coordinates 'index' or "
+                         f"'centered'; got {indexing!r}, {coordinates!r}.")
+    if coordinates == "centered":
+        axes = [(np.arange(n).astype(f32) + f32(0.5) + f32(offset)) / f32(n) for n in (rows, cols)]
+        axes = [f32(2.0) * a - f32(1.0) for a in axes]
+        periods = f32(temperature) ** (f32(2.0) * np.arange(bands).astype(f32) / f32(int(head_dim) // 2))
+    else:
+        axes = [np.arange(n).astype(f32) + f32(offset) for n in (rows, cols)]
+        frequencies = f32(1.0) / (f32(temperature) ** (np.arange(bands).astype(f32) / f32(bands)))
     if reference_grid is not None:
         axes = [a / f32(n) * f32(r) for a, n, r in zip(axes, (rows, cols), reference_grid)]
     grid = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1)  # (rows, cols, 2): (row, col)
     if indexing == "xy":
         grid = grid[..., ::-1]  # (col, row)
-    angles = (grid[..., None] * frequencies).astype(f32).reshape(rows * cols, 2 * bands)
-    angles = np.repeat(angles, 2, axis=-1)  # interleaved: channels 2j and 2j + 1 share an angle
+    if coordinates == "centered":
+        angles = (f32(2 * np.pi) * grid[..., None] / periods).astype(f32)
+    else:
+        angles = (grid[..., None] * frequencies).astype(f32)
+    angles = angles.reshape(rows * cols, 2 * bands)
+    if rotate_half:  # channel j pairs with channel j + head_dim / 2
+        angles = np.concatenate([angles, angles], axis=-1)
+    else:  # interleaved: channels 2j and 2j + 1 share an angle
+        angles = np.repeat(angles, 2, axis=-1)
     return np.sin(angles).astype(f32), np.cos(angles).astype(f32)
 
 

@@ -345,7 +345,8 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
     sequence is then one class token followed by the rows x cols patches.
 
     `rotary={"grid": (rows, cols), "prefix_tokens": n, "temperature": t, "reference_grid": (r, c) or
-    None, "offset": o, "indexing": "ij" or "xy"}` rotates the queries and keys of the patch tokens (those after the n prefix tokens) by
+    None, "offset": o, "indexing": "ij" or "xy", "coordinates": "index" or "centered", "rotate_half":
+    bool}` rotates the queries and keys of the patch tokens (those after the n prefix tokens) by
     EVA-02's 2-D rotary position embedding (`layers.position.rotary_embedding_tables`) before the
     logits. `output_norm=True` normalises the heads' concatenated output before the out projection
     (EVA-02 CLIP's sub-LN, timm's `scale_attn_inner`), with `norm` and `norm_epsilon`.
@@ -433,7 +434,7 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
                 raise ValueError(f"Rotary position embeddings need a head size divisible by 4; got {head_dim}.")
             self._rotary_tables = rotary_embedding_tables(
                 self.rotary["grid"], head_dim, self.rotary["temperature"], self.rotary["reference_grid"],
-                self.rotary["offset"], self.rotary["indexing"])
+                self.rotary["offset"], self.rotary["indexing"], self.rotary["coordinates"], self.rotary["rotate_half"])
         if self.output_norm is not None:
             self.output_norm.build((None, self.num_heads * head_dim))
         if quantized:
@@ -519,9 +520,13 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         sin, cos = (ops.convert_to_tensor(t[None, :, None, :]) for t in self._rotary_tables)
         patches = ops.cast(x[:, n:], "float32")
         shape = ops.shape(patches)
-        pairs = ops.reshape(patches, (shape[0], shape[1], shape[2], self.head_dim // 2, 2))
-        # Each channel pair (x0, x1) -> (-x1, x0): the quarter turn the sines multiply.
-        turned = ops.reshape(ops.stack([-pairs[..., 1], pairs[..., 0]], axis=-1), shape)
+        if self.rotary["rotate_half"]:  # channel j pairs with j + head_dim / 2: (x1, x2) -> (-x2, x1)
+            half = self.head_dim // 2
+            turned = ops.concatenate([-patches[..., half:], patches[..., :half]], axis=-1)
+        else:
+            pairs = ops.reshape(patches, (shape[0], shape[1], shape[2], self.head_dim // 2, 2))
+            # Each channel pair (x0, x1) -> (-x1, x0): the quarter turn the sines multiply.
+            turned = ops.reshape(ops.stack([-pairs[..., 1], pairs[..., 0]], axis=-1), shape)
         patches = ops.cast(patches * cos + turned * sin, x.dtype)
         return ops.concatenate([x[:, :n], patches], axis=1) if n else patches
 
@@ -585,7 +590,8 @@ def _rotary_config(rotary):
     return {"grid": [int(g) for g in rotary["grid"]], "prefix_tokens": int(rotary.get("prefix_tokens", 0)),
             "temperature": float(rotary.get("temperature", 10000.0)),
             "reference_grid": None if reference is None else [int(g) for g in reference],
-            "offset": float(rotary.get("offset", 0.0)), "indexing": str(rotary.get("indexing", "ij"))}
+            "offset": float(rotary.get("offset", 0.0)), "indexing": str(rotary.get("indexing", "ij")),
+            "coordinates": str(rotary.get("coordinates", "index")), "rotate_half": bool(rotary.get("rotate_half"))}
 
 
 # === Encoder ===

@@ -109,7 +109,8 @@ def _graph(config, dtype):
             relative_position_bias=c.grid_size if c.relative_position_bias else None,
             rotary=dict(grid=c.grid_size, prefix_tokens=c.num_prefix_tokens, temperature=c.rope_temperature,
                         reference_grid=c.rope_reference_grid, offset=c.rope_grid_offset,
-                        indexing=c.rope_grid_indexing) if c.rotary_position_embedding else None,
+                        indexing=c.rope_grid_indexing, coordinates=c.rope_coordinates,
+                        rotate_half=c.rope_rotate_half) if c.rotary_position_embedding else None,
             attention_norm=c.attention_norm,
             mlp_norm=c.mlp_norm,
             dtype=dtype,
@@ -209,6 +210,8 @@ class VisionTransformer(
             base, the (rows, cols) the positions are rescaled to span (None: patch indices), an
             offset added to the indices, and which axis the first half follows ("ij": the row,
             "xy": the column); it follows `image_size`.
+        rope_coordinates, rope_rotate_half: DINOv3's rotary form: "centered" positions (patch
+            centres mapped to [-1, 1]) and channels paired across the two halves of a head.
         attention_norm, mlp_norm: EVA-02's sub-LNs: a norm on the attention's output before its
             projection, and one inside the MLP before `Dense_1`.
         num_channels: input channels.

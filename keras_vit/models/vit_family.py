@@ -350,6 +350,10 @@ class ViTConfig(FieldGroupConfig):
     rope_grid_offset: float = config_field("architecture", 0.0, doc="added to the rotary embedding's patch indices")
     rope_grid_indexing: str = config_field(
         "architecture", "ij", doc="'ij': the rotary embedding's first half follows the row, 'xy': the column")
+    rope_coordinates: str = config_field(
+        "architecture", "index", doc="rotary positions: 'index' (EVA's patch indices) or 'centered' (DINOv3's [-1, 1])")
+    rope_rotate_half: bool = config_field(
+        "architecture", False, doc="rotary channel pairs (j, j + head_dim / 2) instead of interleaved (2j, 2j + 1)")
     attention_norm: bool = config_field(
         "architecture", False, doc="a norm on the attention's output before its projection (EVA-02 CLIP's sub-LN)")
     mlp_norm: bool = config_field("architecture", False, doc="a norm inside the MLP before Dense_1 (EVA-02's sub-LN)")
@@ -475,7 +479,7 @@ class ViTConfig(FieldGroupConfig):
             set_("class_token", bool(self.class_token))
         for key in ("distillation_token", "patch_embedding_bias", "patch_embedding_norm", "pre_norm",
                     "qkv_bias", "projection_bias", "final_norm", "fc_norm", "glu", "relative_position_bias",
-                    "rotary_position_embedding", "attention_norm", "mlp_norm"):
+                    "rotary_position_embedding", "attention_norm", "mlp_norm", "rope_rotate_half"):
             set_(key, bool(getattr(self, key)))
         registers = self.register_tokens
         if isinstance(registers, bool) or not isinstance(registers, int) and not hasattr(registers, "__index__") or (
@@ -502,6 +506,7 @@ class ViTConfig(FieldGroupConfig):
         set_("rope_temperature", float(self.rope_temperature))
         set_("rope_grid_offset", float(self.rope_grid_offset))
         self._check_choice("rope_grid_indexing", ("ij", "xy"))
+        self._check_choice("rope_coordinates", ("index", "centered"))
         if self.rope_reference_grid is not None:
             set_("rope_reference_grid", as_pair(self.rope_reference_grid))
         if self.rotary_position_embedding and (self.hidden_size // max(self.num_heads, 1)) % 4:
