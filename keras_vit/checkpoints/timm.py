@@ -185,7 +185,6 @@ _EVA_UNSUPPORTED = {
     "attn_type": (None, "eva", "rope"),  # "rope": timm's AttentionRope (qkv biases fused)
     "rope_type": (None, "cat", "dinov3"),  # mixed (learned) and mrope rotary embeddings
     "rope_rescale_coords": (None,),
-    "use_post_norm": (None, False),  # post-norm blocks (EVA-02 enormous)
     "qk_norm": (None, False),
     "num_kv_heads": (None,),  # grouped-query attention
     "attn_only_layer_scale": (None, False),
@@ -195,7 +194,7 @@ _EVA_UNSUPPORTED = {
 }
 _EVA_SUPPORTED = ("EVA and EVA-02: class and register tokens, absolute and rotary (EVA's 'cat', DINOv3's) position "
                   "embeddings, fused or separate q/k/v, sub-LN in attention (scale_attn_inner) and MLP (scale_mlp), "
-                  "SwiGLU, layer scale, average or token pooling, fc_norm, pre-norm")
+                  "SwiGLU, layer scale, post-norm blocks, average or token pooling, fc_norm, pre-norm")
 
 
 def _eva_variant(args, source):
@@ -240,7 +239,8 @@ def _eva_variant(args, source):
         rope_grid_indexing=args.get("rope_grid_indexing", "ij") if rope else "ij",
         rope_coordinates="centered" if rope and dinov3 else "index",
         rope_rotate_half=rope and bool(args.get("rope_rotate_half", False)),
-        attention_norm=bool(args.get("scale_attn_inner", False)), mlp_norm=scale_mlp)
+        attention_norm=bool(args.get("scale_attn_inner", False)), mlp_norm=scale_mlp,
+        post_norm=bool(args.get("use_post_norm", False)))
     return variant, mlp_layer
 
 
@@ -250,7 +250,7 @@ _VARIANT_DEFAULTS = dict(
     mlp_activation=None, glu=False, position_embedding="learned", dynamic_image_size=False, qkv_bias=True,
     projection_bias=True, patch_embedding_bias=True, relative_position_bias=False, rotary_position_embedding=False,
     rope_temperature=10000.0, rope_reference_grid=None, rope_grid_offset=0.0, rope_grid_indexing="ij",
-    rope_coordinates="index", rope_rotate_half=False,
+    rope_coordinates="index", rope_rotate_half=False, post_norm=False,
     attention_norm=False, mlp_norm=False,
 )
 

@@ -584,6 +584,10 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         return config
 
 
+def _identity(x):
+    return x
+
+
 def _rotary_config(rotary):
     """The JSON form of an attention layer's `rotary` argument (lists, not tuples)."""
     reference = rotary.get("reference_grid")
@@ -726,9 +730,11 @@ class EncoderBlock(keras.layers.Layer):
         rotary=None,
         attention_norm=False,
         mlp_norm=False,
+        post_norm=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.post_norm = bool(post_norm)
         # EVA-02's rotary position embedding and sub-LNs (MultiHeadDotProductAttention's `rotary`
         # and `output_norm`, MlpBlock's `norm`).
         self.rotary = None if rotary is None else _rotary_config(rotary)
@@ -813,14 +819,20 @@ class EncoderBlock(keras.layers.Layer):
 
     def _block(self, x, training=None, return_attention_weights=False, seeds=None):
         attention_seed, residual_seed, *mlp_seeds = seeds or (None,) * 4
-        y = self.attention(self.norm_0(x), training=training, return_attention_weights=return_attention_weights,
+        # post_norm (EVA-02 enormous): the norms follow the branches, x + LN(MHA(x)), y + LN(MLP(y)).
+        pre, post = (_identity, self.norm_0) if self.post_norm else (self.norm_0, _identity)
+        y = self.attention(pre(x), training=training, return_attention_weights=return_attention_weights,
                            dropout_seed=attention_seed)
         if return_attention_weights:
             y, weights = y
+        y = post(y)
         if self.layer_scales is not None:
             y = self.layer_scales[0](y)
         x = x + _dropout(self.dropout, y, training, residual_seed)
-        y = self.mlp(self.norm_2(x), training=training, dropout_seeds=tuple(mlp_seeds))
+        if self.post_norm:
+            y = self.norm_2(self.mlp(x, training=training, dropout_seeds=tuple(mlp_seeds)))
+        else:
+            y = self.mlp(self.norm_2(x), training=training, dropout_seeds=tuple(mlp_seeds))
         if self.layer_scales is not None:
             y = self.layer_scales[1](y)
         x = x + y
@@ -857,7 +869,7 @@ class EncoderBlock(keras.layers.Layer):
             config.update(relative_position_bias=list(self.relative_position_bias))
         if self.rotary is not None:
             config.update(rotary=dict(self.rotary))
-        for key in ("attention_norm", "mlp_norm"):
+        for key in ("attention_norm", "mlp_norm", "post_norm"):
             if getattr(self, key):
                 config[key] = True
         if self.remat:

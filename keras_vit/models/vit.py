@@ -113,6 +113,7 @@ def _graph(config, dtype):
                         rotate_half=c.rope_rotate_half) if c.rotary_position_embedding else None,
             attention_norm=c.attention_norm,
             mlp_norm=c.mlp_norm,
+            post_norm=c.post_norm,
             dtype=dtype,
             name=f"encoderblock_{i}",
         )(x)
@@ -214,6 +215,8 @@ class VisionTransformer(
             centres mapped to [-1, 1]) and channels paired across the two halves of a head.
         attention_norm, mlp_norm: EVA-02's sub-LNs: a norm on the attention's output before its
             projection, and one inside the MLP before `Dense_1`.
+        post_norm: blocks that normalise their branches' outputs instead of their inputs,
+            x + LN(MHA(x)) then y + LN(MLP(y)) (EVA-02 enormous).
         num_channels: input channels.
         layer_norm_epsilon, gelu_approximate, group_norm_epsilon, std_conv_epsilon,
         std_conv_epsilon_inside_sqrt: the numerics of the weights' source (see

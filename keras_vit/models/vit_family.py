@@ -357,6 +357,8 @@ class ViTConfig(FieldGroupConfig):
     attention_norm: bool = config_field(
         "architecture", False, doc="a norm on the attention's output before its projection (EVA-02 CLIP's sub-LN)")
     mlp_norm: bool = config_field("architecture", False, doc="a norm inside the MLP before Dense_1 (EVA-02's sub-LN)")
+    post_norm: bool = config_field(
+        "architecture", False, doc="blocks normalise their branches' outputs, x + LN(MHA(x)) (EVA-02 enormous)")
     input_normalization: tuple = config_field(
         "input", None, doc="(mean, std) per channel of [0, 1] pixels the weights expect; None: [-1, 1] inputs"
     )
@@ -479,7 +481,7 @@ class ViTConfig(FieldGroupConfig):
             set_("class_token", bool(self.class_token))
         for key in ("distillation_token", "patch_embedding_bias", "patch_embedding_norm", "pre_norm",
                     "qkv_bias", "projection_bias", "final_norm", "fc_norm", "glu", "relative_position_bias",
-                    "rotary_position_embedding", "attention_norm", "mlp_norm", "rope_rotate_half"):
+                    "rotary_position_embedding", "attention_norm", "mlp_norm", "rope_rotate_half", "post_norm"):
             set_(key, bool(getattr(self, key)))
         registers = self.register_tokens
         if isinstance(registers, bool) or not isinstance(registers, int) and not hasattr(registers, "__index__") or (
