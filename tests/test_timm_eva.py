@@ -8,8 +8,9 @@ pooling), EVA-g (no RoPE, q/v biases, fc_norm), the RoPE register GAP ViT (a reg
 class token, layer scale), timm's RoPE ViT with an absolute embedding on the patches
 (AttentionRope, "xy" rotary axes, temperature 100), a Perception Encoder language tower (pre-norm,
 no final norm, rotary offset 1) and DINOv3 S and S+ (centred rotary positions in the half-rotation
-layout, four registers, layer scale, no q/k/v bias or q/v biases, split SwiGLU) and EVA-02 E
-(post-norm blocks). Logits (or the pooled pre-logits features) equal timm's within
+layout, four registers, layer scale, no q/k/v bias or q/v biases, split SwiGLU), EVA-02 E
+(post-norm blocks) and a Perception Encoder core tower (a MAP head over every token with its own
+heads and MLP width). Logits (or the pooled pre-logits features) equal timm's within
 max(2e-5, twice timm's own float32 error against float64), relative to the output's scale.
 """
 
@@ -41,6 +42,7 @@ CASES = [
     ("dinov3_small", "vit_small_patch16_dinov3", dict(img_size=(32, 48))),
     ("dinov3_splus_qkvb", "vit_small_plus_patch16_dinov3_qkvb", dict(img_size=32)),
     ("eva02_enormous_post_norm", "eva02_enormous_patch14_clip_224", dict(img_size=28)),
+    ("pe_core_map", "vit_pe_core_tiny_patch16_384", dict(img_size=32, attn_pool_num_heads=4, attn_pool_mlp_ratio=2.0)),
 ]
 
 

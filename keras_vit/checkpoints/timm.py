@@ -194,7 +194,7 @@ _EVA_UNSUPPORTED = {
 }
 _EVA_SUPPORTED = ("EVA and EVA-02: class and register tokens, absolute and rotary (EVA's 'cat', DINOv3's) position "
                   "embeddings, fused or separate q/k/v, sub-LN in attention (scale_attn_inner) and MLP (scale_mlp), "
-                  "SwiGLU, layer scale, post-norm blocks, average or token pooling, fc_norm, pre-norm")
+                  "SwiGLU, layer scale, post-norm blocks, average, token or attention pooling, fc_norm, pre-norm")
 
 
 def _eva_variant(args, source):
@@ -206,10 +206,11 @@ def _eva_variant(args, source):
     image size (any other one with `image_size=`: the rotary positions follow it)."""
     _refuse_switches(args, _EVA_UNSUPPORTED, source, "Eva option", _EVA_SUPPORTED)
     pool = args.get("global_pool", "avg")  # Eva's default
-    if pool not in ("avg", "token", ""):
-        raise CheckpointError(f"{source}: timm Eva global_pool={pool!r} is not supported (use 'avg' or 'token').")
+    if pool not in ("avg", "token", "map", ""):
+        raise CheckpointError(f"{source}: timm Eva global_pool={pool!r} is not supported (use 'avg', 'token' or "
+                              "'map').")
     class_token = bool(args.get("class_token", True))
-    classifier = "gap" if pool == "avg" or not class_token else "token"
+    classifier = "map" if pool == "map" else "gap" if pool == "avg" or not class_token else "token"
     fc_norm = args.get("use_fc_norm")
     fc_norm = pool == "avg" if fc_norm is None else bool(fc_norm)
     post_norm = args.get("use_post_transformer_norm")
@@ -240,7 +241,9 @@ def _eva_variant(args, source):
         rope_coordinates="centered" if rope and dinov3 else "index",
         rope_rotate_half=rope and bool(args.get("rope_rotate_half", False)),
         attention_norm=bool(args.get("scale_attn_inner", False)), mlp_norm=scale_mlp,
-        post_norm=bool(args.get("use_post_norm", False)))
+        post_norm=bool(args.get("use_post_norm", False)),
+        # Eva's attention pool reads every token, its heads and MLP ratio its own (attn_pool_*).
+        map_heads=args.get("attn_pool_num_heads") if pool == "map" else None, map_include_prefix=pool == "map")
     return variant, mlp_layer
 
 
@@ -250,7 +253,8 @@ _VARIANT_DEFAULTS = dict(
     mlp_activation=None, glu=False, position_embedding="learned", dynamic_image_size=False, qkv_bias=True,
     projection_bias=True, patch_embedding_bias=True, relative_position_bias=False, rotary_position_embedding=False,
     rope_temperature=10000.0, rope_reference_grid=None, rope_grid_offset=0.0, rope_grid_indexing="ij",
-    rope_coordinates="index", rope_rotate_half=False, post_norm=False,
+    rope_coordinates="index", rope_rotate_half=False, post_norm=False, map_heads=None, map_mlp_dim=None,
+    map_include_prefix=False,
     attention_norm=False, mlp_norm=False,
 )
 
@@ -440,6 +444,7 @@ def _variant_state_to_tree(r, num_heads, variant, mlp_layer, source):
         _norm_to_tree(r, "norm", "Transformer/encoder_norm", tree, norm)
     if variant["classifier"] == "map":
         p, dst = "attn_pool.", "MAPHead_0/"
+        num_heads = variant.get("map_heads") or num_heads  # the Perception Encoder's pool has its own
         hd = hidden // num_heads
         tree[dst + "probe"] = r.get(p + "latent")
         att = dst + "MultiHeadDotProductAttention_0/"
@@ -663,13 +668,17 @@ def _read_timm_zoo(weights, config, args, config_path, lazy, module):
     variant["projection_bias"] = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/out/bias" in tree
     variant["patch_embedding_bias"] = "embedding/bias" in tree
     layers = len({k.split("/")[1] for k in tree if k.startswith("Transformer/encoderblock_")})
+    map_mlp = tree.get("MAPHead_0/MlpBlock_0/Dense_0/kernel")
+    mlp_dim = int(tree["Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel"].shape[-1])
+    if map_mlp is not None and int(map_mlp.shape[-1]) != mlp_dim:
+        variant["map_mlp_dim"] = int(map_mlp.shape[-1])  # a MAP head with its own MLP width
     out = dict(
         image_size=tuple(size),
         patch_size=patch,
         hidden_size=hidden,
         num_layers=layers,
         num_heads=num_heads,
-        mlp_dim=int(tree["Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel"].shape[-1]),
+        mlp_dim=mlp_dim,
         classes=int(tree["head/kernel"].shape[-1]) if "head/kernel" in tree else None,
         classifier=variant.pop("classifier"),
         representation_size=None,

@@ -125,8 +125,9 @@ def _graph(config, dtype):
     if c.include_top or c.pooling is not None:
         if mode == "map":
             x = MAPHead(
-                c.num_heads, c.mlp_dim, c.layer_norm_epsilon, c.gelu_approximate, mlp_activation=c.mlp_activation,
-                norm=c.norm, num_prefix_tokens=c.num_prefix_tokens, dtype=dtype, name="MAPHead_0",
+                c.map_heads or c.num_heads, c.map_mlp_dim or c.mlp_dim, c.layer_norm_epsilon, c.gelu_approximate,
+                mlp_activation=c.mlp_activation, norm=c.norm,
+                num_prefix_tokens=0 if c.map_include_prefix else c.num_prefix_tokens, dtype=dtype, name="MAPHead_0",
             )(x)
         elif mode != "none":  # "none": pre_logits and the head apply to every token
             x = TokenPooling(mode, c.num_prefix_tokens, dtype=dtype, name="pool")(x)
@@ -215,6 +216,8 @@ class VisionTransformer(
             centres mapped to [-1, 1]) and channels paired across the two halves of a head.
         attention_norm, mlp_norm: EVA-02's sub-LNs: a norm on the attention's output before its
             projection, and one inside the MLP before `Dense_1`.
+        map_heads, map_mlp_dim, map_include_prefix: the MAP head's own head count and MLP width
+            (None: the encoder's), and whether it attends over the prefix tokens too.
         post_norm: blocks that normalise their branches' outputs instead of their inputs,
             x + LN(MHA(x)) then y + LN(MLP(y)) (EVA-02 enormous).
         num_channels: input channels.

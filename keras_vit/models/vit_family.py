@@ -357,6 +357,10 @@ class ViTConfig(FieldGroupConfig):
     attention_norm: bool = config_field(
         "architecture", False, doc="a norm on the attention's output before its projection (EVA-02 CLIP's sub-LN)")
     mlp_norm: bool = config_field("architecture", False, doc="a norm inside the MLP before Dense_1 (EVA-02's sub-LN)")
+    map_heads: int = config_field("architecture", None, doc="heads of the MAP head; None: num_heads")
+    map_mlp_dim: int = config_field("architecture", None, doc="MLP width of the MAP head; None: mlp_dim")
+    map_include_prefix: bool = config_field(
+        "architecture", False, doc="whether the MAP head attends over the prefix tokens too (timm's Eva pool)")
     post_norm: bool = config_field(
         "architecture", False, doc="blocks normalise their branches' outputs, x + LN(MHA(x)) (EVA-02 enormous)")
     input_normalization: tuple = config_field(
@@ -481,7 +485,8 @@ class ViTConfig(FieldGroupConfig):
             set_("class_token", bool(self.class_token))
         for key in ("distillation_token", "patch_embedding_bias", "patch_embedding_norm", "pre_norm",
                     "qkv_bias", "projection_bias", "final_norm", "fc_norm", "glu", "relative_position_bias",
-                    "rotary_position_embedding", "attention_norm", "mlp_norm", "rope_rotate_half", "post_norm"):
+                    "rotary_position_embedding", "attention_norm", "mlp_norm", "rope_rotate_half", "post_norm",
+                    "map_include_prefix"):
             set_(key, bool(getattr(self, key)))
         registers = self.register_tokens
         if isinstance(registers, bool) or not isinstance(registers, int) and not hasattr(registers, "__index__") or (
@@ -505,6 +510,14 @@ class ViTConfig(FieldGroupConfig):
             raise ValueError(
                 "distillation_token=True reads the class and distillation tokens (DeiT); it needs classifier='token'."
             )
+        for key in ("map_heads", "map_mlp_dim"):
+            value = getattr(self, key)
+            if value is not None:
+                if isinstance(value, bool) or int(value) < 1:
+                    raise ValueError(f"{key} must be a positive int or None; got {value!r}.")
+                set_(key, int(value))
+        if self.map_heads and self.hidden_size % self.map_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by map_heads {self.map_heads}.")
         set_("rope_temperature", float(self.rope_temperature))
         set_("rope_grid_offset", float(self.rope_grid_offset))
         self._check_choice("rope_grid_indexing", ("ij", "xy"))
@@ -671,7 +684,7 @@ def vit_flops(config, image_size, classes):
         return total
     mode = {None: classifier, "avg": "gap"}.get(config.get("pooling"), config.get("pooling"))
     if mode == "map":
-        total += map_head_flops(t, d, m)
+        total += map_head_flops(t, d, config.get("map_mlp_dim") or m)
     rep = config.get("representation_size")
     heads = t if mode == "none" else 1  # "none": pre_logits and the head on every token
     if rep:
