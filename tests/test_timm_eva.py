@@ -10,7 +10,8 @@ class token, layer scale), timm's RoPE ViT with an absolute embedding on the pat
 no final norm, rotary offset 1) and DINOv3 S and S+ (centred rotary positions in the half-rotation
 layout, four registers, layer scale, no q/k/v bias or q/v biases, split SwiGLU), EVA-02 E
 (post-norm blocks) and a Perception Encoder core tower (a MAP head over every token with its own
-heads and MLP width). Logits (or the pooled pre-logits features) equal timm's within
+heads and MLP width), and
+the RoPE-Mixed ViT (rotary frequencies learned per block and head). Logits (or the pooled pre-logits features) equal timm's within
 max(2e-5, twice timm's own float32 error against float64), relative to the output's scale.
 """
 
@@ -42,6 +43,7 @@ CASES = [
     ("dinov3_small", "vit_small_patch16_dinov3", dict(img_size=(32, 48))),
     ("dinov3_splus_qkvb", "vit_small_plus_patch16_dinov3_qkvb", dict(img_size=32)),
     ("eva02_enormous_post_norm", "eva02_enormous_patch14_clip_224", dict(img_size=28)),
+    ("rope_mixed", "vit_small_patch16_rope_mixed_224", dict(img_size=(32, 48))),
     ("pe_core_map", "vit_pe_core_tiny_patch16_384", dict(img_size=32, attn_pool_num_heads=4, attn_pool_mlp_ratio=2.0)),
 ]
 
@@ -147,12 +149,11 @@ def test_dinov3_rotary_tables_equal_timm(grid, head_dim, offset, indexing):
 
 
 def test_unsupported_eva_is_refused(tmp_path):
-    """An Eva switch keras_vit does not build (the mixed rotary embedding's learned frequencies) is
-    refused by name."""
+    """An Eva switch keras_vit does not build (Sapiens2's q/k norm) is refused by name."""
     from timm.models._hub import save_for_hf
 
-    args = dict(depth=1, embed_dim=32, num_heads=2, img_size=32)
-    save_for_hf(timm.create_model("vit_small_patch16_rope_mixed_224", pretrained=False, **args), tmp_path,
+    args = dict(depth=1, embed_dim=32, num_heads=2, img_size=32, num_kv_heads=2)
+    save_for_hf(timm.create_model("vit_base_patch16_sapiens2", pretrained=False, **args), tmp_path,
                 safe_serialization=True, model_args=args)
-    with pytest.raises(keras_vit.errors.CheckpointError, match="rope_type='mixed' is not supported"):
+    with pytest.raises(keras_vit.errors.CheckpointError, match="qk_norm=True is not supported"):
         keras_vit.load_checkpoint(tmp_path)

@@ -183,8 +183,7 @@ def _beit_variant(args, source):
 #: Eva keyword arguments keras_vit cannot build, and the values that mean "off".
 _EVA_UNSUPPORTED = {
     "attn_type": (None, "eva", "rope"),  # "rope": timm's AttentionRope (qkv biases fused)
-    "rope_type": (None, "cat", "dinov3"),  # mixed (learned) and mrope rotary embeddings
-    "rope_rescale_coords": (None,),
+    "rope_type": (None, "cat", "dinov3", "mixed"),  # mrope rotary embeddings
     "qk_norm": (None, False),
     "num_kv_heads": (None,),  # grouped-query attention
     "attn_only_layer_scale": (None, False),
@@ -192,7 +191,7 @@ _EVA_UNSUPPORTED = {
     "attn_head_dim": (None,),
     "dynamic_img_pad": (None, False),
 }
-_EVA_SUPPORTED = ("EVA and EVA-02: class and register tokens, absolute and rotary (EVA's 'cat', DINOv3's) position "
+_EVA_SUPPORTED = ("EVA and EVA-02: class and register tokens, absolute and rotary (EVA's 'cat', DINOv3's, mixed) position "
                   "embeddings, fused or separate q/k/v, sub-LN in attention (scale_attn_inner) and MLP (scale_mlp), "
                   "SwiGLU, layer scale, post-norm blocks, average, token or attention pooling, fc_norm, pre-norm")
 
@@ -203,7 +202,8 @@ def _eva_variant(args, source):
     (`use_rot_pos_emb`, RotaryEmbeddingCat; DINOv3's RotaryEmbeddingDinoV3), SwiGLU MLPs
     (`swiglu_mlp`: a packed GluMlp, or SwiGLU with `scale_mlp`'s norm) and sub-LNs
     (`scale_attn_inner`, `scale_mlp`). timm's `dynamic_img_size` models are built for the weights'
-    image size (any other one with `image_size=`: the rotary positions follow it)."""
+    image size (any other one with `image_size=`: the rotary positions follow it). The rotary
+    coordinate augmentations (`rope_rescale_coords`, ...) act in training only and are not built."""
     _refuse_switches(args, _EVA_UNSUPPORTED, source, "Eva option", _EVA_SUPPORTED)
     pool = args.get("global_pool", "avg")  # Eva's default
     if pool not in ("avg", "token", "map", ""):
@@ -240,6 +240,7 @@ def _eva_variant(args, source):
         rope_grid_indexing=args.get("rope_grid_indexing", "ij") if rope else "ij",
         rope_coordinates="centered" if rope and dinov3 else "index",
         rope_rotate_half=rope and bool(args.get("rope_rotate_half", False)),
+        rope_learned_frequencies=rope and args.get("rope_type") == "mixed",
         attention_norm=bool(args.get("scale_attn_inner", False)), mlp_norm=scale_mlp,
         post_norm=bool(args.get("use_post_norm", False)),
         # Eva's attention pool reads every token, its heads and MLP ratio its own (attn_pool_*).
@@ -253,7 +254,7 @@ _VARIANT_DEFAULTS = dict(
     mlp_activation=None, glu=False, position_embedding="learned", dynamic_image_size=False, qkv_bias=True,
     projection_bias=True, patch_embedding_bias=True, relative_position_bias=False, rotary_position_embedding=False,
     rope_temperature=10000.0, rope_reference_grid=None, rope_grid_offset=0.0, rope_grid_indexing="ij",
-    rope_coordinates="index", rope_rotate_half=False, post_norm=False, map_heads=None, map_mlp_dim=None,
+    rope_coordinates="index", rope_rotate_half=False, rope_learned_frequencies=False, post_norm=False, map_heads=None, map_mlp_dim=None,
     map_include_prefix=False,
     attention_norm=False, mlp_norm=False,
 )
@@ -437,6 +438,8 @@ def _variant_state_to_tree(r, num_heads, variant, mlp_layer, source):
         _attention_to_tree(r, src + "attn.", dst + "MultiHeadDotProductAttention_1/", tree, hidden, num_heads)
         _norm_to_tree(r, src + "norm2", dst + "LayerNorm_2", tree, norm)
         _mlp_to_tree(r, src + "mlp.", dst + "MlpBlock_3/", tree, mlp_layer)
+        if variant.get("rope_learned_frequencies"):  # RoPE-Mixed: (2, depth, heads, head_dim / 2), block i's
+            tree[f"{dst}MultiHeadDotProductAttention_1/rope_frequencies"] = r.get("rope.freqs")[:, i]
         for k in (1, 2) if variant["layer_scale"] else ():
             gamma = f"{src}ls{k}.gamma" if r.has(f"{src}ls{k}.gamma") else f"{src}gamma_{k}"  # BEiT: gamma_1/2
             tree[f"{dst}LayerScale_{k - 1}/scale"] = r.get(gamma)

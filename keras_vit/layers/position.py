@@ -297,6 +297,19 @@ def rotary_embedding_tables(grid_size, head_dim, temperature=10000.0, reference_
     return np.sin(angles).astype(f32), np.cos(angles).astype(f32)
 
 
+def rotary_positions(grid_size, indexing="ij"):
+    """(rows * cols, 2) float32 patch indices in row-major order, (row, col) for "ij" and (col, row)
+    for "xy": the positions the learned ("mixed") rotary embedding multiplies by its frequencies.
+
+    Example:
+        >>> rotary_positions((2, 2), "xy").tolist()
+        [[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
+    """
+    rows, cols = (int(g) for g in grid_size)
+    grid = np.stack(np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij"), axis=-1).astype(np.float32)
+    return (grid[..., ::-1] if indexing == "xy" else grid).reshape(rows * cols, 2)
+
+
 def sincos2d_position_embedding(grid_size, width, temperature=10000.0):
     """big_vision's fixed 2-D sin-cos embedding, (rows * cols, width) float32, row-major.
 

@@ -17,7 +17,12 @@ from keras_vit.layers.init_scope import SplitFanXavierUniform  # noqa: F401  (re
 from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.layers.matmul import dot_product_attention, gelu, matmul, matmul_add, seeded_dropout
 from keras_vit.layers.position import PositionEmbedding  # noqa: F401  (re-exported)
-from keras_vit.layers.position import relative_position_entries, relative_position_index, rotary_embedding_tables
+from keras_vit.layers.position import (
+    relative_position_entries,
+    relative_position_index,
+    rotary_embedding_tables,
+    rotary_positions,
+)
 from keras_vit.layers.quantized import Dense, Int8AttentionMixin
 from keras_vit.layers.resize import resize_patch_embedding
 
@@ -346,9 +351,12 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
 
     `rotary={"grid": (rows, cols), "prefix_tokens": n, "temperature": t, "reference_grid": (r, c) or
     None, "offset": o, "indexing": "ij" or "xy", "coordinates": "index" or "centered", "rotate_half":
-    bool}` rotates the queries and keys of the patch tokens (those after the n prefix tokens) by
+    bool, "learned": bool}` rotates the queries and keys of the patch tokens (those after the n prefix tokens) by
     EVA-02's 2-D rotary position embedding (`layers.position.rotary_embedding_tables`) before the
-    logits. `output_norm=True` normalises the heads' concatenated output before the out projection
+    logits. With "learned" (Heo et al. 2024, RoPE-Mixed; timm's RotaryEmbeddingMixed) the layer
+    learns its own `rope_frequencies` (2, heads, head_dim / 2): each head's angles are
+    first-axis position x frequencies[0] + second-axis position x frequencies[1].
+    `output_norm=True` normalises the heads' concatenated output before the out projection
     (EVA-02 CLIP's sub-LN, timm's `scale_attn_inner`), with `norm` and `norm_epsilon`.
     int8 quantization lives in `layers.quantized.Int8AttentionMixin`.
     """
@@ -432,9 +440,16 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         if self.rotary is not None:
             if head_dim % 4:
                 raise ValueError(f"Rotary position embeddings need a head size divisible by 4; got {head_dim}.")
-            self._rotary_tables = rotary_embedding_tables(
-                self.rotary["grid"], head_dim, self.rotary["temperature"], self.rotary["reference_grid"],
-                self.rotary["offset"], self.rotary["indexing"], self.rotary["coordinates"], self.rotary["rotate_half"])
+            self.rope_frequencies = None
+            if self.rotary["learned"]:
+                self._rotary_positions = rotary_positions(self.rotary["grid"], self.rotary["indexing"])
+                self.rope_frequencies = self.add_weight(
+                    name="rope_frequencies", shape=(2, self.num_heads, head_dim // 2), initializer="zeros")
+            else:
+                self._rotary_tables = rotary_embedding_tables(
+                    self.rotary["grid"], head_dim, self.rotary["temperature"], self.rotary["reference_grid"],
+                    self.rotary["offset"], self.rotary["indexing"], self.rotary["coordinates"],
+                    self.rotary["rotate_half"])
         if self.output_norm is not None:
             self.output_norm.build((None, self.num_heads * head_dim))
         if quantized:
@@ -517,7 +532,16 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         """The (batch, tokens, heads, head_dim) queries or keys with the patch tokens rotated by
         their rotary position embedding (in float32, as timm), the prefix tokens unchanged."""
         n = self.rotary["prefix_tokens"]
-        sin, cos = (ops.convert_to_tensor(t[None, :, None, :]) for t in self._rotary_tables)
+        if self.rotary["learned"]:
+            # (tokens, heads, head_dim / 2) angles of each head's own frequencies, channel pairs interleaved.
+            positions = ops.convert_to_tensor(self._rotary_positions)
+            frequencies = ops.cast(self.rope_frequencies, "float32")
+            angles = (positions[:, 0, None, None] * frequencies[0][None] + positions[:, 1, None, None]
+                      * frequencies[1][None])
+            angles = ops.repeat(angles, 2, axis=-1)[None]
+            sin, cos = ops.sin(angles), ops.cos(angles)
+        else:
+            sin, cos = (ops.convert_to_tensor(t[None, :, None, :]) for t in self._rotary_tables)
         patches = ops.cast(x[:, n:], "float32")
         shape = ops.shape(patches)
         if self.rotary["rotate_half"]:  # channel j pairs with j + head_dim / 2: (x1, x2) -> (-x2, x1)
@@ -564,6 +588,8 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
             tree["relative_position_bias_table"] = self.relative_position_bias_table
         if self.output_norm is not None:
             tree.update({f"norm/{k}": v for k, v in layer_norm_variables(self.output_norm).items()})
+        if getattr(self, "rope_frequencies", None) is not None:
+            tree["rope_frequencies"] = self.rope_frequencies
         return tree
 
     def get_config(self):
@@ -595,7 +621,8 @@ def _rotary_config(rotary):
             "temperature": float(rotary.get("temperature", 10000.0)),
             "reference_grid": None if reference is None else [int(g) for g in reference],
             "offset": float(rotary.get("offset", 0.0)), "indexing": str(rotary.get("indexing", "ij")),
-            "coordinates": str(rotary.get("coordinates", "index")), "rotate_half": bool(rotary.get("rotate_half"))}
+            "coordinates": str(rotary.get("coordinates", "index")), "rotate_half": bool(rotary.get("rotate_half")),
+            "learned": bool(rotary.get("learned"))}
 
 
 # === Encoder ===

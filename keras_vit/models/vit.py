@@ -110,7 +110,8 @@ def _graph(config, dtype):
             rotary=dict(grid=c.grid_size, prefix_tokens=c.num_prefix_tokens, temperature=c.rope_temperature,
                         reference_grid=c.rope_reference_grid, offset=c.rope_grid_offset,
                         indexing=c.rope_grid_indexing, coordinates=c.rope_coordinates,
-                        rotate_half=c.rope_rotate_half) if c.rotary_position_embedding else None,
+                        rotate_half=c.rope_rotate_half, learned=c.rope_learned_frequencies)
+            if c.rotary_position_embedding else None,
             attention_norm=c.attention_norm,
             mlp_norm=c.mlp_norm,
             post_norm=c.post_norm,
@@ -214,6 +215,8 @@ class VisionTransformer(
             "xy": the column); it follows `image_size`.
         rope_coordinates, rope_rotate_half: DINOv3's rotary form: "centered" positions (patch
             centres mapped to [-1, 1]) and channels paired across the two halves of a head.
+        rope_learned_frequencies: RoPE-Mixed's rotary embedding: frequencies learned per block and
+            head (`rope_frequencies`), applied to the patch indices.
         attention_norm, mlp_norm: EVA-02's sub-LNs: a norm on the attention's output before its
             projection, and one inside the MLP before `Dense_1`.
         map_heads, map_mlp_dim, map_include_prefix: the MAP head's own head count and MLP width

@@ -352,6 +352,8 @@ class ViTConfig(FieldGroupConfig):
         "architecture", "ij", doc="'ij': the rotary embedding's first half follows the row, 'xy': the column")
     rope_coordinates: str = config_field(
         "architecture", "index", doc="rotary positions: 'index' (EVA's patch indices) or 'centered' (DINOv3's [-1, 1])")
+    rope_learned_frequencies: bool = config_field(
+        "architecture", False, doc="rotary frequencies learned per block and head (RoPE-Mixed, timm's 'mixed')")
     rope_rotate_half: bool = config_field(
         "architecture", False, doc="rotary channel pairs (j, j + head_dim / 2) instead of interleaved (2j, 2j + 1)")
     attention_norm: bool = config_field(
@@ -486,7 +488,7 @@ class ViTConfig(FieldGroupConfig):
         for key in ("distillation_token", "patch_embedding_bias", "patch_embedding_norm", "pre_norm",
                     "qkv_bias", "projection_bias", "final_norm", "fc_norm", "glu", "relative_position_bias",
                     "rotary_position_embedding", "attention_norm", "mlp_norm", "rope_rotate_half", "post_norm",
-                    "map_include_prefix"):
+                    "map_include_prefix", "rope_learned_frequencies"):
             set_(key, bool(getattr(self, key)))
         registers = self.register_tokens
         if isinstance(registers, bool) or not isinstance(registers, int) and not hasattr(registers, "__index__") or (
