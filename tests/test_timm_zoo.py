@@ -22,7 +22,7 @@ sys.modules.setdefault("triton", None)
 torch = pytest.importorskip("torch")
 timm = pytest.importorskip("timm")
 
-from keras_vit.checkpoints.timm import timm_variant, timm_vit_arguments, timm_vit_table  # noqa: E402
+from keras_vit.checkpoints.timm import timm_architecture, timm_variant, timm_vit_table  # noqa: E402
 from keras_vit.models.vit_family import ViTConfig  # noqa: E402
 
 # (case, timm architecture, create_model overrides: tiny sizes, depth 2)
@@ -145,17 +145,18 @@ def test_normalisation_travels_with_the_model(saved):
 
 
 def test_every_pretrained_tag_maps_to_a_config(capsys):
-    """Every pretrained tag of the table maps to a ViTConfig keras_vit accepts, or to the one
-    error naming the unsupported switch; the loaded/total count per module is reported."""
+    """Every pretrained tag of the table (vision_transformer.py, deit.py, beit.py, eva.py) maps to a
+    ViTConfig keras_vit accepts, or to the one error naming the unsupported switch; the
+    loaded/total count per module is reported."""
     table = timm_vit_table()
     counts = {}
     for module, entry in table["modules"].items():
         loaded, refused = 0, []
         for tag in entry["pretrained"]:
-            args = timm_vit_arguments(tag)
-            assert args is not None, tag
+            arch_module, args = timm_architecture(tag)
+            assert arch_module == module, tag
             try:
-                variant, _ = timm_variant(args, tag)
+                variant, _ = timm_variant(args, tag, module)
             except keras_vit.errors.CheckpointError as e:
                 assert "not supported" in str(e)
                 refused.append(tag)
@@ -173,3 +174,5 @@ def test_every_pretrained_tag_maps_to_a_config(capsys):
             print(f"\ntimm {module}.py: {loaded}/{total} pretrained tags load; refused architectures: {refused}")
     assert counts["deit"][0] == counts["deit"][1] == 24
     assert counts["vision_transformer"][1] == 309 and counts["vision_transformer"][0] >= 293
+    assert counts["beit"][0] == counts["beit"][1] == 13
+    assert counts["eva"][1] == 83 and counts["eva"][0] >= 78

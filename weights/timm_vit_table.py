@@ -1,6 +1,7 @@
 """Writes keras_vit/checkpoints/timm_vit_architectures.json: timm's ViT architectures (the
-entrypoints of timm/models/vision_transformer.py and deit.py) with the keyword arguments each
-passes to its VisionTransformer, and every pretrained tag with its pretrained_cfg.
+entrypoints of timm/models/vision_transformer.py, deit.py, beit.py and eva.py) with the keyword
+arguments each passes to its model class (VisionTransformer, Beit, Eva), and every pretrained tag
+with its pretrained_cfg.
 
 Run with timm installed (a tool, not a dependency of keras_vit):
     python weights/timm_vit_table.py
@@ -13,11 +14,19 @@ import os
 import sys
 
 import timm
+import timm.models.beit as beit
 import timm.models.deit as deit
+import timm.models.eva as eva
 import timm.models.vision_transformer as vt
 
 OUT = os.path.join(os.path.dirname(__file__), "..", "keras_vit", "checkpoints", "timm_vit_architectures.json")
-MODULES = {"vision_transformer": vt, "deit": deit}
+#: {module name: (module, the function its entrypoints call with the model's keyword arguments)}
+MODULES = {
+    "vision_transformer": (vt, "_create_vision_transformer"),
+    "deit": (deit, "_create_deit"),
+    "beit": (beit, "_create_beit"),
+    "eva": (eva, "_create_eva"),
+}
 CFG_KEYS = ("num_classes", "input_size", "mean", "std", "license", "interpolation", "crop_pct", "hf_hub_id")
 
 
@@ -63,8 +72,8 @@ def _capture(module, creator):
 
 def main():
     table = {"timm_version": timm.__version__, "modules": {}}
-    for name, creator in (("vision_transformer", "_create_vision_transformer"), ("deit", "_create_deit")):
-        args = _capture(MODULES[name], creator)
+    for name, (module, creator) in MODULES.items():
+        args = _capture(module, creator)
         tags = {}
         for tag in timm.list_pretrained():
             arch = tag.split(".", 1)[0]

@@ -6,11 +6,12 @@ from config.json (`model_args.num_heads` when the model was built with overrides
 architecture table's row of the named `architecture` (or, for a bare .safetensors, the row whose
 shapes match).
 
-timm's ViT zoo (every architecture of its vision_transformer.py and deit.py) is read from the
-table `timm_vit_architectures.json` (written by weights/timm_vit_table.py from timm's
-entrypoints): the architecture's switches, overridden by config.json's `model_args` as timm
-overrides them, become the VisionTransformer's variant fields; `pretrained_cfg`'s mean and std
-become its `input_normalization`.
+timm's ViT zoo (every architecture of its vision_transformer.py and deit.py, and BEiT's of
+beit.py) is read from the table `timm_vit_architectures.json` (written by weights/timm_vit_table.py
+from timm's entrypoints): the architecture's switches, overridden by config.json's `model_args` as
+timm overrides them, become the VisionTransformer's variant fields; `pretrained_cfg`'s mean and std
+become its `input_normalization`. The table also lists eva.py, whose architectures are refused
+(rotary position embeddings are not built).
 """
 
 import os
@@ -31,19 +32,26 @@ from keras_vit.storage.torch_zip import open_weights, weights_in_folder
 
 def timm_vit_table():
     """{"timm_version", "modules": {module: {"architectures": {name: entrypoint kwargs},
-    "pretrained": {tag: pretrained_cfg}}}} of timm's vision_transformer.py and deit.py
-    (`keras_vit.models.vit_family.timm_zoo_table`)."""
+    "pretrained": {tag: pretrained_cfg}}}} of timm's vision_transformer.py, deit.py, beit.py and
+    eva.py (`keras_vit.models.vit_family.timm_zoo_table`)."""
     return timm_zoo_table()
 
 
-def timm_vit_arguments(architecture):
-    """The keyword arguments timm's entrypoint `architecture` gives its VisionTransformer (None when
-    the name is not one of vision_transformer.py's or deit.py's)."""
+def timm_architecture(architecture):
+    """(module, keyword arguments) of timm's entrypoint `architecture` (a name or "name.tag"): the
+    module defining it ("vision_transformer", "deit", "beit" or "eva") and the arguments it gives its
+    model class; (None, None) when the table does not have it."""
     name = architecture.split(".", 1)[0]
-    for module in timm_vit_table()["modules"].values():
-        if name in module["architectures"]:
-            return dict(module["architectures"][name])
-    return None
+    for module, entry in timm_vit_table()["modules"].items():
+        if name in entry["architectures"]:
+            return module, dict(entry["architectures"][name])
+    return None, None
+
+
+def timm_vit_arguments(architecture):
+    """The keyword arguments timm's entrypoint `architecture` gives its model class (None when the
+    name is not in the table)."""
+    return timm_architecture(architecture)[1]
 
 
 #: timm switches this package has no layers for, and the value that means "off".
@@ -69,17 +77,34 @@ def _layer_name(value):
     return value, {}
 
 
-def timm_variant(args, source):
-    """VisionTransformer variant fields for timm VisionTransformer keyword arguments `args`; a
-    switch this package cannot build raises a CheckpointError naming it."""
-    for key, off in _UNSUPPORTED.items():
+def _refuse_switches(args, unsupported, source, what, supported):
+    """A CheckpointError naming the first switch of `unsupported` ({key: values meaning off}) that
+    `args` turns on."""
+    for key, off in unsupported.items():
         if args.get(key, None) not in off:
             raise CheckpointError(
-                f"{source}: timm architecture option {key}={args[key]!r} is not supported by keras_vit's "
-                "VisionTransformer (supported: class/register/distillation tokens, pooling token/avg/map, "
-                "no_embed_class, pre_norm, fc_norm, final_norm, layer scale, qkv/proj bias, LayerNorm/RmsNorm, "
-                "GELU/tanh-GELU/QuickGELU/SiLU and SwiGLU MLPs)."
+                f"{source}: timm {what} {key}={args[key]!r} is not supported by keras_vit's VisionTransformer "
+                f"(supported: {supported})."
             )
+
+
+def timm_variant(args, source, module="vision_transformer"):
+    """(VisionTransformer variant fields, timm MLP layer name) for the keyword arguments `args` of
+    the model class of timm's `module` (VisionTransformer for vision_transformer.py and deit.py,
+    Beit for beit.py); a switch this package cannot build raises a CheckpointError naming it."""
+    if module == "beit":
+        return _beit_variant(args, source)
+    if module == "eva":
+        return _eva_variant(args, source)
+    if module not in ("vision_transformer", "deit"):
+        raise CheckpointError(
+            f"{source}: timm's {module}.py architectures are not supported by keras_vit's VisionTransformer "
+            "(supported: vision_transformer.py, deit.py, beit.py and eva.py's EVA / EVA-02)."
+        )
+    _refuse_switches(args, _UNSUPPORTED, source, "architecture option",
+                     "class/register/distillation tokens, pooling token/avg/map, no_embed_class, pre_norm, fc_norm, "
+                     "final_norm, layer scale, qkv/proj bias, LayerNorm/RmsNorm, GELU/tanh-GELU/QuickGELU/SiLU and "
+                     "SwiGLU MLPs")
     pool = args.get("global_pool", "token")
     if pool not in ("token", "avg", "map", ""):
         raise CheckpointError(f"{source}: timm global_pool={pool!r} is not supported (use 'token', 'avg' or 'map').")
@@ -121,11 +146,117 @@ def timm_variant(args, source):
     return variant, mlp
 
 
+#: Beit keyword arguments keras_vit cannot build, and the values that mean "off".
+_BEIT_UNSUPPORTED = {
+    "use_shared_rel_pos_bias": (None, False),  # one relative position bias table for every block
+    "swiglu_mlp": (None, False),
+    "scale_mlp": (None, False),  # a norm inside the MLP
+    "attn_head_dim": (None,),
+}
+
+
+def _beit_variant(args, source):
+    """VisionTransformer variant fields of timm's Beit keyword arguments `args` (beit.py): a class
+    token, BEiT's relative position bias per block (`use_rel_pos_bias`) instead of an absolute
+    position embedding (`use_abs_pos_emb`), q and v biases, layer scale (`init_values`), and mean
+    pooling of the patches through `fc_norm` (the class token is not pooled)."""
+    _refuse_switches(args, _BEIT_UNSUPPORTED, source, "Beit option",
+                     "per-block relative position bias, absolute position embedding, layer scale, q/v biases, "
+                     "average or token pooling, fc_norm")
+    pool = args.get("global_pool", "avg")  # Beit's default
+    if pool not in ("avg", "token", ""):
+        raise CheckpointError(f"{source}: timm Beit global_pool={pool!r} is not supported (use 'avg' or 'token').")
+    classifier = "gap" if pool == "avg" else "token"
+    fc_norm = args.get("use_fc_norm")
+    norm, norm_args = _layer_name(args.get("norm_layer") or {"name": "LayerNorm", "eps": 1e-6})
+    if norm != "LayerNorm":
+        raise CheckpointError(f"{source}: timm Beit norm_layer {norm!r} is not supported (LayerNorm).")
+    variant = dict(_VARIANT_DEFAULTS, classifier=classifier, class_token=True if classifier == "gap" else None,
+                   layer_scale=args.get("init_values") or None,
+                   fc_norm=pool == "avg" if fc_norm is None else bool(fc_norm),
+                   layer_norm_epsilon=float(norm_args.get("eps", 1e-6)),
+                   position_embedding="learned" if args.get("use_abs_pos_emb", True) else "none",
+                   relative_position_bias=bool(args.get("use_rel_pos_bias", False)))
+    return variant, None
+
+
+#: Eva keyword arguments keras_vit cannot build, and the values that mean "off".
+_EVA_UNSUPPORTED = {
+    "attn_type": (None, "eva", "rope"),  # "rope": timm's AttentionRope (qkv biases fused)
+    "rope_type": (None, "cat", "dinov3", "mixed"),  # mrope rotary embeddings
+    "qk_norm": (None, False),
+    "num_kv_heads": (None,),  # grouped-query attention
+    "attn_only_layer_scale": (None, False),
+    "gated_attn": (None, False),
+    "attn_head_dim": (None,),
+    "dynamic_img_pad": (None, False),
+}
+_EVA_SUPPORTED = ("EVA and EVA-02: class and register tokens, absolute and rotary (EVA's 'cat', DINOv3's, mixed) position "
+                  "embeddings, fused or separate q/k/v, sub-LN in attention (scale_attn_inner) and MLP (scale_mlp), "
+                  "SwiGLU, layer scale, post-norm blocks, average, token or attention pooling, fc_norm, pre-norm")
+
+
+def _eva_variant(args, source):
+    """(VisionTransformer variant fields, timm MLP layer name) of timm's Eva keyword arguments
+    `args` (eva.py): EVA's ViT with q and v biases, and EVA-02's rotary position embedding
+    (`use_rot_pos_emb`, RotaryEmbeddingCat; DINOv3's RotaryEmbeddingDinoV3), SwiGLU MLPs
+    (`swiglu_mlp`: a packed GluMlp, or SwiGLU with `scale_mlp`'s norm) and sub-LNs
+    (`scale_attn_inner`, `scale_mlp`). timm's `dynamic_img_size` models are built for the weights'
+    image size (any other one with `image_size=`: the rotary positions follow it). The rotary
+    coordinate augmentations (`rope_rescale_coords`, ...) act in training only and are not built."""
+    _refuse_switches(args, _EVA_UNSUPPORTED, source, "Eva option", _EVA_SUPPORTED)
+    pool = args.get("global_pool", "avg")  # Eva's default
+    if pool not in ("avg", "token", "map", ""):
+        raise CheckpointError(f"{source}: timm Eva global_pool={pool!r} is not supported (use 'avg', 'token' or "
+                              "'map').")
+    class_token = bool(args.get("class_token", True))
+    classifier = "map" if pool == "map" else "gap" if pool == "avg" or not class_token else "token"
+    fc_norm = args.get("use_fc_norm")
+    fc_norm = pool == "avg" if fc_norm is None else bool(fc_norm)
+    post_norm = args.get("use_post_transformer_norm")
+    post_norm = not fc_norm if post_norm is None else bool(post_norm)
+    if fc_norm and post_norm:
+        raise CheckpointError(f"{source}: timm Eva with both a final norm and fc_norm is not supported.")
+    norm, norm_args = _layer_name(args.get("norm_layer") or {"name": "LayerNorm", "eps": 1e-6})
+    if norm not in _NORMS:
+        raise CheckpointError(f"{source}: timm Eva norm_layer {norm!r} is not supported (LayerNorm, RmsNorm).")
+    swiglu = bool(args.get("swiglu_mlp", False))
+    scale_mlp = bool(args.get("scale_mlp", False))
+    mlp_layer = ("SwiGLU" if scale_mlp or args.get("swiglu_align_to") else "GluMlp") if swiglu else None
+    rope = bool(args.get("use_rot_pos_emb", False))
+    dinov3 = args.get("rope_type") == "dinov3"
+    reference = None if dinov3 else args.get("ref_feat_shape")  # DINOv3's rotary embedding ignores it
+    variant = dict(
+        _VARIANT_DEFAULTS, classifier=classifier, class_token=class_token if class_token != (classifier == "token")
+        else None, register_tokens=int(args.get("num_reg_tokens", 0) or 0),
+        class_token_position_embedding=not args.get("no_embed_class", False),
+        pre_norm=bool(args.get("use_pre_transformer_norm", False)), layer_scale=args.get("init_values") or None,
+        final_norm=fc_norm or post_norm, fc_norm=fc_norm, norm=_NORMS[norm], mlp_activation="silu" if swiglu else None,
+        glu=swiglu, layer_norm_epsilon=float(norm_args.get("eps", 1e-6 if norm == "LayerNorm" else 1e-5)),
+        position_embedding="learned" if args.get("use_abs_pos_emb", True) else "none",
+        rotary_position_embedding=rope, rope_temperature=float(args.get("rope_temperature", 10000.0)),
+        rope_reference_grid=tuple(reference) if rope and reference is not None else None,
+        rope_grid_offset=float(args.get("rope_grid_offset", 0.0) or 0.0) if rope else 0.0,
+        rope_grid_indexing=args.get("rope_grid_indexing", "ij") if rope else "ij",
+        rope_coordinates="centered" if rope and dinov3 else "index",
+        rope_rotate_half=rope and bool(args.get("rope_rotate_half", False)),
+        rope_learned_frequencies=rope and args.get("rope_type") == "mixed",
+        attention_norm=bool(args.get("scale_attn_inner", False)), mlp_norm=scale_mlp,
+        post_norm=bool(args.get("use_post_norm", False)),
+        # Eva's attention pool reads every token, its heads and MLP ratio its own (attn_pool_*).
+        map_heads=args.get("attn_pool_num_heads") if pool == "map" else None, map_include_prefix=pool == "map")
+    return variant, mlp_layer
+
+
 _VARIANT_DEFAULTS = dict(
     class_token=None, register_tokens=0, distillation_token=False, class_token_position_embedding=True,
     patch_embedding_norm=False, pre_norm=False, layer_scale=None, final_norm=True, fc_norm=False, norm="layer_norm",
     mlp_activation=None, glu=False, position_embedding="learned", dynamic_image_size=False, qkv_bias=True,
-    projection_bias=True, patch_embedding_bias=True,
+    projection_bias=True, patch_embedding_bias=True, relative_position_bias=False, rotary_position_embedding=False,
+    rope_temperature=10000.0, rope_reference_grid=None, rope_grid_offset=0.0, rope_grid_indexing="ij",
+    rope_coordinates="index", rope_rotate_half=False, rope_learned_frequencies=False, post_norm=False, map_heads=None, map_mlp_dim=None,
+    map_include_prefix=False,
+    attention_norm=False, mlp_norm=False,
 )
 
 # === timm's architecture names ===
@@ -227,15 +358,43 @@ def _linear_to_tree(r, src, dst, tree, rows=None):
 
 def _attention_to_tree(r, src, dst, tree, hidden, num_heads):
     hd = hidden // num_heads
+    if r.has(src + "q_proj.weight"):  # EVA-02's separate projections (the key's without bias)
+        for proj, name in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
+            tree[f"{dst}{name}/kernel"] = _linear(r.get(f"{src}{proj}.weight")).reshape(hidden, num_heads, hd)
+            if r.has(f"{src}q_proj.bias"):
+                bias = (r.get(f"{src}{proj}.bias") if r.has(f"{src}{proj}.bias")
+                        else LazyArray(lambda: np.zeros(hidden, np.float32), (hidden,)))
+                tree[f"{dst}{name}/bias"] = bias.reshape(num_heads, hd)
+        _attention_out_to_tree(r, src, dst, tree, hidden, num_heads)
+        return
     qkv_w = r.get(src + "qkv.weight")
     if qkv_w.shape != (3 * hidden, hidden):
         raise CheckpointError(f"{r.source}: {src}qkv.weight has shape {qkv_w.shape}; expected {(3 * hidden, hidden)}.")
-    qkv_b = r.get(src + "qkv.bias") if r.has(src + "qkv.bias") else None
+    biases = None
+    if r.has(src + "qkv.bias"):
+        qkv_b = r.get(src + "qkv.bias")
+        biases = [qkv_b[j * hidden : (j + 1) * hidden] for j in range(3)]
+    elif r.has(src + "q_bias"):
+        # BEiT's layout: q and v biases, the key's a constant zero (a key bias adds the same
+        # q . b to every logit of a query, which the softmax cancels, so zero is exact).
+        zero = LazyArray(lambda: np.zeros(hidden, np.float32), (hidden,))
+        biases = [r.get(src + "q_bias"), zero, r.get(src + "v_bias")]
     for j, name in enumerate(("query", "key", "value")):
         tree[f"{dst}{name}/kernel"] = _linear(qkv_w[j * hidden : (j + 1) * hidden]).reshape(hidden, num_heads, hd)
-        if qkv_b is not None:
-            tree[f"{dst}{name}/bias"] = qkv_b[j * hidden : (j + 1) * hidden].reshape(num_heads, hd)
-    tree[f"{dst}out/kernel"] = _linear(r.get(src + "proj.weight")).reshape(num_heads, hd, hidden)
+        if biases is not None:
+            tree[f"{dst}{name}/bias"] = biases[j].reshape(num_heads, hd)
+    if r.has(src + "relative_position_bias_table"):  # BEiT's, per block
+        tree[f"{dst}relative_position_bias_table"] = r.get(src + "relative_position_bias_table")
+    if r.has(src + "relative_position_index"):  # a constant of the grid (older files store it)
+        r.get(src + "relative_position_index")
+    _attention_out_to_tree(r, src, dst, tree, hidden, num_heads)
+
+
+def _attention_out_to_tree(r, src, dst, tree, hidden, num_heads):
+    """The out projection, and EVA-02 CLIP's norm before it (`attn.norm`)."""
+    if r.has(src + "norm.weight"):
+        _norm_to_tree(r, src + "norm", dst + "norm", tree, "layer_norm" if r.has(src + "norm.bias") else "rms_norm")
+    tree[f"{dst}out/kernel"] = _linear(r.get(src + "proj.weight")).reshape(num_heads, hidden // num_heads, hidden)
     if r.has(src + "proj.bias"):
         tree[f"{dst}out/bias"] = r.get(src + "proj.bias")
 
@@ -250,8 +409,8 @@ def _mlp_to_tree(r, src, dst, tree, mlp_layer):
         _linear_to_tree(r, src + "fc1", dst + "Dense_2", tree, slice(width, 2 * width))
     else:
         _linear_to_tree(r, src + "fc1", dst + "Dense_0", tree)
-    if r.has(src + "norm.weight"):
-        raise CheckpointError(f"{r.source}: {src}norm (a norm inside the MLP) is not supported.")
+    if r.has(src + "norm.weight"):  # EVA-02's sub-LN before fc2 (scale_mlp)
+        _norm_to_tree(r, src + "norm", dst + "norm", tree, "layer_norm" if r.has(src + "norm.bias") else "rms_norm")
     _linear_to_tree(r, src + "fc2", dst + "Dense_1", tree)
 
 
@@ -279,12 +438,16 @@ def _variant_state_to_tree(r, num_heads, variant, mlp_layer, source):
         _attention_to_tree(r, src + "attn.", dst + "MultiHeadDotProductAttention_1/", tree, hidden, num_heads)
         _norm_to_tree(r, src + "norm2", dst + "LayerNorm_2", tree, norm)
         _mlp_to_tree(r, src + "mlp.", dst + "MlpBlock_3/", tree, mlp_layer)
+        if variant.get("rope_learned_frequencies"):  # RoPE-Mixed: (2, depth, heads, head_dim / 2), block i's
+            tree[f"{dst}MultiHeadDotProductAttention_1/rope_frequencies"] = r.get("rope.freqs")[:, i]
         for k in (1, 2) if variant["layer_scale"] else ():
-            tree[f"{dst}LayerScale_{k - 1}/scale"] = r.get(f"{src}ls{k}.gamma")
+            gamma = f"{src}ls{k}.gamma" if r.has(f"{src}ls{k}.gamma") else f"{src}gamma_{k}"  # BEiT: gamma_1/2
+            tree[f"{dst}LayerScale_{k - 1}/scale"] = r.get(gamma)
     if variant["final_norm"] and not variant["fc_norm"]:
         _norm_to_tree(r, "norm", "Transformer/encoder_norm", tree, norm)
     if variant["classifier"] == "map":
         p, dst = "attn_pool.", "MAPHead_0/"
+        num_heads = variant.get("map_heads") or num_heads  # the Perception Encoder's pool has its own
         hd = hidden // num_heads
         tree[dst + "probe"] = r.get(p + "latent")
         att = dst + "MultiHeadDotProductAttention_0/"
@@ -443,9 +606,9 @@ def _read_timm(path, lazy):
     args = config.get("model_args") or {}
     if not isinstance(args, dict):
         raise CheckpointError(f"{config_path}: 'model_args' is not a JSON object.")
-    table_args = timm_vit_arguments(config["architecture"]) if config.get("architecture") else None
+    module, table_args = timm_architecture(config["architecture"]) if config.get("architecture") else (None, None)
     if table_args is not None:
-        return _read_timm_zoo(weights, config, {**table_args, **args}, config_path, lazy)
+        return _read_timm_zoo(weights, config, {**table_args, **args}, config_path, lazy, module)
     num_heads = _positive_int(args.get("num_heads"), "model_args.num_heads", config_path) or timm_heads(
         config.get("architecture"))
     if config.get("architecture") and not is_vit_family(config["architecture"]):
@@ -478,14 +641,14 @@ def _normalization(pretrained_cfg):
     return mean, std
 
 
-def _read_timm_zoo(weights, config, args, config_path, lazy):
+def _read_timm_zoo(weights, config, args, config_path, lazy, module):
     """A model of timm's ViT zoo: `args` are the entrypoint's keyword arguments overridden by
-    config.json's model_args (as timm builds it)."""
+    config.json's model_args (as timm builds it), for the model class of timm's `module`."""
     # The pooling the saved model had (config.json's global_pool) is the one its head was trained on;
     # null there means the architecture's own, as in the original ViT's reader above.
     if config.get("global_pool") is not None and "global_pool" not in (config.get("model_args") or {}):
         args["global_pool"] = config["global_pool"]
-    variant, mlp_layer = timm_variant(args, config_path)
+    variant, mlp_layer = timm_variant(args, config_path, module)
     num_heads = _positive_int(args.get("num_heads"), "num_heads", config_path)
     files = open_weights(weights)
     tree = timm_state_to_tree(files, num_heads, source=weights, variant=variant, mlp_layer=mlp_layer)
@@ -508,13 +671,17 @@ def _read_timm_zoo(weights, config, args, config_path, lazy):
     variant["projection_bias"] = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/out/bias" in tree
     variant["patch_embedding_bias"] = "embedding/bias" in tree
     layers = len({k.split("/")[1] for k in tree if k.startswith("Transformer/encoderblock_")})
+    map_mlp = tree.get("MAPHead_0/MlpBlock_0/Dense_0/kernel")
+    mlp_dim = int(tree["Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel"].shape[-1])
+    if map_mlp is not None and int(map_mlp.shape[-1]) != mlp_dim:
+        variant["map_mlp_dim"] = int(map_mlp.shape[-1])  # a MAP head with its own MLP width
     out = dict(
         image_size=tuple(size),
         patch_size=patch,
         hidden_size=hidden,
         num_layers=layers,
         num_heads=num_heads,
-        mlp_dim=int(tree["Transformer/encoderblock_0/MlpBlock_3/Dense_0/kernel"].shape[-1]),
+        mlp_dim=mlp_dim,
         classes=int(tree["head/kernel"].shape[-1]) if "head/kernel" in tree else None,
         classifier=variant.pop("classifier"),
         representation_size=None,

@@ -214,6 +214,102 @@ class PositionEmbedding2D(_GridLayer):
         return tree
 
 
+def relative_position_index(grid_size):
+    """(tokens, tokens) indices into BEiT's relative position bias table for a class token followed
+    by the patches of a (rows, cols) grid in row-major order (Bao et al. 2022; timm's
+    `gen_relative_position_index`).
+
+    The table has (2 rows - 1) (2 cols - 1) + 3 entries: one per 2-D offset between two patches,
+    (row offset + rows - 1) * (2 cols - 1) + col offset + cols - 1, then three for the class
+    token: class-to-patch, patch-to-class and class-to-class.
+
+    Example:
+        >>> relative_position_index((1, 2)).tolist()
+        [[5, 3, 3], [4, 1, 0], [4, 2, 1]]
+    """
+    rows, cols = (int(g) for g in grid_size)
+    r, c = (a.reshape(-1) for a in np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij"))
+    offsets = (2 * rows - 1) * (2 * cols - 1)
+    index = np.empty((rows * cols + 1,) * 2, dtype=np.int32)
+    index[1:, 1:] = (r[:, None] - r[None, :] + rows - 1) * (2 * cols - 1) + (c[:, None] - c[None, :] + cols - 1)
+    index[0, :] = offsets  # the class token attending to every token
+    index[:, 0] = offsets + 1  # every token attending to the class token
+    index[0, 0] = offsets + 2
+    return index
+
+
+def relative_position_entries(grid_size):
+    """Rows of BEiT's relative position bias table for a (rows, cols) grid: (2 rows - 1) (2 cols - 1) + 3."""
+    rows, cols = (int(g) for g in grid_size)
+    return (2 * rows - 1) * (2 * cols - 1) + 3
+
+
+def rotary_embedding_tables(grid_size, head_dim, temperature=10000.0, reference_grid=None, offset=0.0, indexing="ij",
+                            coordinates="index", rotate_half=False):
+    """(sin, cos), each (rows * cols, head_dim) float32: EVA-02's 2-D rotary position embedding
+    (Fang et al. 2023; timm's `RotaryEmbeddingCat` with integer positions) for the patches of a
+    (rows, cols) grid in row-major order.
+
+    head_dim / 4 frequencies 1 / temperature ** (i / (head_dim / 4)) rotate the first half of a
+    head's channels by the patch's row and the second half by its column, in interleaved pairs
+    (channels 2j and 2j + 1 share an angle). With `reference_grid` the positions are rescaled so that
+    the grid spans the reference one (row * ref_rows / rows), as EVA-02 runs at another resolution
+    than it was pre-trained at. `offset` is added to the patch indices first (Perception Encoder's
+    1); `indexing="xy"` rotates the first half by the column and the second by the row (timm's
+    `grid_indexing`). `coordinates="centered"` is DINOv3's form (timm's RotaryEmbeddingDinoV3): each
+    axis' patch centres (i + 0.5 + offset) / n mapped to [-1, 1], angles 2 pi coordinate / period
+    with periods temperature ** (i / (head_dim / 4)). `rotate_half=True` lays the angles out as two
+    halves (channel j pairs with j + head_dim / 2) instead of interleaved pairs. Computed in
+    float32, as timm computes them.
+
+    Example:
+        >>> sin, cos = rotary_embedding_tables((2, 3), 8)
+        >>> sin.shape, float(sin[0].max()), float(cos[5, 0])
+        ((6, 8), 0.0, 0.5403022766113281)
+    """
+    rows, cols = (int(g) for g in grid_size)
+    bands = int(head_dim) // 4
+    f32 = np.float32
+    if indexing not in ("ij", "xy") or coordinates not in ("index", "centered"):
+        raise ValueError(f"indexing must be 'ij' (rows first) or 'xy' (columns first) and coordinates 'index' or "
+                         f"'centered'; got {indexing!r}, {coordinates!r}.")
+    if coordinates == "centered":
+        axes = [(np.arange(n).astype(f32) + f32(0.5) + f32(offset)) / f32(n) for n in (rows, cols)]
+        axes = [f32(2.0) * a - f32(1.0) for a in axes]
+        periods = f32(temperature) ** (f32(2.0) * np.arange(bands).astype(f32) / f32(int(head_dim) // 2))
+    else:
+        axes = [np.arange(n).astype(f32) + f32(offset) for n in (rows, cols)]
+        frequencies = f32(1.0) / (f32(temperature) ** (np.arange(bands).astype(f32) / f32(bands)))
+    if reference_grid is not None:
+        axes = [a / f32(n) * f32(r) for a, n, r in zip(axes, (rows, cols), reference_grid)]
+    grid = np.stack(np.meshgrid(*axes, indexing="ij"), axis=-1)  # (rows, cols, 2): (row, col)
+    if indexing == "xy":
+        grid = grid[..., ::-1]  # (col, row)
+    if coordinates == "centered":
+        angles = (f32(2 * np.pi) * grid[..., None] / periods).astype(f32)
+    else:
+        angles = (grid[..., None] * frequencies).astype(f32)
+    angles = angles.reshape(rows * cols, 2 * bands)
+    if rotate_half:  # channel j pairs with channel j + head_dim / 2
+        angles = np.concatenate([angles, angles], axis=-1)
+    else:  # interleaved: channels 2j and 2j + 1 share an angle
+        angles = np.repeat(angles, 2, axis=-1)
+    return np.sin(angles).astype(f32), np.cos(angles).astype(f32)
+
+
+def rotary_positions(grid_size, indexing="ij"):
+    """(rows * cols, 2) float32 patch indices in row-major order, (row, col) for "ij" and (col, row)
+    for "xy": the positions the learned ("mixed") rotary embedding multiplies by its frequencies.
+
+    Example:
+        >>> rotary_positions((2, 2), "xy").tolist()
+        [[0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]
+    """
+    rows, cols = (int(g) for g in grid_size)
+    grid = np.stack(np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij"), axis=-1).astype(np.float32)
+    return (grid[..., ::-1] if indexing == "xy" else grid).reshape(rows * cols, 2)
+
+
 def sincos2d_position_embedding(grid_size, width, temperature=10000.0):
     """big_vision's fixed 2-D sin-cos embedding, (rows * cols, width) float32, row-major.
 

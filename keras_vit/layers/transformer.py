@@ -17,6 +17,12 @@ from keras_vit.layers.init_scope import SplitFanXavierUniform  # noqa: F401  (re
 from keras_vit.layers.init_scope import initializer as _init
 from keras_vit.layers.matmul import dot_product_attention, gelu, matmul, matmul_add, seeded_dropout
 from keras_vit.layers.position import PositionEmbedding  # noqa: F401  (re-exported)
+from keras_vit.layers.position import (
+    relative_position_entries,
+    relative_position_index,
+    rotary_embedding_tables,
+    rotary_positions,
+)
 from keras_vit.layers.quantized import Dense, Int8AttentionMixin
 from keras_vit.layers.resize import resize_patch_embedding
 
@@ -336,12 +342,37 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
     (Appendix D.4): a learned `relative_embedding` (2N - 1, heads, head_dim), one vector per
     query-key offset q - k, acts as the key for the content query; its scaled logits
     q . r[q - k] / sqrt(head_dim) are added to the attention logits before the softmax.
+
+    `relative_position_bias=(rows, cols)` adds BEiT's 2-D relative position bias (Bao et al. 2022):
+    a learned `relative_position_bias_table` ((2 rows - 1) (2 cols - 1) + 3, heads), one scalar per
+    head for each 2-D offset between two patches and three for the class token (see
+    `layers.position.relative_position_index`), added to the logits before the softmax. The
+    sequence is then one class token followed by the rows x cols patches.
+
+    `rotary={"grid": (rows, cols), "prefix_tokens": n, "temperature": t, "reference_grid": (r, c) or
+    None, "offset": o, "indexing": "ij" or "xy", "coordinates": "index" or "centered", "rotate_half":
+    bool, "learned": bool}` rotates the queries and keys of the patch tokens (those after the n prefix tokens) by
+    EVA-02's 2-D rotary position embedding (`layers.position.rotary_embedding_tables`) before the
+    logits. With "learned" (Heo et al. 2024, RoPE-Mixed; timm's RotaryEmbeddingMixed) the layer
+    learns its own `rope_frequencies` (2, heads, head_dim / 2): each head's angles are
+    first-axis position x frequencies[0] + second-axis position x frequencies[1].
+    `output_norm=True` normalises the heads' concatenated output before the out projection
+    (EVA-02 CLIP's sub-LN, timm's `scale_attn_inner`), with `norm` and `norm_epsilon`.
     int8 quantization lives in `layers.quantized.Int8AttentionMixin`.
     """
 
     def __init__(self, num_heads, attention_dropout_rate=0.0, relative_positions=None, use_bias=True, out_bias=True,
+                 relative_position_bias=None, rotary=None, output_norm=False, norm="layer_norm", norm_epsilon=1e-6,
                  **kwargs):
         super().__init__(**kwargs)
+        self.rotary = None if rotary is None else _rotary_config(rotary)
+        self.output_norm_enabled = bool(output_norm)
+        self.norm = norm
+        self.norm_epsilon = float(norm_epsilon)
+        self.output_norm = make_norm(norm, self.norm_epsilon, self.dtype_policy, "norm") if output_norm else None
+        self.relative_position_bias = (
+            None if relative_position_bias is None else tuple(int(g) for g in relative_position_bias)
+        )
         self.use_bias = bool(use_bias)  # query/key/value biases (timm's qkv_bias)
         self.out_bias_enabled = bool(out_bias)  # the out projection's bias (timm's proj_bias)
         self.num_heads = int(num_heads)
@@ -392,6 +423,35 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
                 shape=(2 * self.relative_positions - 1, self.num_heads, head_dim),
                 initializer=_init(keras.initializers.RandomNormal(stddev=0.02)),
             )
+        self.relative_position_bias_table = None
+        if self.relative_position_bias is not None:
+            rows, cols = self.relative_position_bias
+            if input_shape[1] is not None and input_shape[1] != rows * cols + 1:
+                raise ValueError(
+                    f"Relative position bias laid out for a class token and a {rows}x{cols} grid "
+                    f"({rows * cols + 1} tokens) received {input_shape[1]} tokens."
+                )
+            self.relative_position_bias_table = self.add_weight(
+                name="relative_position_bias_table",
+                shape=(relative_position_entries(self.relative_position_bias), self.num_heads),
+                initializer="zeros",
+            )
+            self._relative_position_index = relative_position_index(self.relative_position_bias).reshape(-1)
+        if self.rotary is not None:
+            if head_dim % 4:
+                raise ValueError(f"Rotary position embeddings need a head size divisible by 4; got {head_dim}.")
+            self.rope_frequencies = None
+            if self.rotary["learned"]:
+                self._rotary_positions = rotary_positions(self.rotary["grid"], self.rotary["indexing"])
+                self.rope_frequencies = self.add_weight(
+                    name="rope_frequencies", shape=(2, self.num_heads, head_dim // 2), initializer="zeros")
+            else:
+                self._rotary_tables = rotary_embedding_tables(
+                    self.rotary["grid"], head_dim, self.rotary["temperature"], self.rotary["reference_grid"],
+                    self.rotary["offset"], self.rotary["indexing"], self.rotary["coordinates"],
+                    self.rotary["rotate_half"])
+        if self.output_norm is not None:
+            self.output_norm.build((None, self.num_heads * head_dim))
         if quantized:
             self._int8_build(hidden, self.num_heads * head_dim, getattr(self, "quantization_config", None))
             self._is_quantized = True
@@ -441,23 +501,64 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         """Scaled dot-product attention of (batch, tokens, heads, head_dim) q/k/v; returns the
         heads concatenated as (batch * tokens, heads * head_dim) and the weights (or None). The
         attention-weight dropout draws its mask from `dropout_seed` when one is given."""
+        if self.rotary is not None:
+            q, k = self._rotate(q), self._rotate(k)
         scale = 1.0 / float(self.head_dim) ** 0.5
         use_dropout = training and self.attention_dropout_rate > 0
         # float16: the explicit path keeps the softmax in float32 (and JAX's fused CPU kernel
         # rejects float16 inputs with float32 accumulation under jit).
-        if return_attention_weights or use_dropout or q.dtype == "float16" or self.relative_embedding is not None:
+        relative = self.relative_embedding is not None or self.relative_position_bias_table is not None
+        if return_attention_weights or use_dropout or q.dtype == "float16" or relative:
             q = q * ops.cast(scale, q.dtype)
             logits = ops.einsum("bqhk,bthk->bhqt", q, k)
             if self.relative_embedding is not None:
                 logits = logits + self._relative_logits(q)
-            weights = ops.softmax(ops.cast(logits, "float32"), axis=-1)
+            logits = ops.cast(logits, "float32")
+            if self.relative_position_bias_table is not None:
+                logits = logits + self._relative_position_bias()
+            weights = ops.softmax(logits, axis=-1)
             weights = ops.cast(weights, v.dtype)
             dropped = _dropout(self.dropout, weights, training, dropout_seed)
             y = ops.einsum("bhqt,bthk->bqhk", dropped, v)
         else:
             weights = None
             y = dot_product_attention(q, k, v, scale)
-        return ops.reshape(y, (-1, self.num_heads * self.head_dim)), weights
+        y = ops.reshape(y, (-1, self.num_heads * self.head_dim))
+        if self.output_norm is not None:
+            y = self.output_norm(y)
+        return y, weights
+
+    def _rotate(self, x):
+        """The (batch, tokens, heads, head_dim) queries or keys with the patch tokens rotated by
+        their rotary position embedding (in float32, as timm), the prefix tokens unchanged."""
+        n = self.rotary["prefix_tokens"]
+        if self.rotary["learned"]:
+            # (tokens, heads, head_dim / 2) angles of each head's own frequencies, channel pairs interleaved.
+            positions = ops.convert_to_tensor(self._rotary_positions)
+            frequencies = ops.cast(self.rope_frequencies, "float32")
+            angles = (positions[:, 0, None, None] * frequencies[0][None] + positions[:, 1, None, None]
+                      * frequencies[1][None])
+            angles = ops.repeat(angles, 2, axis=-1)[None]
+            sin, cos = ops.sin(angles), ops.cos(angles)
+        else:
+            sin, cos = (ops.convert_to_tensor(t[None, :, None, :]) for t in self._rotary_tables)
+        patches = ops.cast(x[:, n:], "float32")
+        shape = ops.shape(patches)
+        if self.rotary["rotate_half"]:  # channel j pairs with j + head_dim / 2: (x1, x2) -> (-x2, x1)
+            half = self.head_dim // 2
+            turned = ops.concatenate([-patches[..., half:], patches[..., :half]], axis=-1)
+        else:
+            pairs = ops.reshape(patches, (shape[0], shape[1], shape[2], self.head_dim // 2, 2))
+            # Each channel pair (x0, x1) -> (-x1, x0): the quarter turn the sines multiply.
+            turned = ops.reshape(ops.stack([-pairs[..., 1], pairs[..., 0]], axis=-1), shape)
+        patches = ops.cast(patches * cos + turned * sin, x.dtype)
+        return ops.concatenate([x[:, :n], patches], axis=1) if n else patches
+
+    def _relative_position_bias(self):
+        """(1, heads, tokens, tokens) float32 bias: the table's entry for each query-key pair."""
+        tokens = self.relative_position_bias[0] * self.relative_position_bias[1] + 1
+        bias = ops.take(ops.cast(self.relative_position_bias_table, "float32"), self._relative_position_index, axis=0)
+        return ops.expand_dims(ops.transpose(ops.reshape(bias, (tokens, tokens, self.num_heads)), (2, 0, 1)), 0)
 
     def _relative_logits(self, q):
         """(batch, heads, N, N) logits of the scaled query `q` against the embedding of each
@@ -483,6 +584,12 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
                 tree[f"{name}/bias"] = getattr(self, f"{name}_bias")
         if self.relative_embedding is not None:
             tree["relative_embedding"] = self.relative_embedding
+        if self.relative_position_bias_table is not None:
+            tree["relative_position_bias_table"] = self.relative_position_bias_table
+        if self.output_norm is not None:
+            tree.update({f"norm/{k}": v for k, v in layer_norm_variables(self.output_norm).items()})
+        if getattr(self, "rope_frequencies", None) is not None:
+            tree["rope_frequencies"] = self.rope_frequencies
         return tree
 
     def get_config(self):
@@ -490,11 +597,32 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         config.update(num_heads=self.num_heads, attention_dropout_rate=self.attention_dropout_rate)
         if self.relative_positions is not None:
             config.update(relative_positions=self.relative_positions)
+        if self.relative_position_bias is not None:
+            config.update(relative_position_bias=list(self.relative_position_bias))
+        if self.rotary is not None:
+            config.update(rotary=dict(self.rotary))
+        if self.output_norm is not None:
+            config.update(output_norm=True, norm=self.norm, norm_epsilon=self.norm_epsilon)
         if not self.use_bias:
             config.update(use_bias=False)
         if not self.out_bias_enabled:
             config.update(out_bias=False)
         return config
+
+
+def _identity(x):
+    return x
+
+
+def _rotary_config(rotary):
+    """The JSON form of an attention layer's `rotary` argument (lists, not tuples)."""
+    reference = rotary.get("reference_grid")
+    return {"grid": [int(g) for g in rotary["grid"]], "prefix_tokens": int(rotary.get("prefix_tokens", 0)),
+            "temperature": float(rotary.get("temperature", 10000.0)),
+            "reference_grid": None if reference is None else [int(g) for g in reference],
+            "offset": float(rotary.get("offset", 0.0)), "indexing": str(rotary.get("indexing", "ij")),
+            "coordinates": str(rotary.get("coordinates", "index")), "rotate_half": bool(rotary.get("rotate_half")),
+            "learned": bool(rotary.get("learned"))}
 
 
 # === Encoder ===
@@ -507,12 +635,16 @@ class MlpBlock(keras.layers.Layer):
     `activation` (one of MLP_ACTIVATIONS) replaces the GELU; `glu=True` makes it a gated MLP
     (SwiGLU with "silu": timm's SwiGLU and GluMlp): Dense_1(act(Dense_0(x)) * Dense_2(x)), the
     gate's branch Dense_0 and the linear branch Dense_2 each `mlp_dim` wide. `use_bias=False`
-    drops every Dense bias (timm's proj_bias=False).
+    drops every Dense bias (timm's proj_bias=False). `norm=True` normalises the hidden activations
+    before Dense_1 (EVA-02's sub-LN, timm's `scale_mlp`), with `norm_kind` and `norm_epsilon`.
     """
 
     def __init__(self, mlp_dim, dropout_rate=0.0, gelu_approximate=True, activation=None, glu=False, use_bias=True,
-                 **kwargs):
+                 norm=False, norm_kind="layer_norm", norm_epsilon=1e-6, **kwargs):
         super().__init__(**kwargs)
+        self.norm_kind = norm_kind
+        self.norm_epsilon = float(norm_epsilon)
+        self.norm = make_norm(norm_kind, self.norm_epsilon, self.dtype_policy, "norm") if norm else None
         self.mlp_dim = int(mlp_dim)
         self.dropout_rate = float(dropout_rate)
         self.gelu_approximate = bool(gelu_approximate)
@@ -539,6 +671,8 @@ class MlpBlock(keras.layers.Layer):
         self.dense_1.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
         if self.dense_2 is not None:
             self.dense_2.build(input_shape)
+        if self.norm is not None:
+            self.norm.build(tuple(input_shape[:-1]) + (self.mlp_dim,))
 
     def call(self, x, training=None, dropout_seeds=(None, None)):
         # The Dense layers see the (batch * tokens, hidden) view: a plain 2-D matmul whose bias
@@ -551,6 +685,8 @@ class MlpBlock(keras.layers.Layer):
         if self.dense_2 is not None:
             y = y * self.dense_2(x2d)
         y = _dropout(self.dropout, y, training, dropout_seeds[0])
+        if self.norm is not None:
+            y = self.norm(y)
         y = self.dense_1(y)
         y = ops.reshape(y, shape)
         return _dropout(self.dropout, y, training, dropout_seeds[1])
@@ -565,6 +701,8 @@ class MlpBlock(keras.layers.Layer):
                 tree[f"{name}/kernel"] = dense.kernel
                 if dense.bias is not None:
                     tree[f"{name}/bias"] = dense.bias
+        if self.norm is not None:
+            tree.update({f"norm/{k}": v for k, v in layer_norm_variables(self.norm).items()})
         return tree
 
     def get_config(self):
@@ -573,6 +711,8 @@ class MlpBlock(keras.layers.Layer):
         for key, default in (("activation", None), ("glu", False), ("use_bias", True)):
             if getattr(self, key) != default:
                 config[key] = getattr(self, key)
+        if self.norm is not None:
+            config.update(norm=True, norm_kind=self.norm_kind, norm_epsilon=self.norm_epsilon)
         return config
 
 
@@ -613,9 +753,24 @@ class EncoderBlock(keras.layers.Layer):
         norm="layer_norm",
         mlp_activation=None,
         glu=False,
+        relative_position_bias=None,
+        rotary=None,
+        attention_norm=False,
+        mlp_norm=False,
+        post_norm=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.post_norm = bool(post_norm)
+        # EVA-02's rotary position embedding and sub-LNs (MultiHeadDotProductAttention's `rotary`
+        # and `output_norm`, MlpBlock's `norm`).
+        self.rotary = None if rotary is None else _rotary_config(rotary)
+        self.attention_norm = bool(attention_norm)
+        self.mlp_norm = bool(mlp_norm)
+        # BEiT's 2-D relative position bias: the (rows, cols) patch grid behind one class token.
+        self.relative_position_bias = (
+            None if relative_position_bias is None else tuple(int(g) for g in relative_position_bias)
+        )
         # timm's switches (VisionTransformer's fields of the same names say what each does).
         self.qkv_bias = bool(qkv_bias)
         self.projection_bias = bool(projection_bias)
@@ -639,6 +794,11 @@ class EncoderBlock(keras.layers.Layer):
             self.relative_positions,
             use_bias=self.qkv_bias,
             out_bias=self.projection_bias,
+            relative_position_bias=self.relative_position_bias,
+            rotary=self.rotary,
+            output_norm=self.attention_norm,
+            norm=self.norm,
+            norm_epsilon=self.layer_norm_epsilon,
             dtype=policy,
             name="MultiHeadDotProductAttention_1",
         )
@@ -646,7 +806,8 @@ class EncoderBlock(keras.layers.Layer):
         self.norm_2 = make_norm(self.norm, self.layer_norm_epsilon, policy, "LayerNorm_2")
         self.mlp = MlpBlock(
             self.mlp_dim, self.dropout_rate, self.gelu_approximate, activation=self.mlp_activation, glu=self.glu,
-            use_bias=self.projection_bias, dtype=policy, name="MlpBlock_3",
+            use_bias=self.projection_bias, norm=self.mlp_norm, norm_kind=self.norm,
+            norm_epsilon=self.layer_norm_epsilon, dtype=policy, name="MlpBlock_3",
         )
         self.layer_scales = None
         if self.layer_scale is not None:
@@ -685,14 +846,20 @@ class EncoderBlock(keras.layers.Layer):
 
     def _block(self, x, training=None, return_attention_weights=False, seeds=None):
         attention_seed, residual_seed, *mlp_seeds = seeds or (None,) * 4
-        y = self.attention(self.norm_0(x), training=training, return_attention_weights=return_attention_weights,
+        # post_norm (EVA-02 enormous): the norms follow the branches, x + LN(MHA(x)), y + LN(MLP(y)).
+        pre, post = (_identity, self.norm_0) if self.post_norm else (self.norm_0, _identity)
+        y = self.attention(pre(x), training=training, return_attention_weights=return_attention_weights,
                            dropout_seed=attention_seed)
         if return_attention_weights:
             y, weights = y
+        y = post(y)
         if self.layer_scales is not None:
             y = self.layer_scales[0](y)
         x = x + _dropout(self.dropout, y, training, residual_seed)
-        y = self.mlp(self.norm_2(x), training=training, dropout_seeds=tuple(mlp_seeds))
+        if self.post_norm:
+            y = self.norm_2(self.mlp(x, training=training, dropout_seeds=tuple(mlp_seeds)))
+        else:
+            y = self.mlp(self.norm_2(x), training=training, dropout_seeds=tuple(mlp_seeds))
         if self.layer_scales is not None:
             y = self.layer_scales[1](y)
         x = x + y
@@ -725,6 +892,13 @@ class EncoderBlock(keras.layers.Layer):
         )
         if self.relative_positions is not None:
             config.update(relative_positions=self.relative_positions)
+        if self.relative_position_bias is not None:
+            config.update(relative_position_bias=list(self.relative_position_bias))
+        if self.rotary is not None:
+            config.update(rotary=dict(self.rotary))
+        for key in ("attention_norm", "mlp_norm", "post_norm"):
+            if getattr(self, key):
+                config[key] = True
         if self.remat:
             config.update(remat=True)
         defaults = dict(qkv_bias=True, projection_bias=True, layer_scale=None, norm="layer_norm", mlp_activation=None,
@@ -733,7 +907,17 @@ class EncoderBlock(keras.layers.Layer):
         return config
 
     def resized_weight(self, key, value, source_grid=None, rule=None):
-        """Relative embeddings index offsets in the flattened token sequence: no resize exists."""
+        """Relative embeddings index offsets in the flattened token sequence: no resize exists.
+        BEiT's relative position bias tables are laid out for one patch grid: refused on another."""
+        if key.endswith("relative_position_bias_table"):
+            rows, cols = self.relative_position_bias
+            raise ValueError(
+                f"{self.name}: the checkpoint's relative position bias table has {tuple(value.shape)[0]} entries "
+                + (f"(a {source_grid[0]}x{source_grid[1]} patch grid) " if source_grid is not None else "")
+                + f"and the model's {relative_position_entries((rows, cols))} (a {rows}x{cols} grid). BEiT's table "
+                "is learned per 2-D offset of its own grid and keras_vit does not resample it: load the checkpoint "
+                "at its own image size (image_size=None), or fine-tune at the new size from a model built at it"
+            )
         if key.endswith("relative_embedding"):
             raise ValueError(
                 relative_resize_error(f"checkpoint {tuple(value.shape)}, model {tuple(self.attention.relative_embedding.shape)}")

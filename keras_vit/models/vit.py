@@ -106,6 +106,15 @@ def _graph(config, dtype):
             norm=c.norm,
             mlp_activation=c.mlp_activation,
             glu=c.glu,
+            relative_position_bias=c.grid_size if c.relative_position_bias else None,
+            rotary=dict(grid=c.grid_size, prefix_tokens=c.num_prefix_tokens, temperature=c.rope_temperature,
+                        reference_grid=c.rope_reference_grid, offset=c.rope_grid_offset,
+                        indexing=c.rope_grid_indexing, coordinates=c.rope_coordinates,
+                        rotate_half=c.rope_rotate_half, learned=c.rope_learned_frequencies)
+            if c.rotary_position_embedding else None,
+            attention_norm=c.attention_norm,
+            mlp_norm=c.mlp_norm,
+            post_norm=c.post_norm,
             dtype=dtype,
             name=f"encoderblock_{i}",
         )(x)
@@ -117,8 +126,9 @@ def _graph(config, dtype):
     if c.include_top or c.pooling is not None:
         if mode == "map":
             x = MAPHead(
-                c.num_heads, c.mlp_dim, c.layer_norm_epsilon, c.gelu_approximate, mlp_activation=c.mlp_activation,
-                norm=c.norm, num_prefix_tokens=c.num_prefix_tokens, dtype=dtype, name="MAPHead_0",
+                c.map_heads or c.num_heads, c.map_mlp_dim or c.mlp_dim, c.layer_norm_epsilon, c.gelu_approximate,
+                mlp_activation=c.mlp_activation, norm=c.norm,
+                num_prefix_tokens=0 if c.map_include_prefix else c.num_prefix_tokens, dtype=dtype, name="MAPHead_0",
             )(x)
         elif mode != "none":  # "none": pre_logits and the head apply to every token
             x = TokenPooling(mode, c.num_prefix_tokens, dtype=dtype, name="pool")(x)
@@ -193,6 +203,26 @@ class VisionTransformer(
             laid out on the patch grid alone and added before the class token joins, so the
             class token gets none (resizing then treats every row as a grid cell). No effect
             without a class token; "sincos2d" never gives the class token an embedding.
+        relative_position_bias: BEiT's learned 2-D relative position bias (Bao et al. 2022) in
+            every block: a table per block of one bias per head for each 2-D offset between two
+            patches, plus class-token entries, added to the attention logits. Needs exactly one
+            prefix token (the class token) and a fixed image size.
+        rotary_position_embedding, rope_temperature, rope_reference_grid, rope_grid_offset,
+        rope_grid_indexing: EVA-02's 2-D rotary position embedding (Fang et al. 2023) of the patch
+            tokens' queries and keys in every block (prefix tokens unrotated), with its frequency
+            base, the (rows, cols) the positions are rescaled to span (None: patch indices), an
+            offset added to the indices, and which axis the first half follows ("ij": the row,
+            "xy": the column); it follows `image_size`.
+        rope_coordinates, rope_rotate_half: DINOv3's rotary form: "centered" positions (patch
+            centres mapped to [-1, 1]) and channels paired across the two halves of a head.
+        rope_learned_frequencies: RoPE-Mixed's rotary embedding: frequencies learned per block and
+            head (`rope_frequencies`), applied to the patch indices.
+        attention_norm, mlp_norm: EVA-02's sub-LNs: a norm on the attention's output before its
+            projection, and one inside the MLP before `Dense_1`.
+        map_heads, map_mlp_dim, map_include_prefix: the MAP head's own head count and MLP width
+            (None: the encoder's), and whether it attends over the prefix tokens too.
+        post_norm: blocks that normalise their branches' outputs instead of their inputs,
+            x + LN(MHA(x)) then y + LN(MLP(y)) (EVA-02 enormous).
         num_channels: input channels.
         layer_norm_epsilon, gelu_approximate, group_norm_epsilon, std_conv_epsilon,
         std_conv_epsilon_inside_sqrt: the numerics of the weights' source (see

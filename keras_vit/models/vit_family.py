@@ -335,6 +335,36 @@ class ViTConfig(FieldGroupConfig):
         doc="'gelu', 'gelu_tanh', 'quick_gelu', 'silu'; None: GELU in the form gelu_approximate says",
     )
     glu: bool = config_field("architecture", False, doc="gated MLP: Dense_1(act(Dense_0(x)) * Dense_2(x)) (SwiGLU)")
+    relative_position_bias: bool = config_field(
+        "architecture", False,
+        doc="BEiT's learned 2-D relative position bias in every block's attention (one class token, no registers)",
+    )
+    rotary_position_embedding: bool = config_field(
+        "architecture", False, doc="EVA-02's 2-D rotary position embedding of the patch tokens' queries and keys",
+    )
+    rope_temperature: float = config_field("architecture", 10000.0, doc="the rotary embedding's frequency base")
+    rope_reference_grid: tuple = config_field(
+        "architecture", None,
+        doc="(rows, cols) the rotary positions are rescaled to span (timm's ref_feat_shape); None: patch indices",
+    )
+    rope_grid_offset: float = config_field("architecture", 0.0, doc="added to the rotary embedding's patch indices")
+    rope_grid_indexing: str = config_field(
+        "architecture", "ij", doc="'ij': the rotary embedding's first half follows the row, 'xy': the column")
+    rope_coordinates: str = config_field(
+        "architecture", "index", doc="rotary positions: 'index' (EVA's patch indices) or 'centered' (DINOv3's [-1, 1])")
+    rope_learned_frequencies: bool = config_field(
+        "architecture", False, doc="rotary frequencies learned per block and head (RoPE-Mixed, timm's 'mixed')")
+    rope_rotate_half: bool = config_field(
+        "architecture", False, doc="rotary channel pairs (j, j + head_dim / 2) instead of interleaved (2j, 2j + 1)")
+    attention_norm: bool = config_field(
+        "architecture", False, doc="a norm on the attention's output before its projection (EVA-02 CLIP's sub-LN)")
+    mlp_norm: bool = config_field("architecture", False, doc="a norm inside the MLP before Dense_1 (EVA-02's sub-LN)")
+    map_heads: int = config_field("architecture", None, doc="heads of the MAP head; None: num_heads")
+    map_mlp_dim: int = config_field("architecture", None, doc="MLP width of the MAP head; None: mlp_dim")
+    map_include_prefix: bool = config_field(
+        "architecture", False, doc="whether the MAP head attends over the prefix tokens too (timm's Eva pool)")
+    post_norm: bool = config_field(
+        "architecture", False, doc="blocks normalise their branches' outputs, x + LN(MHA(x)) (EVA-02 enormous)")
     input_normalization: tuple = config_field(
         "input", None, doc="(mean, std) per channel of [0, 1] pixels the weights expect; None: [-1, 1] inputs"
     )
@@ -411,6 +441,19 @@ class ViTConfig(FieldGroupConfig):
                 + " cannot follow; set patch_drop_rate=0 or use a 'learned' position embedding and classifier 'token', "
                 "'gap' or 'map'."
             )
+        if self.relative_position_bias and (self.dynamic_image_size or self.patch_drop_rate):
+            raise ValueError(
+                ("dynamic_image_size=True" if self.dynamic_image_size else f"patch_drop_rate={self.patch_drop_rate}")
+                + " changes the patch grid at run time, but relative_position_bias=True (BEiT's) learns one bias per "
+                "2-D offset of the fixed grid of image_size. Use a fixed image_size and patch_drop_rate=0."
+            )
+        if self.rotary_position_embedding and (self.dynamic_image_size or self.patch_drop_rate):
+            raise ValueError(
+                ("dynamic_image_size=True" if self.dynamic_image_size else f"patch_drop_rate={self.patch_drop_rate}")
+                + " changes the patch grid at run time; keras_vit lays the rotary position embedding "
+                "(rotary_position_embedding=True) out for the grid of image_size. Use a fixed image_size (any size: "
+                "the rotary positions follow it) and patch_drop_rate=0."
+            )
         if self.dynamic_image_size and self.position_embedding == "relative":
             raise ValueError(
                 "dynamic_image_size=True needs position embeddings that follow the patch grid; relative ones "
@@ -443,7 +486,9 @@ class ViTConfig(FieldGroupConfig):
         if self.class_token is not None:
             set_("class_token", bool(self.class_token))
         for key in ("distillation_token", "patch_embedding_bias", "patch_embedding_norm", "pre_norm",
-                    "qkv_bias", "projection_bias", "final_norm", "fc_norm", "glu"):
+                    "qkv_bias", "projection_bias", "final_norm", "fc_norm", "glu", "relative_position_bias",
+                    "rotary_position_embedding", "attention_norm", "mlp_norm", "rope_rotate_half", "post_norm",
+                    "map_include_prefix", "rope_learned_frequencies"):
             set_(key, bool(getattr(self, key)))
         registers = self.register_tokens
         if isinstance(registers, bool) or not isinstance(registers, int) and not hasattr(registers, "__index__") or (
@@ -466,6 +511,32 @@ class ViTConfig(FieldGroupConfig):
         if self.distillation_token and self.classifier != "token":
             raise ValueError(
                 "distillation_token=True reads the class and distillation tokens (DeiT); it needs classifier='token'."
+            )
+        for key in ("map_heads", "map_mlp_dim"):
+            value = getattr(self, key)
+            if value is not None:
+                if isinstance(value, bool) or int(value) < 1:
+                    raise ValueError(f"{key} must be a positive int or None; got {value!r}.")
+                set_(key, int(value))
+        if self.map_heads and self.hidden_size % self.map_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by map_heads {self.map_heads}.")
+        set_("rope_temperature", float(self.rope_temperature))
+        set_("rope_grid_offset", float(self.rope_grid_offset))
+        self._check_choice("rope_grid_indexing", ("ij", "xy"))
+        self._check_choice("rope_coordinates", ("index", "centered"))
+        if self.rope_reference_grid is not None:
+            set_("rope_reference_grid", as_pair(self.rope_reference_grid))
+        if self.rotary_position_embedding and (self.hidden_size // max(self.num_heads, 1)) % 4:
+            raise ValueError(
+                f"rotary_position_embedding=True rotates channel pairs of each head by row and by column: the head "
+                f"size (hidden_size / num_heads = {self.hidden_size / self.num_heads:g}) must be a multiple of 4."
+            )
+        if self.relative_position_bias and not (self.has_class_token and self.num_prefix_tokens == 1):
+            raise ValueError(
+                "relative_position_bias=True (BEiT's) is laid out for one class token in front of the patches; this "
+                f"model has {self.num_prefix_tokens} prefix token(s) (class_token={self.class_token!r}, "
+                f"register_tokens={self.register_tokens}, distillation_token={self.distillation_token}). Use "
+                "class_token=True without register or distillation tokens."
             )
         if self.fc_norm and not self.final_norm:
             raise ValueError("fc_norm=True moves the final norm after pooling; it needs final_norm=True.")
@@ -540,6 +611,8 @@ class ViTConfig(FieldGroupConfig):
             out["resnet"] = [list(self.resnet[0]), self.resnet[1]]
         if self.input_normalization is not None:
             out["input_normalization"] = [list(part) for part in self.input_normalization]
+        if self.rope_reference_grid is not None:
+            out["rope_reference_grid"] = list(self.rope_reference_grid)
         return out
 
     def architecture(self):
@@ -613,7 +686,7 @@ def vit_flops(config, image_size, classes):
         return total
     mode = {None: classifier, "avg": "gap"}.get(config.get("pooling"), config.get("pooling"))
     if mode == "map":
-        total += map_head_flops(t, d, m)
+        total += map_head_flops(t, d, config.get("map_mlp_dim") or m)
     rep = config.get("representation_size")
     heads = t if mode == "none" else 1  # "none": pre_logits and the head on every token
     if rep:
@@ -1241,7 +1314,9 @@ VIT = ModelFamily(
     presets=VIT_PRESET_ROWS,
     head="head/",
     extra_heads=("head_dist/",),
-    optional_weights=("head/", "head_dist/", "pre_logits/"),
+    # fc_norm: a headless model that returns the token sequence has no norm after pooling (timm's
+    # forward_features of a BEiT or GAP model does not normalise either).
+    optional_weights=("head/", "head_dist/", "pre_logits/", "fc_norm/"),
     resizable_weights=("Transformer/posembed_input/", "embedding/kernel", "head/", "head_dist/"),
     features_pooling=None,
     patch_resize=True,

@@ -1,0 +1,159 @@
+"""timm's EVA and EVA-02 (eva.py: 2-D rotary position embedding, SwiGLU, sub-LN, q/v biases)
+read through `keras_vit.load_checkpoint`, against timm itself.
+
+Each case is a random-weight timm Eva at a tiny size, saved as timm saves a Hub repo
+(`save_for_hf`): EVA-02 Ti (RoPE, packed SwiGLU, headless), EVA-02 B (separate q/k/v, SwiGLU with
+its sub-LN, a reference grid other than the grid), EVA-02 CLIP B (the attention's sub-LN, token
+pooling), EVA-g (no RoPE, q/v biases, fc_norm), the RoPE register GAP ViT (a register token, no
+class token, layer scale), timm's RoPE ViT with an absolute embedding on the patches
+(AttentionRope, "xy" rotary axes, temperature 100), a Perception Encoder language tower (pre-norm,
+no final norm, rotary offset 1) and DINOv3 S and S+ (centred rotary positions in the half-rotation
+layout, four registers, layer scale, no q/k/v bias or q/v biases, split SwiGLU), EVA-02 E
+(post-norm blocks) and a Perception Encoder core tower (a MAP head over every token with its own
+heads and MLP width), and
+the RoPE-Mixed ViT (rotary frequencies learned per block and head). Logits (or the pooled pre-logits features) equal timm's within
+max(2e-5, twice timm's own float32 error against float64), relative to the output's scale.
+"""
+
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+import keras_vit
+
+sys.modules.setdefault("triton", None)
+torch = pytest.importorskip("torch")
+timm = pytest.importorskip("timm")
+
+from test_timm_zoo import _timm_outputs, randomize_torch  # noqa: E402
+
+from keras_vit.layers.position import rotary_embedding_tables  # noqa: E402
+
+# (case, timm architecture, create_model overrides: depth 2, hidden 32, 2 heads)
+CASES = [
+    ("eva02_tiny", "eva02_tiny_patch14_224", dict(img_size=28)),
+    ("eva02_base_448", "eva02_base_patch14_448", dict(img_size=42)),
+    ("eva02_base_clip", "eva02_base_patch16_clip_224", dict(img_size=32)),
+    ("eva_giant", "eva_giant_patch14_224", dict(img_size=28)),
+    ("rope_reg1_gap", "vit_medium_patch16_rope_reg1_gap_256", dict(img_size=(32, 48))),
+    ("rope_ape_xy", "vit_small_patch16_rope_ape_224", dict(img_size=(48, 32))),
+    ("pe_lang", "vit_pe_lang_large_patch14_448", dict(img_size=(28, 42))),
+    ("dinov3_small", "vit_small_patch16_dinov3", dict(img_size=(32, 48))),
+    ("dinov3_splus_qkvb", "vit_small_plus_patch16_dinov3_qkvb", dict(img_size=32)),
+    ("eva02_enormous_post_norm", "eva02_enormous_patch14_clip_224", dict(img_size=28)),
+    ("rope_mixed", "vit_small_patch16_rope_mixed_224", dict(img_size=(32, 48))),
+    ("pe_core_map", "vit_pe_core_tiny_patch16_384", dict(img_size=32, attn_pool_num_heads=4, attn_pool_mlp_ratio=2.0)),
+]
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """{case: (folder, timm model, create_model arguments)} saved once with timm's own Hub saver."""
+    from timm.models._hub import save_for_hf
+
+    out = {}
+    for seed, (case, arch, overrides) in enumerate(CASES):
+        args = dict(depth=2, embed_dim=32, num_heads=2, **overrides)
+        model = randomize_torch(timm.create_model(arch, pretrained=False, **args), seed=seed)
+        folder = tmp_path_factory.mktemp(case)
+        save_for_hf(model, folder, safe_serialization=True, model_args=args)
+        out[case] = (folder, model, args)
+    return out
+
+
+def _load(folder, ref, **kwargs):
+    if ref.num_classes:
+        return keras_vit.load_checkpoint(folder, classifier_activation=None, **kwargs)
+    return keras_vit.load_checkpoint(folder, include_top=False, pooling={"avg": "gap"}.get(ref.global_pool, "token"),
+                                     **kwargs)
+
+
+def _assert_equal(ours, ref, x, case):
+    ref32, ref64 = _timm_outputs(ref, x)
+    assert ours.shape == ref32.shape
+    scale = np.abs(ref64).max()
+    error = np.abs(np.asarray(ours, np.float64) - ref64).max() / scale
+    timm_error = np.abs(ref32 - ref64).max() / scale
+    assert error <= max(2e-5, 2 * timm_error), (case, error, timm_error)
+
+
+@pytest.mark.parametrize("case", [c[0] for c in CASES])
+def test_eva_equals_timm(saved, case):
+    folder, ref, _ = saved[case]
+    model = _load(folder, ref)
+    x = np.random.default_rng(1).uniform(-1, 1, (2, *model.config.image_size, 3)).astype("float32")
+    _assert_equal(model.predict(x, verbose=0), ref, x, case)
+
+
+def test_eva02_at_another_size_equals_timm(saved):
+    """Loaded at another image size, the rotary positions follow the new grid (rescaled to the
+    reference grid) and the position embedding is resized as timm resizes it."""
+    from timm.models.eva import checkpoint_filter_fn
+
+    folder, ref, args = saved["eva02_base_448"]
+    bigger = timm.create_model("eva02_base_patch14_448", pretrained=False, **dict(args, img_size=56)).eval()
+    bigger.load_state_dict(checkpoint_filter_fn(ref.state_dict(), bigger))
+    model = _load(folder, ref, image_size=56)
+    x = np.random.default_rng(4).uniform(-1, 1, (2, 56, 56, 3)).astype("float32")
+    _assert_equal(model.predict(x, verbose=0), bigger, x, "eva02_base_448 at 56")
+
+
+def test_eva_keras_round_trip(saved, tmp_path):
+    folder, ref, _ = saved["eva02_base_clip"]
+    model = _load(folder, ref)
+    assert model.config.rotary_position_embedding and model.config.attention_norm and model.config.mlp_norm
+    path = str(tmp_path / "eva02.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    x = np.random.default_rng(2).uniform(-1, 1, (1, 32, 32, 3)).astype("float32")
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
+def test_rotary_grid_fixed_at_run_time():
+    with pytest.raises(ValueError, match="rotary_position_embedding=True"):
+        keras_vit.VisionTransformer(image_size=32, patch_size=16, hidden_size=8, num_layers=1, num_heads=2, mlp_dim=8,
+                                    rotary_position_embedding=True, dynamic_image_size=True)
+    with pytest.raises(ValueError, match="multiple of 4"):
+        keras_vit.VisionTransformer(image_size=32, patch_size=16, hidden_size=12, num_layers=1, num_heads=2,
+                                    mlp_dim=8, rotary_position_embedding=True)
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("grid, head_dim, temperature, reference, offset, indexing", [
+    ((2, 3), 16, 10000.0, (16, 16), 0.0, "ij"), ((4, 4), 8, 100.0, None, 0.0, "xy"),
+    ((3, 2), 8, 10000.0, (5, 7), 1.0, "xy"), ((2, 3), 8, 10000.0, None, 1.0, "ij")])
+def test_rotary_tables_equal_timm(grid, head_dim, temperature, reference, offset, indexing):
+    from timm.layers.pos_embed_sincos import RotaryEmbeddingCat
+
+    rope = RotaryEmbeddingCat(dim=head_dim, temperature=temperature, in_pixels=False, feat_shape=list(grid),
+                              ref_feat_shape=reference, grid_offset=offset, grid_indexing=indexing)
+    sin, cos = np.split(rope.get_embed().numpy(), 2, axis=-1)
+    ours = rotary_embedding_tables(grid, head_dim, temperature, reference, offset, indexing)
+    np.testing.assert_allclose(ours[0], sin, atol=2e-7)
+    np.testing.assert_allclose(ours[1], cos, atol=2e-7)
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("grid, head_dim, offset, indexing", [((2, 3), 16, 0.0, "ij"), ((3, 2), 8, 1.0, "xy")])
+def test_dinov3_rotary_tables_equal_timm(grid, head_dim, offset, indexing):
+    from timm.layers.pos_embed_sincos import RotaryEmbeddingDinoV3
+
+    rope = RotaryEmbeddingDinoV3(dim=head_dim, temperature=100.0, feat_shape=list(grid), grid_offset=offset,
+                                 grid_indexing=indexing)
+    sin, cos = np.split(rope.pos_embed_cached.numpy(), 2, axis=-1)
+    ours = rotary_embedding_tables(grid, head_dim, 100.0, None, offset, indexing, "centered", True)
+    np.testing.assert_allclose(ours[0], sin, atol=2e-7)
+    np.testing.assert_allclose(ours[1], cos, atol=2e-7)
+
+
+def test_unsupported_eva_is_refused(tmp_path):
+    """An Eva switch keras_vit does not build (Sapiens2's q/k norm) is refused by name."""
+    from timm.models._hub import save_for_hf
+
+    args = dict(depth=1, embed_dim=32, num_heads=2, img_size=32, num_kv_heads=2)
+    save_for_hf(timm.create_model("vit_base_patch16_sapiens2", pretrained=False, **args), tmp_path,
+                safe_serialization=True, model_args=args)
+    with pytest.raises(keras_vit.errors.CheckpointError, match="qk_norm=True is not supported"):
+        keras_vit.load_checkpoint(tmp_path)
