@@ -487,7 +487,6 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         if self.quantization_mode is not None:
             raise NotImplementedError(f"{self.name}: cross attention runs on float weights only.")
         hidden = tokens.shape[-1]
-        width = self.num_heads * self.head_dim
         q_shape, t_shape = ops.shape(queries), ops.shape(tokens)
         q = ops.reshape(self._project(ops.reshape(queries, (-1, hidden)), "query"), (q_shape[0], q_shape[1], self.num_heads, self.head_dim))
         k, v = (
