@@ -127,8 +127,9 @@ def test_finetune_layer_decay_scales_each_layer_group(tmp_path, capsys):
         # block and the final norm at 0.5, the head at the full rate (timm's param_groups_layer_decay).
         assert (scales["embedding/kernel"], scales["cls/cls"], scales["encoderblock_0/MlpBlock_3/Dense_0/kernel"],
                 scales["encoder_norm/gamma"], scales["head/kernel"]) == expected
-    # The command trains with it: three rates.
-    assert _finetune(tmp_path / "llrd", *arch, "--layer-decay", "0.5") == 0
+    # The command trains with it: three rates (two steps, one evaluation of one batch).
+    assert _finetune(tmp_path / "llrd", *arch, "--layer-decay", "0.5", "--steps", "2", "--eval-every", "2",
+                     "--warmup", "0", "--eval-steps", "1") == 0
     assert "layer decay 0.5 over 3 rates" in capsys.readouterr().out
     assert json.loads((tmp_path / "llrd" / "config.json").read_text())["layer_decay"] == 0.5
     for bad in ("0", "1.5"):
