@@ -26,7 +26,8 @@ def _import_public_api():
     # === Checkpoints, presets and loading ===
     from keras_vit.checkpoints import CheckpointError, read_checkpoint, save_preset, write_npz  # noqa: F401
     from keras_vit.flops import flops, pretraining_exaflops  # noqa: F401
-    from keras_vit.imagenet import decode_predictions, preprocess_input  # noqa: F401
+    from keras_vit.applications import preprocess_input  # noqa: F401
+    from keras_vit.imagenet import decode_predictions  # noqa: F401
     from keras_vit.layers.resize import resize_patch_embedding, resize_position_embedding  # noqa: F401
     from keras_vit.loading import build_from_checkpoint as build_model  # noqa: F401
     from keras_vit.loading import load_checkpoint  # noqa: F401

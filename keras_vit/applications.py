@@ -9,8 +9,40 @@ of the family record (`keras_vit.models.family`).
 
 import keras
 
+from keras_vit import imagenet
 from keras_vit.models.config import UnknownArgumentError, suggest, without_head
-from keras_vit.models.family import families, family_of, get_architecture
+from keras_vit.models.family import families, family_of, get_architecture, input_normalization_of
+
+
+def preprocess_input(images, data_format=None, *, model=None):
+    """Scale uint8 / [0, 255] images to the input a model takes: [-1, 1] (the original ViT
+    checkpoints' range) without `model`; with `model`, the normalisation its weights expect:
+    its own (`config.input_normalization`: CLIP's, DINOv2's ImageNet statistics from timm's
+    pretrained_cfg), else its family's (ImageNet's mean and std for EfficientNet and
+    AxialResNet, [-1, 1] for ViT and BiT).
+
+    Args:
+        images: array or tensor of pixel values in [0, 255] (any shape, channels last).
+        data_format: accepted for keras.applications compatibility; scaling is per pixel, so the
+            layout does not matter.
+        model: a keras_vit model (any family), or None. A model of no keras_vit family is scaled by
+            its `config.input_normalization` if it has one, else to [-1, 1].
+
+    Returns:
+        float32 values (a NumPy array for NumPy input, else a backend tensor).
+
+    Example:
+        >>> import numpy as np
+        >>> preprocess_input(np.array([0, 127.5, 255]))
+        array([-1.,  0.,  1.], dtype=float32)
+    """
+    normalization = None
+    if model is not None:
+        try:
+            normalization = input_normalization_of(model)
+        except ValueError:  # not a keras_vit model: its config's normalisation, if any
+            normalization = None
+    return imagenet.preprocess_input(images, data_format, model=model, normalization=normalization)
 
 
 def _image_size(input_shape, input_tensor, default=(224, 224)):

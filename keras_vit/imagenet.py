@@ -74,18 +74,19 @@ def decode_predictions(preds, top=5):
     return results
 
 
-def preprocess_input(images, data_format=None, *, model=None):
+def preprocess_input(images, data_format=None, *, model=None, normalization=None):
     """Scale uint8 / [0, 255] images to [-1, 1], the input range of the original ViT checkpoints;
-    with `model`, to the input that model's weights expect (its `config.input_normalization`,
-    e.g. CLIP's or ImageNet's mean and std for timm's CLIP and DINOv2 weights).
+    with `normalization` (or a `model` whose `config.input_normalization` is set), to
+    `(images / 255 - mean) / std`. `keras_vit.preprocess_input` is the model-aware face of this
+    function: with `model=` it also applies the normalisation of the model's family.
 
     Args:
         images: array or tensor of pixel values in [0, 255] (any shape, channels last).
         data_format: accepted for keras.applications compatibility; scaling is per pixel, so the
             layout does not matter.
-        model: a VisionTransformer whose `config.input_normalization` is (mean, std) per channel
-            of [0, 1] pixels: images become (images / 255 - mean) / std. None, or a model without
-            one: [-1, 1].
+        model: a model whose `config.input_normalization` is (mean, std) per channel of [0, 1]
+            pixels: images become (images / 255 - mean) / std. None, or a model without one: [-1, 1].
+        normalization: (mean, std) per channel of [0, 1] pixels; it takes precedence over `model`.
 
     Returns:
         float32 values (a NumPy array for NumPy input, else a backend tensor).
@@ -95,7 +96,8 @@ def preprocess_input(images, data_format=None, *, model=None):
         array([-1.,  0.,  1.], dtype=float32)
     """
     del data_format
-    normalization = getattr(getattr(model, "config", None), "input_normalization", None)
+    if normalization is None:
+        normalization = getattr(getattr(model, "config", None), "input_normalization", None)
     if normalization is not None:
         mean, std = (np.asarray(v, dtype="float32") for v in normalization)
         if isinstance(images, (np.ndarray, list, tuple, int, float)):

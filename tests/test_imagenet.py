@@ -77,3 +77,18 @@ def test_preprocess_input_maps_0_255_to_minus_one_one():
     assert out.min() == -1.0 and out.max() == 1.0
     tensor = keras_vit.preprocess_input(keras.ops.convert_to_tensor(np.array([0.0, 127.5, 255.0])))
     np.testing.assert_allclose(keras.ops.convert_to_numpy(tensor), [-1.0, 0.0, 1.0], atol=1e-6)
+
+
+def test_preprocess_input_with_a_model_applies_its_familys_normalisation():
+    """EfficientNet's weights take torchvision's ImageNet statistics (timm's pretrained_cfg); a ViT
+    without its own normalisation takes [-1, 1]."""
+    x = np.array([[[[0, 51, 255], [200, 127, 3]]]], "uint8")
+    efficientnet = keras_vit.EfficientNetB0(weights=None, input_shape=(32, 32, 3), classes=3)
+    mean, std = np.array([0.485, 0.456, 0.406]), np.array([0.229, 0.224, 0.225])
+    out = keras_vit.preprocess_input(x, model=efficientnet)
+    np.testing.assert_allclose(out, (x / 255.0 - mean) / std, rtol=1e-6, atol=1e-6)
+    vit = keras_vit.VisionTransformer(image_size=8, patch_size=4, hidden_size=8, num_layers=1, num_heads=2,
+                                      mlp_dim=8, classes=3)
+    np.testing.assert_allclose(keras_vit.preprocess_input(x, model=vit), x / 127.5 - 1, atol=1e-6)
+    tensor = keras_vit.preprocess_input(keras.ops.convert_to_tensor(x.astype("float32")), model=efficientnet)
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(tensor), (x / 255.0 - mean) / std, rtol=1e-5, atol=1e-5)

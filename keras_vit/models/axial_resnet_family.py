@@ -293,7 +293,7 @@ pooling), blocks per stage {block_units}, width x{width_multiplier}; {params:,} 
 1000 classes.
 
 Inputs are channels-last images. The original normalises them with the ImageNet mean and
-standard deviation (`keras_vit.preprocess_input` maps to [-1, 1] instead).
+standard deviation (`keras_vit.preprocess_input(x, model=model)` applies them; without `model` it maps to [-1, 1]).
 
 Args:
     include_top: whether to end in global average pooling and the linear head.

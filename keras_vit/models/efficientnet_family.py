@@ -479,7 +479,7 @@ al., CVPR 2020). Width x{width_multiplier}, depth x{depth_multiplier}; {params:,
 
 Inputs are channels-last RGB images normalised with the ImageNet mean and standard deviation
 (`(x / 255 - (0.485, 0.456, 0.406)) / (0.229, 0.224, 0.225)`), as timm feeds these weights
-(`keras_vit.preprocess_input` maps to [-1, 1] instead).
+(`keras_vit.preprocess_input(x, model=model)` applies them; without `model` it maps to [-1, 1]).
 
 Args:
     include_top: whether to end in global average pooling, dropout and the classifier.
