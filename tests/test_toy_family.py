@@ -340,3 +340,17 @@ def test_for_finetuning_follows_the_records_transfer_rule(toy):
     # From the weights source itself, and the family's default resolution for the task's images.
     assert training.for_finetuning(toy["folder"], classes=2).image_size == (SIZE, SIZE)
     assert TOY.transfer.default_resolution(model.get_config(), (20, 12)) == (40, 24)
+
+
+def test_registration_refuses_clashes_and_keeps_keras_vits_own(toy):
+    clash = dataclasses.replace(TOY, name="toy2", model=f"{__name__}:ToyNet2",
+                                architectures={"ViTB16": ToyArchitecture("ViTB16", "Toy-B", 8)})
+    with pytest.raises(ValueError, match="clashes with the registered Vision Transformer family: both name ViTB16"):
+        family_module.register_family(clash)
+    with pytest.raises(ValueError, match="'vit' is a family of keras_vit's REGISTRY"):
+        family_module.unregister_family("vit")
+    with pytest.raises(ValueError, match="checkpoint format 'toy' is registered already"):
+        registry.register_format(TOY_FORMAT)
+    with pytest.raises(ValueError, match="No checkpoint format 'npz' was added with register_format"):
+        registry.unregister_format("npz")
+    assert family_of("ViTB16").name == "vit" and "npz" in registry.formats()
