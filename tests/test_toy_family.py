@@ -25,12 +25,7 @@ from keras_vit.geometry import as_pair
 from keras_vit.layers.heads import pooled_classifier
 from keras_vit.models import family as family_module
 from keras_vit.models.config import FieldGroupConfig, config_field
-from keras_vit.models.config_model import (
-    ConfigModel,
-    config_from_arguments,
-    expose_config_fields,
-    serialized_activation,
-)
+from keras_vit.models.config_model import ConfigModel, config_from_arguments, expose_config_fields
 from keras_vit.models.features import FeatureEndpoint, FeatureMaps
 from keras_vit.models.family import ModelFamily, families, family_of, get_family
 from keras_vit.models.transfer import Transfer
@@ -133,7 +128,7 @@ class ToyNet(ConfigModel, FeatureMaps, keras.Model):
         x = pooled_classifier(x, config, dtype, pool="pool", head=lambda x: keras.layers.Dense(
             config.classes, dtype=dtype, name="fc")(keras.layers.Dropout(config.dropout_rate, name="dropout")(x)))
         super().__init__(inputs=images, outputs=x, name=name or "toynet", trainable=trainable)
-        self._model_config = config.replace(classifier_activation=serialized_activation(config.classifier_activation))
+        self._keep_config(config)
 
     def _feature_endpoints(self):
         return [FeatureEndpoint("stem_relu", 2), FeatureEndpoint("stage_relu", 4)]
@@ -272,6 +267,9 @@ def test_family_of_every_form_and_the_config_round_trip(toy):
     again = TOY.build(**TOY.model_kwargs(TOY.checkpoint_config(config)), classifier_activation=None)
     assert {k: v for k, v in again.get_config().items() if k != "name"} == {k: v for k, v in config.items()
                                                                              if k != "name"}
+    # A callable activation is kept by its Keras name, so the config stays JSON (a .keras file).
+    relu = ToyNet(image_size=8, toy_width=2, classes=3, classifier_activation=keras.activations.relu)
+    assert relu.get_config()["classifier_activation"] == "relu" and json.dumps(relu.get_config())
     with pytest.raises(ValueError, match="builds 'toy' models; the config names family 'vit'"):
         ToyNet({**config, "family": "vit"})
 
@@ -342,3 +340,17 @@ def test_for_finetuning_follows_the_records_transfer_rule(toy):
     # From the weights source itself, and the family's default resolution for the task's images.
     assert training.for_finetuning(toy["folder"], classes=2).image_size == (SIZE, SIZE)
     assert TOY.transfer.default_resolution(model.get_config(), (20, 12)) == (40, 24)
+
+
+def test_registration_refuses_clashes_and_keeps_keras_vits_own(toy):
+    clash = dataclasses.replace(TOY, name="toy2", model=f"{__name__}:ToyNet2",
+                                architectures={"ViTB16": ToyArchitecture("ViTB16", "Toy-B", 8)})
+    with pytest.raises(ValueError, match="clashes with the registered Vision Transformer family: both name ViTB16"):
+        family_module.register_family(clash)
+    with pytest.raises(ValueError, match="'vit' is a family of keras_vit's REGISTRY"):
+        family_module.unregister_family("vit")
+    with pytest.raises(ValueError, match="checkpoint format 'toy' is registered already"):
+        registry.register_format(TOY_FORMAT)
+    with pytest.raises(ValueError, match="No checkpoint format 'npz' was added with register_format"):
+        registry.unregister_format("npz")
+    assert family_of("ViTB16").name == "vit" and "npz" in registry.formats()

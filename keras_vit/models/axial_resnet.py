@@ -32,7 +32,6 @@ from keras_vit.models.config_model import (
     ConfigModel,
     config_from_arguments,
     expose_config_fields,
-    serialized_activation,
 )
 from keras_vit.models.export_method import DeploymentExport
 from keras_vit.models.features import FeatureEndpoint, FeatureMaps
@@ -103,10 +102,7 @@ class AxialResNet(DeploymentExport, ConfigModel, FeatureMaps, CheckedLabels, Tra
                               head=lambda x: keras.layers.Dense(config.classes, dtype=dtype, name="fc")(x))
         super().__init__(inputs=images, outputs=x, name=name or "axial_resnet", trainable=trainable)
         compilation.configure_model(self)
-
-        # === Config ===
-        activation = serialized_activation(config.classifier_activation)
-        self._model_config = config.replace(classifier_activation=activation)
+        self._keep_config(config)
 
     @property
     def stride(self):

@@ -23,7 +23,6 @@ from keras_vit.models.config_model import (
     ConfigModel,
     config_from_arguments,
     expose_config_fields,
-    serialized_activation,
 )
 from keras_vit.models.export_method import DeploymentExport
 from keras_vit.models.features import FeatureEndpoint, FeatureMaps
@@ -91,10 +90,7 @@ class BiTResNet(DeploymentExport, ConfigModel, FeatureMaps, CheckedLabels, Trace
         x = pooled_classifier(x, config, dtype, pool="pool", head=head, keepdims=True)
         super().__init__(inputs=images, outputs=x, name=name or "bit_resnet", trainable=trainable)
         compilation.configure_model(self)
-
-        # === Config ===
-        activation = serialized_activation(config.classifier_activation)
-        self._model_config = config.replace(classifier_activation=activation)
+        self._keep_config(config)
 
     @property
     def stride(self):

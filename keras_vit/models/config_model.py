@@ -68,12 +68,18 @@ def model_from_config(cls, config):
 class ConfigModel:
     """Mixin of every keras_vit model class (listed before `keras.Model`): the model's config object,
     `model.config` (the constructor keeps it as `self._model_config`), and its Keras config round
-    trip, `get_config()` (`model_config`) and `from_config` (`model_from_config`)."""
+    trip, `get_config()` (`model_config`) and `from_config` (`model_from_config`); `_keep_config`
+    keeps a config whose classifier activation is to be stored in its serialised form."""
 
     @property
     def config(self):
         """The model's config object (every constructor argument, normalised)."""
         return self._model_config
+
+    def _keep_config(self, config):
+        """Keep `config` as `model.config`, its classifier activation in Keras' serialised form
+        (`serialized_activation`)."""
+        self._model_config = config.replace(classifier_activation=serialized_activation(config.classifier_activation))
 
     def get_config(self):
         return model_config(self)

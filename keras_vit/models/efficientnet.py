@@ -45,7 +45,6 @@ from keras_vit.models.config_model import (
     ConfigModel,
     config_from_arguments,
     expose_config_fields,
-    serialized_activation,
 )
 from keras_vit.models.export_method import DeploymentExport
 from keras_vit.models.features import FeatureEndpoint, FeatureMaps
@@ -182,10 +181,7 @@ class EfficientNet(DeploymentExport, ConfigModel, FeatureMaps, CheckedLabels, Tr
         with _recursion_limit(20 * len(plan) + 2_000):
             super().__init__(inputs=images, outputs=x, name=name or "efficientnet", trainable=trainable)
         compilation.configure_model(self)
-
-        # === Config ===
-        activation = serialized_activation(config.classifier_activation)
-        self._model_config = config.replace(classifier_activation=activation)
+        self._keep_config(config)
 
     @property
     def stride(self):
