@@ -1,8 +1,9 @@
 """Speed settings for keras_vit models that depend on the backend and the device.
 
 The choices are measured (benchmarks/README.md): on CPU, TensorFlow runs a graph of oneDNN
-kernels faster than its XLA path, and only oneDNN uses the AMX/AVX512-BF16 units for bfloat16
-matmuls (XLA:CPU computes them about 10x slower than oneDNN); JAX always compiles with XLA;
+kernels faster than its XLA path, and only its oneDNN graph uses the AMX/AVX512-BF16 units for
+bfloat16 matmuls (TensorFlow's XLA:CPU dot ran at half oneDNN's AVX512-BF16 rate on an AMD EPYC,
+about 10x below its AMX rate on a Sapphire Rapids); JAX always compiles with XLA;
 the PyTorch backend is fastest under torch.compile (Keras' `jit_compile=True`): eager Keras
 spends ~30 ms of Python per ViT-B/16 call on a 2-core CPU, which compiling removes (ViT-B/16
 at batch 1: 0.65x of timm eager, 1.01x compiled). Compiling costs about a minute per input
