@@ -15,6 +15,9 @@ import scipy.ndimage
 
 from keras_vit.layers.resize import interpolation_matrix, resize_position_embedding
 
+# NumPy resize rules against SciPy, timm and PyTorch: no Keras backend takes part.
+pytestmark = pytest.mark.backend_independent
+
 # TensorFlow and triton's bundled LLVM clash in one process (a segfault when triton loads after
 # TensorFlow); the torch references here run on CPU and never need triton.
 sys.modules.setdefault("triton", None)
