@@ -6,7 +6,9 @@ model.safetensors), one per feature of the zoo: DeiT (token), DeiT distilled (tw
 averaged), DeiT-III (layer scale, no_embed_class), DINOv2 S/14 with and without registers, DINOv2
 giant (SwiGLU packed), CLIP B/32 (pre-norm, no patch bias, eps 1e-5) and its QuickGELU form,
 TinyCLIP, SigLIP B/16 MAP and GAP (tanh-GELU), SO150M reg4 MAP (MAP past register tokens), medium GAP 256 (fc_norm), little / betwixt reg4 GAP,
-FlexiViT-S, AIMv2 (RmsNorm, SwiGLU, no qkv/proj bias), and the qkv-bias-free vit_*_gap models.
+FlexiViT-S, AIMv2 (RmsNorm, SwiGLU, no qkv/proj bias), the qkv-bias-free vit_*_gap models,
+the residual post-norm ViT (ResPostBlock), BEiT-3 (sub-LNs in attention and MLP) and test_vit3 (a
+MAP head over the register token too).
 Logits (or, for headless models, the pooled pre-logits features) equal timm's within
 max(2e-5, twice timm's own float32 error against float64), relative to the output's scale.
 """
@@ -44,6 +46,9 @@ CASES = [
     ("betwixt_reg4_gap", "vit_betwixt_patch16_reg4_gap_256", dict(img_size=32)),
     ("flexivit_small", "flexivit_small", dict(img_size=32)),
     ("aimv2_large", "aimv2_large_patch14_224", dict(img_size=28, embed_dim=64, num_heads=4)),
+    ("res_post_norm", "vit_base_patch16_rpn_224", dict(img_size=32, embed_dim=64, num_heads=4)),
+    ("beit3_sub_ln", "beit3_base_patch16_224", dict(img_size=32, embed_dim=64, num_heads=4)),
+    ("map_over_prefix", "test_vit3", dict(img_size=32)),
 ]
 
 
@@ -173,6 +178,6 @@ def test_every_pretrained_tag_maps_to_a_config(capsys):
         for module, (loaded, total, refused) in counts.items():
             print(f"\ntimm {module}.py: {loaded}/{total} pretrained tags load; refused architectures: {refused}")
     assert counts["deit"][0] == counts["deit"][1] == 24
-    assert counts["vision_transformer"][1] == 309 and counts["vision_transformer"][0] >= 293
+    assert counts["vision_transformer"][1] == 309 and counts["vision_transformer"][0] >= 303
     assert counts["beit"][0] == counts["beit"][1] == 13
     assert counts["eva"][1] == 83 and counts["eva"][0] >= 78

@@ -56,12 +56,9 @@ def timm_vit_arguments(architecture):
 
 #: timm switches this package has no layers for, and the value that means "off".
 _UNSUPPORTED = {
-    "block_fn": (None, "Block"),  # parallel and post-norm blocks
+    "block_fn": (None, "Block", "ResPostBlock"),  # parallel blocks
     "attn_layer": (None, "attention"),  # differential attention
-    "scale_attn_norm": (None, False),  # BEiT-3's sub-LN inside attention and MLP
-    "scale_mlp_norm": (None, False),
     "qk_norm": (None, False),
-    "pool_include_prefix": (None, False),
     "dynamic_img_pad": (None, False),
     "pos_embed": (None, "learn", "", "none"),
 }
@@ -104,10 +101,16 @@ def timm_variant(args, source, module="vision_transformer"):
     _refuse_switches(args, _UNSUPPORTED, source, "architecture option",
                      "class/register/distillation tokens, pooling token/avg/map, no_embed_class, pre_norm, fc_norm, "
                      "final_norm, layer scale, qkv/proj bias, LayerNorm/RmsNorm, GELU/tanh-GELU/QuickGELU/SiLU and "
-                     "SwiGLU MLPs")
+                     "SwiGLU MLPs, ResPostBlock, scale_attn_norm/scale_mlp_norm, pool_include_prefix with a MAP head")
     pool = args.get("global_pool", "token")
     if pool not in ("token", "avg", "map", ""):
         raise CheckpointError(f"{source}: timm global_pool={pool!r} is not supported (use 'token', 'avg' or 'map').")
+    if args.get("pool_include_prefix") and pool != "map":
+        raise CheckpointError(f"{source}: timm pool_include_prefix=True with global_pool={pool!r} is not supported "
+                              "(only the MAP head attends over the prefix tokens: global_pool='map').")
+    # ResPostBlock: x + norm1(attn(x)), then y + norm2(mlp(y)); its init_values only initialise
+    # those norms' scales, it has no layer scale.
+    post_norm = args.get("block_fn") == "ResPostBlock"
     class_token = bool(args.get("class_token", True))
     classifier = {"token": "token", "avg": "gap", "map": "map", "": "token" if class_token else "gap"}[pool]
     fc_norm = args.get("fc_norm")
@@ -133,7 +136,7 @@ def timm_variant(args, source, module="vision_transformer"):
         class_token_position_embedding=not args.get("no_embed_class", False),
         patch_embedding_norm=args.get("embed_norm_layer") is not None,
         pre_norm=bool(args.get("pre_norm", False)),
-        layer_scale=args.get("init_values") or None,
+        layer_scale=None if post_norm else args.get("init_values") or None,
         final_norm=bool(args.get("final_norm", True)),
         fc_norm=fc_norm and bool(args.get("final_norm", True)),
         norm=_NORMS[norm],
@@ -142,6 +145,11 @@ def timm_variant(args, source, module="vision_transformer"):
         layer_norm_epsilon=float(norm_args.get("eps", 1e-6 if norm == "LayerNorm" else 1e-5)),
         position_embedding="none" if args.get("pos_embed") in ("", "none") else "learned",
         dynamic_image_size=bool(args.get("dynamic_img_size", False)),
+        post_norm=post_norm,
+        # BEiT-3's sub-LNs: a norm on the attention's output before its projection, one in the MLP.
+        attention_norm=bool(args.get("scale_attn_norm", False)),
+        mlp_norm=bool(args.get("scale_mlp_norm", False)),
+        map_include_prefix=pool == "map" and bool(args.get("pool_include_prefix", False)),
     )
     return variant, mlp
 
