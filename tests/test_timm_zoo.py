@@ -8,7 +8,8 @@ giant (SwiGLU packed), CLIP B/32 (pre-norm, no patch bias, eps 1e-5) and its Qui
 TinyCLIP, SigLIP B/16 MAP and GAP (tanh-GELU), SO150M reg4 MAP (MAP past register tokens), medium GAP 256 (fc_norm), little / betwixt reg4 GAP,
 FlexiViT-S, AIMv2 (RmsNorm, SwiGLU, no qkv/proj bias), the qkv-bias-free vit_*_gap models,
 the residual post-norm ViT (ResPostBlock), BEiT-3 (sub-LNs in attention and MLP) and test_vit3 (a
-MAP head over the register token too).
+MAP head over the register token too), and the parallel ViT (ParallelScalingBlock: attention
+and MLP on one norm, with and without qkv biases).
 Logits (or, for headless models, the pooled pre-logits features) equal timm's within
 max(2e-5, twice timm's own float32 error against float64), relative to the output's scale.
 """
@@ -49,6 +50,8 @@ CASES = [
     ("res_post_norm", "vit_base_patch16_rpn_224", dict(img_size=32, embed_dim=64, num_heads=4)),
     ("beit3_sub_ln", "beit3_base_patch16_224", dict(img_size=32, embed_dim=64, num_heads=4)),
     ("map_over_prefix", "test_vit3", dict(img_size=32)),
+    ("parallel_scaling", "vit_pwee_patch16_reg1_gap_256", dict(img_size=32, embed_dim=64)),
+    ("parallel_scaling_no_qkv_bias", "vit_pwee_patch16_reg1_gap_256", dict(img_size=32, embed_dim=64, qkv_bias=False)),
 ]
 
 
@@ -178,6 +181,33 @@ def test_every_pretrained_tag_maps_to_a_config(capsys):
         for module, (loaded, total, refused) in counts.items():
             print(f"\ntimm {module}.py: {loaded}/{total} pretrained tags load; refused architectures: {refused}")
     assert counts["deit"][0] == counts["deit"][1] == 24
-    assert counts["vision_transformer"][1] == 309 and counts["vision_transformer"][0] >= 303
+    assert counts["vision_transformer"][1] == 309 and counts["vision_transformer"][0] >= 304
     assert counts["beit"][0] == counts["beit"][1] == 13
     assert counts["eva"][1] == 83 and counts["eva"][0] >= 78
+
+
+@pytest.mark.parametrize("case, field, block_field", [("parallel_scaling", "parallel_blocks", "parallel")])
+def test_block_forms_keras_round_trip(saved, tmp_path, case, field, block_field):
+    """A .keras file keeps the block form: the reloaded model has the field and the same outputs,
+    and the encoder block's own config keeps it."""
+    import keras
+
+    from keras_vit.layers.transformer import EncoderBlock
+
+    model = _load(*saved[case])
+    assert getattr(model.config, field)
+    block = next(layer for layer in model._flatten_layers() if isinstance(layer, EncoderBlock))
+    assert getattr(EncoderBlock.from_config(block.get_config()), block_field)
+    path = str(tmp_path / f"{case}.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert getattr(loaded.config, field)
+    x = np.random.default_rng(3).uniform(-1, 1, (1, *model.config.image_size, 3)).astype("float32")
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
+@pytest.mark.backend_independent
+def test_parallel_blocks_refuse_a_second_norm():
+    with pytest.raises(ValueError, match="parallel_blocks=True .* post_norm=True"):
+        ViTConfig(image_size=32, patch_size=16, hidden_size=8, num_layers=1, num_heads=2, mlp_dim=8,
+                  parallel_blocks=True, post_norm=True)

@@ -56,11 +56,12 @@ def timm_vit_arguments(architecture):
 
 #: timm switches this package has no layers for, and the value that means "off".
 _UNSUPPORTED = {
-    "block_fn": (None, "Block", "ResPostBlock"),  # parallel blocks
+    "block_fn": (None, "Block", "ResPostBlock", "ParallelScalingBlock"),  # ParallelThingsBlock
     "attn_layer": (None, "attention"),  # differential attention
     "qk_norm": (None, False),
     "dynamic_img_pad": (None, False),
     "pos_embed": (None, "learn", "", "none"),
+    "fuse_out_proj": (None, False),
 }
 _ACTIVATIONS = {None: None, "gelu": None, "GELU": None, "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu",
                 "silu": "silu", "SiLU": "silu", "swish": "silu"}
@@ -101,7 +102,7 @@ def timm_variant(args, source, module="vision_transformer"):
     _refuse_switches(args, _UNSUPPORTED, source, "architecture option",
                      "class/register/distillation tokens, pooling token/avg/map, no_embed_class, pre_norm, fc_norm, "
                      "final_norm, layer scale, qkv/proj bias, LayerNorm/RmsNorm, GELU/tanh-GELU/QuickGELU/SiLU and "
-                     "SwiGLU MLPs, ResPostBlock, scale_attn_norm/scale_mlp_norm, pool_include_prefix with a MAP head")
+                     "SwiGLU MLPs, ResPostBlock, ParallelScalingBlock, scale_attn_norm/scale_mlp_norm, pool_include_prefix with a MAP head")
     pool = args.get("global_pool", "token")
     if pool not in ("token", "avg", "map", ""):
         raise CheckpointError(f"{source}: timm global_pool={pool!r} is not supported (use 'token', 'avg' or 'map').")
@@ -146,6 +147,7 @@ def timm_variant(args, source, module="vision_transformer"):
         position_embedding="none" if args.get("pos_embed") in ("", "none") else "learned",
         dynamic_image_size=bool(args.get("dynamic_img_size", False)),
         post_norm=post_norm,
+        parallel_blocks=args.get("block_fn") == "ParallelScalingBlock",
         # BEiT-3's sub-LNs: a norm on the attention's output before its projection, one in the MLP.
         attention_norm=bool(args.get("scale_attn_norm", False)),
         mlp_norm=bool(args.get("scale_mlp_norm", False)),
@@ -264,7 +266,7 @@ _VARIANT_DEFAULTS = dict(
     rope_temperature=10000.0, rope_reference_grid=None, rope_grid_offset=0.0, rope_grid_indexing="ij",
     rope_coordinates="index", rope_rotate_half=False, rope_learned_frequencies=False, post_norm=False, map_heads=None, map_mlp_dim=None,
     map_include_prefix=False,
-    attention_norm=False, mlp_norm=False,
+    attention_norm=False, mlp_norm=False, parallel_blocks=False,
 )
 
 # === timm's architecture names ===
@@ -422,6 +424,30 @@ def _mlp_to_tree(r, src, dst, tree, mlp_layer):
     _linear_to_tree(r, src + "fc2", dst + "Dense_1", tree)
 
 
+def _parallel_block_to_tree(r, src, dst, tree, hidden, num_heads, norm):
+    """timm's ParallelScalingBlock: one norm (`in_norm`), one input projection `in_proj` whose rows
+    are [MLP fc1 | q | k | v] (its bias, or the MLP's own `mlp_bias` when qkv_bias=False), the
+    attention's and the MLP's output projections, one layer scale `ls`."""
+    _norm_to_tree(r, src + "in_norm", dst + "LayerNorm_0", tree, norm)
+    weight = r.get(src + "in_proj.weight")
+    width = int(weight.shape[0]) - 3 * hidden
+    bias = r.get(src + "in_proj.bias") if r.has(src + "in_proj.bias") else None
+    att, mlp, hd = dst + "MultiHeadDotProductAttention_1/", dst + "MlpBlock_3/", hidden // num_heads
+    tree[mlp + "Dense_0/kernel"] = _linear(weight[:width])
+    tree[mlp + "Dense_0/bias"] = bias[:width] if bias is not None else r.get(src + "mlp_bias")
+    for j, name in enumerate(("query", "key", "value")):
+        rows = slice(width + j * hidden, width + (j + 1) * hidden)
+        tree[f"{att}{name}/kernel"] = _linear(weight[rows]).reshape(hidden, num_heads, hd)
+        if bias is not None:
+            tree[f"{att}{name}/bias"] = bias[rows].reshape(num_heads, hd)
+    tree[att + "out/kernel"] = _linear(r.get(src + "attn_out_proj.weight")).reshape(num_heads, hd, hidden)
+    if r.has(src + "attn_out_proj.bias"):
+        tree[att + "out/bias"] = r.get(src + "attn_out_proj.bias")
+    _linear_to_tree(r, src + "mlp_out_proj", mlp + "Dense_1", tree)
+    if r.has(src + "ls.gamma"):
+        tree[dst + "LayerScale_0/scale"] = r.get(src + "ls.gamma")
+
+
 def _variant_state_to_tree(r, num_heads, variant, mlp_layer, source):
     """Canonical tree of a timm VisionTransformer with the switches `variant` (timm_variant's)."""
     tree = {"embedding/kernel": _conv(r.get("patch_embed.proj.weight"))}
@@ -442,13 +468,16 @@ def _variant_state_to_tree(r, num_heads, variant, mlp_layer, source):
     blocks = sorted({int(m.group(1)) for m in map(re.compile(r"^blocks\.(\d+)\.").match, r.files) if m})
     for i in blocks:
         src, dst = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
+        if variant.get("parallel_blocks"):
+            _parallel_block_to_tree(r, src, dst, tree, hidden, num_heads, norm)
+            continue
         _norm_to_tree(r, src + "norm1", dst + "LayerNorm_0", tree, norm)
         _attention_to_tree(r, src + "attn.", dst + "MultiHeadDotProductAttention_1/", tree, hidden, num_heads)
         _norm_to_tree(r, src + "norm2", dst + "LayerNorm_2", tree, norm)
         _mlp_to_tree(r, src + "mlp.", dst + "MlpBlock_3/", tree, mlp_layer)
         if variant.get("rope_learned_frequencies"):  # RoPE-Mixed: (2, depth, heads, head_dim / 2), block i's
             tree[f"{dst}MultiHeadDotProductAttention_1/rope_frequencies"] = r.get("rope.freqs")[:, i]
-        for k in (1, 2) if variant["layer_scale"] else ():
+        for k in (1, 2) if variant["layer_scale"] and not variant.get("parallel_blocks") else ():
             gamma = f"{src}ls{k}.gamma" if r.has(f"{src}ls{k}.gamma") else f"{src}gamma_{k}"  # BEiT: gamma_1/2
             tree[f"{dst}LayerScale_{k - 1}/scale"] = r.get(gamma)
     if variant["final_norm"] and not variant["fc_norm"]:

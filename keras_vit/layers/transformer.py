@@ -757,10 +757,13 @@ class EncoderBlock(keras.layers.Layer):
         attention_norm=False,
         mlp_norm=False,
         post_norm=False,
+        parallel=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
         self.post_norm = bool(post_norm)
+        # parallel (timm's ParallelScalingBlock): x + LS(MHA(LN(x)) + MLP(LN(x))), one norm, one layer scale.
+        self.parallel = bool(parallel)
         # EVA-02's rotary position embedding and sub-LNs (MultiHeadDotProductAttention's `rotary`
         # and `output_norm`, MlpBlock's `norm`).
         self.rotary = None if rotary is None else _rotary_config(rotary)
@@ -802,7 +805,7 @@ class EncoderBlock(keras.layers.Layer):
             name="MultiHeadDotProductAttention_1",
         )
         self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=policy, name="dropout")
-        self.norm_2 = make_norm(self.norm, self.layer_norm_epsilon, policy, "LayerNorm_2")
+        self.norm_2 = None if self.parallel else make_norm(self.norm, self.layer_norm_epsilon, policy, "LayerNorm_2")
         self.mlp = MlpBlock(
             self.mlp_dim, self.dropout_rate, self.gelu_approximate, activation=self.mlp_activation, glu=self.glu,
             use_bias=self.projection_bias, norm=self.mlp_norm, norm_kind=self.norm,
@@ -811,12 +814,13 @@ class EncoderBlock(keras.layers.Layer):
         self.layer_scales = None
         if self.layer_scale is not None:
             self.layer_scales = tuple(
-                LayerScale(self.layer_scale, dtype=policy, name=f"LayerScale_{i}") for i in range(2)
+                LayerScale(self.layer_scale, dtype=policy, name=f"LayerScale_{i}") for i in range(1 if self.parallel else 2)
             )
 
     def build(self, input_shape):
         for sub in (self.norm_0, self.attention, self.norm_2, self.mlp, *(self.layer_scales or ())):
-            sub.build(input_shape)
+            if sub is not None:
+                sub.build(input_shape)
 
     def call(self, x, training=None, return_attention_weights=False):
         seeds = self._dropout_seeds(training)
@@ -845,6 +849,8 @@ class EncoderBlock(keras.layers.Layer):
 
     def _block(self, x, training=None, return_attention_weights=False, seeds=None):
         attention_seed, residual_seed, *mlp_seeds = seeds or (None,) * 4
+        if self.parallel:
+            return self._parallel_block(x, training, return_attention_weights, seeds or (None,) * 4)
         # post_norm (EVA-02 enormous): the norms follow the branches, x + LN(MHA(x)), y + LN(MLP(y)).
         pre, post = (_identity, self.norm_0) if self.post_norm else (self.norm_0, _identity)
         y = self.attention(pre(x), training=training, return_attention_weights=return_attention_weights,
@@ -864,6 +870,20 @@ class EncoderBlock(keras.layers.Layer):
         x = x + y
         return (x, weights) if return_attention_weights else x
 
+    def _parallel_block(self, x, training, return_attention_weights, seeds):
+        attention_seed, residual_seed, *mlp_seeds = seeds
+        h = self.norm_0(x)
+        y = self.attention(h, training=training, return_attention_weights=return_attention_weights,
+                           dropout_seed=attention_seed)
+        if return_attention_weights:
+            y, weights = y
+        y = _dropout(self.dropout, y, training, residual_seed)
+        y = y + self.mlp(h, training=training, dropout_seeds=tuple(mlp_seeds))
+        if self.layer_scales is not None:
+            y = self.layer_scales[0](y)
+        x = x + y
+        return (x, weights) if return_attention_weights else x
+
     def compute_output_shape(self, input_shape):
         return input_shape
 
@@ -873,7 +893,8 @@ class EncoderBlock(keras.layers.Layer):
     def weight_tree_variables(self):
         tree = {f"LayerNorm_0/{k}": v for k, v in layer_norm_variables(self.norm_0).items()}
         tree.update({f"MultiHeadDotProductAttention_1/{k}": v for k, v in self.attention.weight_tree_variables().items()})
-        tree.update({f"LayerNorm_2/{k}": v for k, v in layer_norm_variables(self.norm_2).items()})
+        if self.norm_2 is not None:
+            tree.update({f"LayerNorm_2/{k}": v for k, v in layer_norm_variables(self.norm_2).items()})
         tree.update({f"MlpBlock_3/{k}": v for k, v in self.mlp.weight_tree_variables().items()})
         for scale in self.layer_scales or ():
             tree[f"{scale.name}/scale"] = scale.scale
@@ -895,7 +916,7 @@ class EncoderBlock(keras.layers.Layer):
             config.update(relative_position_bias=list(self.relative_position_bias))
         if self.rotary is not None:
             config.update(rotary=dict(self.rotary))
-        for key in ("attention_norm", "mlp_norm", "post_norm"):
+        for key in ("attention_norm", "mlp_norm", "post_norm", "parallel"):
             if getattr(self, key):
                 config[key] = True
         if self.remat:

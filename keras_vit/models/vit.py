@@ -115,6 +115,7 @@ def _graph(config, dtype):
             attention_norm=c.attention_norm,
             mlp_norm=c.mlp_norm,
             post_norm=c.post_norm,
+            parallel=c.parallel_blocks,
             dtype=dtype,
             name=f"encoderblock_{i}",
         )(x)
@@ -223,6 +224,8 @@ class VisionTransformer(
             (None: the encoder's), and whether it attends over the prefix tokens too.
         post_norm: blocks that normalise their branches' outputs instead of their inputs,
             x + LN(MHA(x)) then y + LN(MLP(y)) (EVA-02 enormous).
+        parallel_blocks: attention and MLP side by side on one norm of the block's input,
+            x + LS(MHA(LN(x)) + MLP(LN(x))) (timm's ParallelScalingBlock, ViT-22B's block).
         num_channels: input channels.
         layer_norm_epsilon, gelu_approximate, group_norm_epsilon, std_conv_epsilon,
         std_conv_epsilon_inside_sqrt: the numerics of the weights' source (see

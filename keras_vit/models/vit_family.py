@@ -365,6 +365,9 @@ class ViTConfig(FieldGroupConfig):
         "architecture", False, doc="whether the MAP head attends over the prefix tokens too (timm's Eva pool)")
     post_norm: bool = config_field(
         "architecture", False, doc="blocks normalise their branches' outputs, x + LN(MHA(x)) (EVA-02 enormous)")
+    parallel_blocks: bool = config_field(
+        "architecture", False,
+        doc="attention and MLP side by side on one norm, x + LS(MHA(LN(x)) + MLP(LN(x))) (timm's ParallelScalingBlock)")
     input_normalization: tuple = config_field(
         "input", None, doc="(mean, std) per channel of [0, 1] pixels the weights expect; None: [-1, 1] inputs"
     )
@@ -488,7 +491,7 @@ class ViTConfig(FieldGroupConfig):
         for key in ("distillation_token", "patch_embedding_bias", "patch_embedding_norm", "pre_norm",
                     "qkv_bias", "projection_bias", "final_norm", "fc_norm", "glu", "relative_position_bias",
                     "rotary_position_embedding", "attention_norm", "mlp_norm", "rope_rotate_half", "post_norm",
-                    "map_include_prefix", "rope_learned_frequencies"):
+                    "map_include_prefix", "rope_learned_frequencies", "parallel_blocks"):
             set_(key, bool(getattr(self, key)))
         registers = self.register_tokens
         if isinstance(registers, bool) or not isinstance(registers, int) and not hasattr(registers, "__index__") or (
@@ -512,6 +515,11 @@ class ViTConfig(FieldGroupConfig):
             raise ValueError(
                 "distillation_token=True reads the class and distillation tokens (DeiT); it needs classifier='token'."
             )
+        clashing = [k for k in ("post_norm", "mlp_norm") if getattr(self, k)]
+        if self.parallel_blocks and clashing:
+            raise ValueError(
+                f"parallel_blocks=True runs attention and MLP on one norm of the block's input; {clashing[0]}=True "
+                "has no place in it (timm's ParallelScalingBlock has neither). Set one of them to False.")
         for key in ("map_heads", "map_mlp_dim"):
             value = getattr(self, key)
             if value is not None:
