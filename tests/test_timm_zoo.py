@@ -9,7 +9,8 @@ TinyCLIP, SigLIP B/16 MAP and GAP (tanh-GELU), SO150M reg4 MAP (MAP past registe
 FlexiViT-S, AIMv2 (RmsNorm, SwiGLU, no qkv/proj bias), the qkv-bias-free vit_*_gap models,
 the residual post-norm ViT (ResPostBlock), BEiT-3 (sub-LNs in attention and MLP) and test_vit3 (a
 MAP head over the register token too), and the parallel ViT (ParallelScalingBlock: attention
-and MLP on one norm, with and without qkv biases).
+and MLP on one norm, with and without qkv biases), and differential attention in plain and parallel
+blocks (vit_dwee, vit_dpwee: lambda_init per block, the fused out projection).
 Logits (or, for headless models, the pooled pre-logits features) equal timm's within
 max(2e-5, twice timm's own float32 error against float64), relative to the output's scale.
 """
@@ -52,6 +53,8 @@ CASES = [
     ("map_over_prefix", "test_vit3", dict(img_size=32)),
     ("parallel_scaling", "vit_pwee_patch16_reg1_gap_256", dict(img_size=32, embed_dim=64)),
     ("parallel_scaling_no_qkv_bias", "vit_pwee_patch16_reg1_gap_256", dict(img_size=32, embed_dim=64, qkv_bias=False)),
+    ("differential", "vit_dwee_patch16_reg1_gap_256", dict(img_size=32, embed_dim=64, depth=3)),
+    ("differential_parallel", "vit_dpwee_patch16_reg1_gap_256", dict(img_size=32, embed_dim=64, depth=3)),
 ]
 
 
@@ -90,7 +93,7 @@ def saved(tmp_path_factory):
 
     out = {}
     for case, arch, overrides in CASES:
-        args = dict(depth=2, **overrides)
+        args = dict(dict(depth=2), **overrides)
         model = randomize_torch(timm.create_model(arch, pretrained=False, **args), seed=len(out))
         folder = tmp_path_factory.mktemp(case)
         save_for_hf(model, folder, safe_serialization=True, model_args=args)
@@ -181,12 +184,13 @@ def test_every_pretrained_tag_maps_to_a_config(capsys):
         for module, (loaded, total, refused) in counts.items():
             print(f"\ntimm {module}.py: {loaded}/{total} pretrained tags load; refused architectures: {refused}")
     assert counts["deit"][0] == counts["deit"][1] == 24
-    assert counts["vision_transformer"][1] == 309 and counts["vision_transformer"][0] >= 304
+    assert counts["vision_transformer"][1] == 309 and counts["vision_transformer"][0] == 309
     assert counts["beit"][0] == counts["beit"][1] == 13
     assert counts["eva"][1] == 83 and counts["eva"][0] >= 78
 
 
-@pytest.mark.parametrize("case, field, block_field", [("parallel_scaling", "parallel_blocks", "parallel")])
+@pytest.mark.parametrize("case, field, block_field", [("parallel_scaling", "parallel_blocks", "parallel"),
+                                                       ("differential", "differential_attention", "differential")])
 def test_block_forms_keras_round_trip(saved, tmp_path, case, field, block_field):
     """A .keras file keeps the block form: the reloaded model has the field and the same outputs,
     and the encoder block's own config keeps it."""
@@ -197,7 +201,7 @@ def test_block_forms_keras_round_trip(saved, tmp_path, case, field, block_field)
     model = _load(*saved[case])
     assert getattr(model.config, field)
     block = next(layer for layer in model._flatten_layers() if isinstance(layer, EncoderBlock))
-    assert getattr(EncoderBlock.from_config(block.get_config()), block_field)
+    assert getattr(EncoderBlock.from_config(block.get_config()), block_field) == getattr(block, block_field)
     path = str(tmp_path / f"{case}.keras")
     model.save(path)
     loaded = keras.saving.load_model(path)
@@ -207,7 +211,11 @@ def test_block_forms_keras_round_trip(saved, tmp_path, case, field, block_field)
 
 
 @pytest.mark.backend_independent
-def test_parallel_blocks_refuse_a_second_norm():
+def test_block_forms_refuse_what_they_cannot_hold():
+    size = dict(image_size=32, patch_size=16, num_layers=1, mlp_dim=8)
     with pytest.raises(ValueError, match="parallel_blocks=True .* post_norm=True"):
-        ViTConfig(image_size=32, patch_size=16, hidden_size=8, num_layers=1, num_heads=2, mlp_dim=8,
-                  parallel_blocks=True, post_norm=True)
+        ViTConfig(hidden_size=8, num_heads=2, parallel_blocks=True, post_norm=True, **size)
+    with pytest.raises(ValueError, match="differential_attention=True .* even head size .* = 3"):
+        ViTConfig(hidden_size=6, num_heads=2, differential_attention=True, **size)
+    with pytest.raises(ValueError, match="differential_attention=True .* no rotary"):
+        ViTConfig(hidden_size=16, num_heads=2, differential_attention=True, rotary_position_embedding=True, **size)

@@ -56,8 +56,9 @@ def timm_vit_arguments(architecture):
 
 #: timm switches this package has no layers for, and the value that means "off".
 _UNSUPPORTED = {
-    "block_fn": (None, "Block", "ResPostBlock", "ParallelScalingBlock"),  # ParallelThingsBlock
-    "attn_layer": (None, "attention"),  # differential attention
+    "block_fn": (None, "Block", "ResPostBlock", "ParallelScalingBlock", "DiffParallelScalingBlock"),
+    "attn_layer": (None, "attention", "diff"),
+    "dual_lambda": (None, False),  # differential attention's two-scalar lambda
     "qk_norm": (None, False),
     "dynamic_img_pad": (None, False),
     "pos_embed": (None, "learn", "", "none"),
@@ -102,7 +103,7 @@ def timm_variant(args, source, module="vision_transformer"):
     _refuse_switches(args, _UNSUPPORTED, source, "architecture option",
                      "class/register/distillation tokens, pooling token/avg/map, no_embed_class, pre_norm, fc_norm, "
                      "final_norm, layer scale, qkv/proj bias, LayerNorm/RmsNorm, GELU/tanh-GELU/QuickGELU/SiLU and "
-                     "SwiGLU MLPs, ResPostBlock, ParallelScalingBlock, scale_attn_norm/scale_mlp_norm, pool_include_prefix with a MAP head")
+                     "SwiGLU MLPs, ResPostBlock, ParallelScalingBlock, differential attention, scale_attn_norm/scale_mlp_norm, pool_include_prefix with a MAP head")
     pool = args.get("global_pool", "token")
     if pool not in ("token", "avg", "map", ""):
         raise CheckpointError(f"{source}: timm global_pool={pool!r} is not supported (use 'token', 'avg' or 'map').")
@@ -147,7 +148,8 @@ def timm_variant(args, source, module="vision_transformer"):
         position_embedding="none" if args.get("pos_embed") in ("", "none") else "learned",
         dynamic_image_size=bool(args.get("dynamic_img_size", False)),
         post_norm=post_norm,
-        parallel_blocks=args.get("block_fn") == "ParallelScalingBlock",
+        parallel_blocks=args.get("block_fn") in ("ParallelScalingBlock", "DiffParallelScalingBlock"),
+        differential_attention=args.get("attn_layer") == "diff" or args.get("block_fn") == "DiffParallelScalingBlock",
         # BEiT-3's sub-LNs: a norm on the attention's output before its projection, one in the MLP.
         attention_norm=bool(args.get("scale_attn_norm", False)),
         mlp_norm=bool(args.get("scale_mlp_norm", False)),
@@ -266,7 +268,7 @@ _VARIANT_DEFAULTS = dict(
     rope_temperature=10000.0, rope_reference_grid=None, rope_grid_offset=0.0, rope_grid_indexing="ij",
     rope_coordinates="index", rope_rotate_half=False, rope_learned_frequencies=False, post_norm=False, map_heads=None, map_mlp_dim=None,
     map_include_prefix=False,
-    attention_norm=False, mlp_norm=False, parallel_blocks=False,
+    attention_norm=False, mlp_norm=False, parallel_blocks=False, differential_attention=False,
 )
 
 # === timm's architecture names ===
@@ -397,6 +399,7 @@ def _attention_to_tree(r, src, dst, tree, hidden, num_heads):
         tree[f"{dst}relative_position_bias_table"] = r.get(src + "relative_position_bias_table")
     if r.has(src + "relative_position_index"):  # a constant of the grid (older files store it)
         r.get(src + "relative_position_index")
+    _differential_to_tree(r, src, dst, tree)
     _attention_out_to_tree(r, src, dst, tree, hidden, num_heads)
 
 
@@ -424,6 +427,14 @@ def _mlp_to_tree(r, src, dst, tree, mlp_layer):
     _linear_to_tree(r, src + "fc2", dst + "Dense_1", tree)
 
 
+def _differential_to_tree(r, src, dst, tree):
+    """Differential attention's lambda vectors and sub-norm (timm's DiffAttention), when present."""
+    if r.has(src + "sub_norm.weight"):
+        tree[dst + "sub_norm/scale"] = r.get(src + "sub_norm.weight")
+        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            tree[dst + name] = r.get(src + name)
+
+
 def _parallel_block_to_tree(r, src, dst, tree, hidden, num_heads, norm):
     """timm's ParallelScalingBlock: one norm (`in_norm`), one input projection `in_proj` whose rows
     are [MLP fc1 | q | k | v] (its bias, or the MLP's own `mlp_bias` when qkv_bias=False), the
@@ -440,10 +451,19 @@ def _parallel_block_to_tree(r, src, dst, tree, hidden, num_heads, norm):
         tree[f"{att}{name}/kernel"] = _linear(weight[rows]).reshape(hidden, num_heads, hd)
         if bias is not None:
             tree[f"{att}{name}/bias"] = bias[rows].reshape(num_heads, hd)
-    tree[att + "out/kernel"] = _linear(r.get(src + "attn_out_proj.weight")).reshape(num_heads, hd, hidden)
-    if r.has(src + "attn_out_proj.bias"):
-        tree[att + "out/bias"] = r.get(src + "attn_out_proj.bias")
-    _linear_to_tree(r, src + "mlp_out_proj", mlp + "Dense_1", tree)
+    _differential_to_tree(r, src, att, tree)
+    if r.has(src + "out_proj.weight"):  # DiffParallelScalingBlock: one out projection of [attention | MLP]
+        out = r.get(src + "out_proj.weight")
+        tree[att + "out/kernel"] = _linear(out[:, :hidden]).reshape(num_heads, hd, hidden)
+        tree[mlp + "Dense_1/kernel"] = _linear(out[:, hidden:])
+        if r.has(src + "out_proj.bias"):  # one bias for the sum: the attention's, the MLP's zero
+            tree[att + "out/bias"] = r.get(src + "out_proj.bias")
+            tree[mlp + "Dense_1/bias"] = LazyArray(lambda: np.zeros(hidden, np.float32), (hidden,))
+    else:
+        tree[att + "out/kernel"] = _linear(r.get(src + "attn_out_proj.weight")).reshape(num_heads, hd, hidden)
+        if r.has(src + "attn_out_proj.bias"):
+            tree[att + "out/bias"] = r.get(src + "attn_out_proj.bias")
+        _linear_to_tree(r, src + "mlp_out_proj", mlp + "Dense_1", tree)
     if r.has(src + "ls.gamma"):
         tree[dst + "LayerScale_0/scale"] = r.get(src + "ls.gamma")
 

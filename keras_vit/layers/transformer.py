@@ -358,13 +358,21 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
     first-axis position x frequencies[0] + second-axis position x frequencies[1].
     `output_norm=True` normalises the heads' concatenated output before the out projection
     (EVA-02 CLIP's sub-LN, timm's `scale_attn_inner`), with `norm` and `norm_epsilon`.
+    `differential=lambda_init` makes it differential attention (Ye et al. 2024, timm's
+    DiffAttention): each head's query and key split into two halves, each half-pair gives a
+    softmax map (scaled by 1/sqrt(head_dim / 2)), the head attends with map1 - lambda * map2,
+    lambda = exp(lambda_q1 . lambda_k1) - exp(lambda_q2 . lambda_k2) + lambda_init, and its output
+    is RMS-normalised (`sub_norm`, eps 1e-5) and scaled by 1 - lambda_init. The returned attention
+    weights are the signed difference.
     int8 quantization lives in `layers.quantized.Int8AttentionMixin`.
     """
 
     def __init__(self, num_heads, attention_dropout_rate=0.0, relative_positions=None, use_bias=True, out_bias=True,
                  relative_position_bias=None, rotary=None, output_norm=False, norm="layer_norm", norm_epsilon=1e-6,
-                 **kwargs):
+                 differential=None, **kwargs):
         super().__init__(**kwargs)
+        self.differential = None if differential is None else float(differential)
+        self.sub_norm = None if differential is None else make_norm("rms_norm", 1e-5, self.dtype_policy, "sub_norm")
         self.rotary = None if rotary is None else _rotary_config(rotary)
         self.output_norm_enabled = bool(output_norm)
         self.norm = norm
@@ -452,6 +460,14 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
                     self.rotary["rotate_half"])
         if self.output_norm is not None:
             self.output_norm.build((None, self.num_heads * head_dim))
+        if self.differential is not None:
+            if head_dim % 2 or self.rotary is not None or self.relative_positions or self.relative_position_bias:
+                raise ValueError(f"Differential attention splits each head's query and key in two: it needs an even "
+                                 f"head size (got {head_dim}) and no rotary or relative position terms.")
+            init = _init(keras.initializers.RandomNormal(stddev=0.1))
+            for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+                setattr(self, name, self.add_weight(name=name, shape=(head_dim // 2,), initializer=init))
+            self.sub_norm.build((None, head_dim))
         if quantized:
             self._int8_build(hidden, self.num_heads * head_dim, getattr(self, "quantization_config", None))
             self._is_quantized = True
@@ -500,6 +516,8 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         """Scaled dot-product attention of (batch, tokens, heads, head_dim) q/k/v; returns the
         heads concatenated as (batch * tokens, heads * head_dim) and the weights (or None). The
         attention-weight dropout draws its mask from `dropout_seed` when one is given."""
+        if self.differential is not None:
+            return self._differential_attend(q, k, v, training, dropout_seed)
         if self.rotary is not None:
             q, k = self._rotate(q), self._rotate(k)
         scale = 1.0 / float(self.head_dim) ** 0.5
@@ -522,6 +540,25 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         else:
             weights = None
             y = dot_product_attention(q, k, v, scale)
+        y = ops.reshape(y, (-1, self.num_heads * self.head_dim))
+        if self.output_norm is not None:
+            y = self.output_norm(y)
+        return y, weights
+
+    def _differential_attend(self, q, k, v, training, dropout_seed=None):
+        """Differential attention (see the class docstring) of (batch, tokens, heads, head_dim)
+        q/k/v: heads concatenated as (batch * tokens, heads * head_dim), and the signed weights."""
+        shape = ops.shape(q)
+        half = self.head_dim // 2
+        split = (shape[0], shape[1], self.num_heads, 2, half)  # timm's sub-heads 2h and 2h + 1
+        q = ops.reshape(q, split) * ops.cast(1.0 / float(half) ** 0.5, q.dtype)
+        logits = ops.cast(ops.einsum("bqhsk,bthsk->bhsqt", q, ops.reshape(k, split)), "float32")
+        weights = _dropout(self.dropout, ops.softmax(logits, axis=-1), training, dropout_seed)
+        lambda_ = ops.exp(ops.sum(ops.cast(self.lambda_q1, "float32") * ops.cast(self.lambda_k1, "float32")))
+        lambda_ = lambda_ - ops.exp(ops.sum(ops.cast(self.lambda_q2, "float32") * ops.cast(self.lambda_k2, "float32")))
+        weights = weights[:, :, 0] - (lambda_ + self.differential) * weights[:, :, 1]
+        weights = ops.cast(weights, v.dtype)
+        y = self.sub_norm(ops.einsum("bhqt,bthk->bqhk", weights, v)) * ops.cast(1.0 - self.differential, v.dtype)
         y = ops.reshape(y, (-1, self.num_heads * self.head_dim))
         if self.output_norm is not None:
             y = self.output_norm(y)
@@ -589,6 +626,9 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
             tree.update({f"norm/{k}": v for k, v in layer_norm_variables(self.output_norm).items()})
         if getattr(self, "rope_frequencies", None) is not None:
             tree["rope_frequencies"] = self.rope_frequencies
+        if self.differential is not None:
+            tree.update({n: getattr(self, n) for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")})
+            tree["sub_norm/scale"] = self.sub_norm.gamma
         return tree
 
     def get_config(self):
@@ -602,6 +642,8 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
             config.update(rotary=dict(self.rotary))
         if self.output_norm is not None:
             config.update(output_norm=True, norm=self.norm, norm_epsilon=self.norm_epsilon)
+        if self.differential is not None:
+            config.update(differential=self.differential)
         if not self.use_bias:
             config.update(use_bias=False)
         if not self.out_bias_enabled:
@@ -758,9 +800,12 @@ class EncoderBlock(keras.layers.Layer):
         mlp_norm=False,
         post_norm=False,
         parallel=False,
+        differential=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        # differential attention's lambda_init (MultiHeadDotProductAttention's `differential`).
+        self.differential = None if differential is None else float(differential)
         self.post_norm = bool(post_norm)
         # parallel (timm's ParallelScalingBlock): x + LS(MHA(LN(x)) + MLP(LN(x))), one norm, one layer scale.
         self.parallel = bool(parallel)
@@ -801,6 +846,7 @@ class EncoderBlock(keras.layers.Layer):
             output_norm=self.attention_norm,
             norm=self.norm,
             norm_epsilon=self.layer_norm_epsilon,
+            differential=self.differential,
             dtype=policy,
             name="MultiHeadDotProductAttention_1",
         )
@@ -919,6 +965,8 @@ class EncoderBlock(keras.layers.Layer):
         for key in ("attention_norm", "mlp_norm", "post_norm", "parallel"):
             if getattr(self, key):
                 config[key] = True
+        if self.differential is not None:
+            config.update(differential=self.differential)
         if self.remat:
             config.update(remat=True)
         defaults = dict(qkv_bias=True, projection_bias=True, layer_scale=None, norm="layer_norm", mlp_activation=None,

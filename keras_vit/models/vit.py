@@ -1,5 +1,7 @@
 """The VisionTransformer model: ViT and R+ViT hybrids as one functional Keras model."""
 
+import math
+
 import keras
 
 from keras_vit import compilation
@@ -116,6 +118,8 @@ def _graph(config, dtype):
             mlp_norm=c.mlp_norm,
             post_norm=c.post_norm,
             parallel=c.parallel_blocks,
+            # timm's DiffAttention: lambda_init = 0.8 - 0.6 exp(-0.3 i) in block i
+            differential=0.8 - 0.6 * math.exp(-0.3 * i) if c.differential_attention else None,
             dtype=dtype,
             name=f"encoderblock_{i}",
         )(x)
@@ -224,6 +228,8 @@ class VisionTransformer(
             (None: the encoder's), and whether it attends over the prefix tokens too.
         post_norm: blocks that normalise their branches' outputs instead of their inputs,
             x + LN(MHA(x)) then y + LN(MLP(y)) (EVA-02 enormous).
+        differential_attention: differential attention in every block (timm's DiffAttention:
+            softmax(q1 k1) - lambda softmax(q2 k2) per head, lambda learned, sub-norm on the output).
         parallel_blocks: attention and MLP side by side on one norm of the block's input,
             x + LS(MHA(LN(x)) + MLP(LN(x))) (timm's ParallelScalingBlock, ViT-22B's block).
         num_channels: input channels.

@@ -365,6 +365,9 @@ class ViTConfig(FieldGroupConfig):
         "architecture", False, doc="whether the MAP head attends over the prefix tokens too (timm's Eva pool)")
     post_norm: bool = config_field(
         "architecture", False, doc="blocks normalise their branches' outputs, x + LN(MHA(x)) (EVA-02 enormous)")
+    differential_attention: bool = config_field(
+        "architecture", False,
+        doc="differential attention: two softmax maps per head, map1 - lambda map2 (timm's DiffAttention)")
     parallel_blocks: bool = config_field(
         "architecture", False,
         doc="attention and MLP side by side on one norm, x + LS(MHA(LN(x)) + MLP(LN(x))) (timm's ParallelScalingBlock)")
@@ -491,7 +494,7 @@ class ViTConfig(FieldGroupConfig):
         for key in ("distillation_token", "patch_embedding_bias", "patch_embedding_norm", "pre_norm",
                     "qkv_bias", "projection_bias", "final_norm", "fc_norm", "glu", "relative_position_bias",
                     "rotary_position_embedding", "attention_norm", "mlp_norm", "rope_rotate_half", "post_norm",
-                    "map_include_prefix", "rope_learned_frequencies", "parallel_blocks"):
+                    "map_include_prefix", "rope_learned_frequencies", "parallel_blocks", "differential_attention"):
             set_(key, bool(getattr(self, key)))
         registers = self.register_tokens
         if isinstance(registers, bool) or not isinstance(registers, int) and not hasattr(registers, "__index__") or (
@@ -520,6 +523,13 @@ class ViTConfig(FieldGroupConfig):
             raise ValueError(
                 f"parallel_blocks=True runs attention and MLP on one norm of the block's input; {clashing[0]}=True "
                 "has no place in it (timm's ParallelScalingBlock has neither). Set one of them to False.")
+        if self.differential_attention and (self.rotary_position_embedding or self.relative_position_bias
+                                            or self.position_embedding == "relative"
+                                            or (self.hidden_size // self.num_heads) % 2):
+            raise ValueError(
+                "differential_attention=True splits each head's query and key in two halves: it needs an even head "
+                f"size (hidden_size / num_heads = {self.hidden_size // self.num_heads}) and no rotary or relative "
+                "position terms in the attention. Change num_heads, or turn those off.")
         for key in ("map_heads", "map_mlp_dim"):
             value = getattr(self, key)
             if value is not None:
