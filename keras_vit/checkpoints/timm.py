@@ -10,8 +10,7 @@ timm's ViT zoo (every architecture of its vision_transformer.py and deit.py, and
 beit.py) is read from the table `timm_vit_architectures.json` (written by weights/timm_vit_table.py
 from timm's entrypoints): the architecture's switches, overridden by config.json's `model_args` as
 timm overrides them, become the VisionTransformer's variant fields; `pretrained_cfg`'s mean and std
-become its `input_normalization`. The table also lists eva.py, whose architectures are refused
-(rotary position embeddings are not built).
+become its `input_normalization`. eva.py's Eva models map onto the same fields.
 """
 
 import os
@@ -196,16 +195,14 @@ def _beit_variant(args, source):
 _EVA_UNSUPPORTED = {
     "attn_type": (None, "eva", "rope"),  # "rope": timm's AttentionRope (qkv biases fused)
     "rope_type": (None, "cat", "dinov3", "mixed"),  # mrope rotary embeddings
-    "qk_norm": (None, False),
-    "num_kv_heads": (None,),  # grouped-query attention
-    "attn_only_layer_scale": (None, False),
     "gated_attn": (None, False),
     "attn_head_dim": (None,),
     "dynamic_img_pad": (None, False),
 }
 _EVA_SUPPORTED = ("EVA and EVA-02: class and register tokens, absolute and rotary (EVA's 'cat', DINOv3's, mixed) position "
                   "embeddings, fused or separate q/k/v, sub-LN in attention (scale_attn_inner) and MLP (scale_mlp), "
-                  "SwiGLU, layer scale, post-norm blocks, average, token or attention pooling, fc_norm, pre-norm")
+                  "SwiGLU, layer scale (attn_only_layer_scale too), post-norm blocks, average, token or attention "
+                  "pooling, fc_norm, pre-norm, q/k norm, grouped-query attention (num_kv_heads)")
 
 
 def _eva_variant(args, source):
@@ -255,9 +252,20 @@ def _eva_variant(args, source):
         rope_learned_frequencies=rope and args.get("rope_type") == "mixed",
         attention_norm=bool(args.get("scale_attn_inner", False)), mlp_norm=scale_mlp,
         post_norm=bool(args.get("use_post_norm", False)),
+        qk_norm=bool(args.get("qk_norm", False)), num_kv_heads=_kv_heads(args),
+        attention_only_layer_scale=bool(args.get("attn_only_layer_scale", False)) and bool(args.get("init_values")),
         # Eva's attention pool reads every token, its heads and MLP ratio its own (attn_pool_*).
         map_heads=args.get("attn_pool_num_heads") if pool == "map" else None, map_include_prefix=pool == "map")
     return variant, mlp_layer
+
+
+def _kv_heads(args):
+    """Eva's num_kv_heads (None, one count, or one per block) as the num_kv_heads field: None
+    when every block has num_heads key/value heads, else a tuple per block (as timm expands it)."""
+    value, heads, depth = args.get("num_kv_heads"), args.get("num_heads"), args.get("depth")
+    counts = list(value) if isinstance(value, (list, tuple)) else [value] * int(depth or 1)
+    counts = [heads if c is None else int(c) for c in counts]
+    return None if all(c == heads for c in counts) else tuple(counts)
 
 
 _VARIANT_DEFAULTS = dict(
@@ -268,7 +276,8 @@ _VARIANT_DEFAULTS = dict(
     rope_temperature=10000.0, rope_reference_grid=None, rope_grid_offset=0.0, rope_grid_indexing="ij",
     rope_coordinates="index", rope_rotate_half=False, rope_learned_frequencies=False, post_norm=False, map_heads=None, map_mlp_dim=None,
     map_include_prefix=False,
-    attention_norm=False, mlp_norm=False, parallel_blocks=False, differential_attention=False,
+    attention_norm=False, mlp_norm=False, parallel_blocks=False, differential_attention=False, qk_norm=False,
+    num_kv_heads=None, attention_only_layer_scale=False,
 )
 
 # === timm's architecture names ===
@@ -370,13 +379,19 @@ def _linear_to_tree(r, src, dst, tree, rows=None):
 
 def _attention_to_tree(r, src, dst, tree, hidden, num_heads):
     hd = hidden // num_heads
+    for timm_name, name in (("q_norm", "query_norm"), ("k_norm", "key_norm")):  # qk_norm, per head
+        if r.has(f"{src}{timm_name}.weight"):
+            _norm_to_tree(r, src + timm_name, dst + name, tree,
+                          "layer_norm" if r.has(f"{src}{timm_name}.bias") else "rms_norm")
     if r.has(src + "q_proj.weight"):  # EVA-02's separate projections (the key's without bias)
         for proj, name in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
-            tree[f"{dst}{name}/kernel"] = _linear(r.get(f"{src}{proj}.weight")).reshape(hidden, num_heads, hd)
+            weight = r.get(f"{src}{proj}.weight")
+            width = int(weight.shape[0])  # Sapiens2's key/value: fewer heads (grouped-query attention)
+            tree[f"{dst}{name}/kernel"] = _linear(weight).reshape(hidden, width // hd, hd)
             if r.has(f"{src}q_proj.bias"):
                 bias = (r.get(f"{src}{proj}.bias") if r.has(f"{src}{proj}.bias")
-                        else LazyArray(lambda: np.zeros(hidden, np.float32), (hidden,)))
-                tree[f"{dst}{name}/bias"] = bias.reshape(num_heads, hd)
+                        else LazyArray(lambda width=width: np.zeros(width, np.float32), (width,)))
+                tree[f"{dst}{name}/bias"] = bias.reshape(width // hd, hd)
         _attention_out_to_tree(r, src, dst, tree, hidden, num_heads)
         return
     qkv_w = r.get(src + "qkv.weight")
@@ -497,7 +512,8 @@ def _variant_state_to_tree(r, num_heads, variant, mlp_layer, source):
         _mlp_to_tree(r, src + "mlp.", dst + "MlpBlock_3/", tree, mlp_layer)
         if variant.get("rope_learned_frequencies"):  # RoPE-Mixed: (2, depth, heads, head_dim / 2), block i's
             tree[f"{dst}MultiHeadDotProductAttention_1/rope_frequencies"] = r.get("rope.freqs")[:, i]
-        for k in (1, 2) if variant["layer_scale"] and not variant.get("parallel_blocks") else ():
+        single = variant.get("parallel_blocks") or variant.get("attention_only_layer_scale")
+        for k in ((1,) if single else (1, 2)) if variant["layer_scale"] and not variant.get("parallel_blocks") else ():
             gamma = f"{src}ls{k}.gamma" if r.has(f"{src}ls{k}.gamma") else f"{src}gamma_{k}"  # BEiT: gamma_1/2
             tree[f"{dst}LayerScale_{k - 1}/scale"] = r.get(gamma)
     if variant["final_norm"] and not variant["fc_norm"]:

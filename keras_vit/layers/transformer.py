@@ -364,13 +364,23 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
     lambda = exp(lambda_q1 . lambda_k1) - exp(lambda_q2 . lambda_k2) + lambda_init, and its output
     is RMS-normalised (`sub_norm`, eps 1e-5) and scaled by 1 - lambda_init. The returned attention
     weights are the signed difference.
+    `qk_norm=True` normalises each head's query and key (`query_norm`, `key_norm`, over head_dim,
+    with `norm` and `norm_epsilon`) before any rotation (timm's qk_norm). `num_kv_heads` (a
+    divisor of num_heads; None: num_heads) is grouped-query attention: key and value have
+    num_kv_heads heads, query head h reads key/value head h // (num_heads / num_kv_heads).
     int8 quantization lives in `layers.quantized.Int8AttentionMixin`.
     """
 
     def __init__(self, num_heads, attention_dropout_rate=0.0, relative_positions=None, use_bias=True, out_bias=True,
                  relative_position_bias=None, rotary=None, output_norm=False, norm="layer_norm", norm_epsilon=1e-6,
-                 differential=None, **kwargs):
+                 differential=None, qk_norm=False, num_kv_heads=None, **kwargs):
         super().__init__(**kwargs)
+        self.qk_norm = bool(qk_norm)
+        self.num_kv_heads = int(num_heads if num_kv_heads is None else num_kv_heads)
+        if self.num_kv_heads < 1 or int(num_heads) % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads must divide num_heads ({num_heads}); got {num_kv_heads!r}.")
+        self.query_norm = make_norm(norm, float(norm_epsilon), self.dtype_policy, "query_norm") if qk_norm else None
+        self.key_norm = make_norm(norm, float(norm_epsilon), self.dtype_policy, "key_norm") if qk_norm else None
         self.differential = None if differential is None else float(differential)
         self.sub_norm = None if differential is None else make_norm("rms_norm", 1e-5, self.dtype_policy, "sub_norm")
         self.rotary = None if rotary is None else _rotary_config(rotary)
@@ -400,18 +410,24 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         # Built with an int8 policy (a quantized layer restored from its config): the int8
         # variables directly, in the order `quantize` leaves them (biases, then int8 kernels).
         quantized = self.quantization_mode == "int8"
+        if quantized and self.num_kv_heads != self.num_heads:
+            raise NotImplementedError(f"{self.name}: int8 attention with grouped-query attention is not built.")
         for name in ("query", "key", "value"):
+            heads = self.num_heads if name == "query" else self.num_kv_heads
             if not quantized:
                 kernel = self.add_weight(
                     name=f"{name}_kernel",
-                    shape=(hidden, self.num_heads, head_dim),
+                    shape=(hidden, heads, head_dim),
                     initializer=_init(SplitFanXavierUniform(in_axes=1)),
                 )
                 setattr(self, f"{name}_kernel", kernel)
             bias = None
             if self.use_bias:
-                bias = self.add_weight(name=f"{name}_bias", shape=(self.num_heads, head_dim), initializer="zeros")
+                bias = self.add_weight(name=f"{name}_bias", shape=(heads, head_dim), initializer="zeros")
             setattr(self, f"{name}_bias", bias)
+        for norm in (self.query_norm, self.key_norm):
+            if norm is not None:
+                norm.build((None, head_dim))
         if not quantized:
             self.out_kernel = self.add_weight(
                 name="out_kernel", shape=(self.num_heads, head_dim, hidden), initializer=_init(SplitFanXavierUniform(in_axes=2))
@@ -478,7 +494,7 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         # a BatchMatMul instead of oneDNN's fused MatMul on TensorFlow). The reshapes are views.
         kernel = getattr(self, f"{name}_kernel")
         bias = getattr(self, f"{name}_bias")
-        width = self.num_heads * self.head_dim
+        width = (self.num_heads if name in ("query", "out") else self.num_kv_heads) * self.head_dim
         if bias is None:
             return matmul(x2d, ops.reshape(kernel, (-1, width)))
         return matmul_add(x2d, ops.reshape(kernel, (-1, width)), ops.reshape(bias, (width,)))
@@ -491,8 +507,10 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         shape = ops.shape(x)
         batch, tokens, hidden = shape[0], shape[1], x.shape[-1]
         heads_shape = (batch, tokens, self.num_heads, self.head_dim)
+        kv_shape = (batch, tokens, self.num_kv_heads, self.head_dim)
         x2d = ops.reshape(x, (-1, hidden))
-        q, k, v = (ops.reshape(self._project(x2d, n), heads_shape) for n in ("query", "key", "value"))
+        q = ops.reshape(self._project(x2d, "query"), heads_shape)
+        k, v = (ops.reshape(self._project(x2d, n), kv_shape) for n in ("key", "value"))
         y, weights = self._attend(q, k, v, training, return_attention_weights, dropout_seed)
         out = ops.reshape(self._out(y, hidden), (batch, tokens, hidden))
         return (out, weights) if return_attention_weights else out
@@ -516,6 +534,10 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         """Scaled dot-product attention of (batch, tokens, heads, head_dim) q/k/v; returns the
         heads concatenated as (batch * tokens, heads * head_dim) and the weights (or None). The
         attention-weight dropout draws its mask from `dropout_seed` when one is given."""
+        if self.query_norm is not None:
+            q, k = self.query_norm(q), self.key_norm(k)
+        if self.num_kv_heads != self.num_heads:  # grouped-query attention: each key/value head serves a group
+            k, v = (ops.repeat(t, self.num_heads // self.num_kv_heads, axis=2) for t in (k, v))
         if self.differential is not None:
             return self._differential_attend(q, k, v, training, dropout_seed)
         if self.rotary is not None:
@@ -626,6 +648,9 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
             tree.update({f"norm/{k}": v for k, v in layer_norm_variables(self.output_norm).items()})
         if getattr(self, "rope_frequencies", None) is not None:
             tree["rope_frequencies"] = self.rope_frequencies
+        for name, norm in (("query_norm", self.query_norm), ("key_norm", self.key_norm)):
+            if norm is not None:
+                tree.update({f"{name}/{k}": v for k, v in layer_norm_variables(norm).items()})
         if self.differential is not None:
             tree.update({n: getattr(self, n) for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")})
             tree["sub_norm/scale"] = self.sub_norm.gamma
@@ -644,6 +669,10 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
             config.update(output_norm=True, norm=self.norm, norm_epsilon=self.norm_epsilon)
         if self.differential is not None:
             config.update(differential=self.differential)
+        if self.qk_norm:
+            config.update(qk_norm=True, norm=self.norm, norm_epsilon=self.norm_epsilon)
+        if self.num_kv_heads != self.num_heads:
+            config.update(num_kv_heads=self.num_kv_heads)
         if not self.use_bias:
             config.update(use_bias=False)
         if not self.out_bias_enabled:
@@ -801,9 +830,16 @@ class EncoderBlock(keras.layers.Layer):
         post_norm=False,
         parallel=False,
         differential=None,
+        qk_norm=False,
+        num_kv_heads=None,
+        attention_only_layer_scale=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.qk_norm = bool(qk_norm)
+        self.num_kv_heads = None if num_kv_heads is None else int(num_kv_heads)
+        # Sapiens2's: the layer scale on the attention branch only.
+        self.attention_only_layer_scale = bool(attention_only_layer_scale)
         # differential attention's lambda_init (MultiHeadDotProductAttention's `differential`).
         self.differential = None if differential is None else float(differential)
         self.post_norm = bool(post_norm)
@@ -847,6 +883,8 @@ class EncoderBlock(keras.layers.Layer):
             norm=self.norm,
             norm_epsilon=self.layer_norm_epsilon,
             differential=self.differential,
+            qk_norm=self.qk_norm,
+            num_kv_heads=self.num_kv_heads,
             dtype=policy,
             name="MultiHeadDotProductAttention_1",
         )
@@ -860,7 +898,7 @@ class EncoderBlock(keras.layers.Layer):
         self.layer_scales = None
         if self.layer_scale is not None:
             self.layer_scales = tuple(
-                LayerScale(self.layer_scale, dtype=policy, name=f"LayerScale_{i}") for i in range(1 if self.parallel else 2)
+                LayerScale(self.layer_scale, dtype=policy, name=f"LayerScale_{i}") for i in range(1 if self.parallel or self.attention_only_layer_scale else 2)
             )
 
     def build(self, input_shape):
@@ -911,7 +949,7 @@ class EncoderBlock(keras.layers.Layer):
             y = self.norm_2(self.mlp(x, training=training, dropout_seeds=tuple(mlp_seeds)))
         else:
             y = self.mlp(self.norm_2(x), training=training, dropout_seeds=tuple(mlp_seeds))
-        if self.layer_scales is not None:
+        if self.layer_scales is not None and len(self.layer_scales) > 1:
             y = self.layer_scales[1](y)
         x = x + y
         return (x, weights) if return_attention_weights else x
@@ -962,9 +1000,11 @@ class EncoderBlock(keras.layers.Layer):
             config.update(relative_position_bias=list(self.relative_position_bias))
         if self.rotary is not None:
             config.update(rotary=dict(self.rotary))
-        for key in ("attention_norm", "mlp_norm", "post_norm", "parallel"):
+        for key in ("attention_norm", "mlp_norm", "post_norm", "parallel", "qk_norm", "attention_only_layer_scale"):
             if getattr(self, key):
                 config[key] = True
+        if self.num_kv_heads is not None:
+            config.update(num_kv_heads=self.num_kv_heads)
         if self.differential is not None:
             config.update(differential=self.differential)
         if self.remat:
