@@ -10,7 +10,9 @@ FlexiViT-S, AIMv2 (RmsNorm, SwiGLU, no qkv/proj bias), the qkv-bias-free vit_*_g
 the residual post-norm ViT (ResPostBlock), BEiT-3 (sub-LNs in attention and MLP) and test_vit3 (a
 MAP head over the register token too), and the parallel ViT (ParallelScalingBlock: attention
 and MLP on one norm, with and without qkv biases), and differential attention in plain and parallel
-blocks (vit_dwee, vit_dpwee: lambda_init per block, the fused out projection).
+blocks (vit_dwee, vit_dpwee: lambda_init per block, the fused out projection), q/k norm in plain
+and parallel blocks (the ViT-22B-style vit_*_xp with RmsNorm), and test_vit4 (RmsNorm named without
+eps: timm's default 1e-6).
 Logits (or, for headless models, the pooled pre-logits features) equal timm's within
 max(2e-5, twice timm's own float32 error against float64), relative to the output's scale.
 """
@@ -55,6 +57,9 @@ CASES = [
     ("parallel_scaling_no_qkv_bias", "vit_pwee_patch16_reg1_gap_256", dict(img_size=32, embed_dim=64, qkv_bias=False)),
     ("differential", "vit_dwee_patch16_reg1_gap_256", dict(img_size=32, embed_dim=64, depth=3)),
     ("differential_parallel", "vit_dpwee_patch16_reg1_gap_256", dict(img_size=32, embed_dim=64, depth=3)),
+    ("qk_norm", "vit_base_patch16_224", dict(img_size=32, embed_dim=64, num_heads=4, qk_norm=True)),
+    ("parallel_qk_norm_rms", "vit_base_patch16_xp_224", dict(img_size=32, embed_dim=64, num_heads=4)),
+    ("rms_norm_default_eps", "test_vit4", dict(img_size=32)),
 ]
 
 

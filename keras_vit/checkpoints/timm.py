@@ -58,7 +58,6 @@ _UNSUPPORTED = {
     "block_fn": (None, "Block", "ResPostBlock", "ParallelScalingBlock", "DiffParallelScalingBlock"),
     "attn_layer": (None, "attention", "diff"),
     "dual_lambda": (None, False),  # differential attention's two-scalar lambda
-    "qk_norm": (None, False),
     "dynamic_img_pad": (None, False),
     "pos_embed": (None, "learn", "", "none"),
     "fuse_out_proj": (None, False),
@@ -102,7 +101,7 @@ def timm_variant(args, source, module="vision_transformer"):
     _refuse_switches(args, _UNSUPPORTED, source, "architecture option",
                      "class/register/distillation tokens, pooling token/avg/map, no_embed_class, pre_norm, fc_norm, "
                      "final_norm, layer scale, qkv/proj bias, LayerNorm/RmsNorm, GELU/tanh-GELU/QuickGELU/SiLU and "
-                     "SwiGLU MLPs, ResPostBlock, ParallelScalingBlock, differential attention, scale_attn_norm/scale_mlp_norm, pool_include_prefix with a MAP head")
+                     "SwiGLU MLPs, ResPostBlock, ParallelScalingBlock, differential attention, qk_norm, scale_attn_norm/scale_mlp_norm, pool_include_prefix with a MAP head")
     pool = args.get("global_pool", "token")
     if pool not in ("token", "avg", "map", ""):
         raise CheckpointError(f"{source}: timm global_pool={pool!r} is not supported (use 'token', 'avg' or 'map').")
@@ -143,12 +142,13 @@ def timm_variant(args, source, module="vision_transformer"):
         norm=_NORMS[norm],
         mlp_activation=_ACTIVATIONS[act],
         glu=mlp is not None and mlp != "Mlp",
-        layer_norm_epsilon=float(norm_args.get("eps", 1e-6 if norm == "LayerNorm" else 1e-5)),
+        layer_norm_epsilon=float(norm_args.get("eps", 1e-6)),  # timm's LayerNorm and RmsNorm default
         position_embedding="none" if args.get("pos_embed") in ("", "none") else "learned",
         dynamic_image_size=bool(args.get("dynamic_img_size", False)),
         post_norm=post_norm,
         parallel_blocks=args.get("block_fn") in ("ParallelScalingBlock", "DiffParallelScalingBlock"),
         differential_attention=args.get("attn_layer") == "diff" or args.get("block_fn") == "DiffParallelScalingBlock",
+        qk_norm=bool(args.get("qk_norm", False)),
         # BEiT-3's sub-LNs: a norm on the attention's output before its projection, one in the MLP.
         attention_norm=bool(args.get("scale_attn_norm", False)),
         mlp_norm=bool(args.get("scale_mlp_norm", False)),
@@ -466,6 +466,9 @@ def _parallel_block_to_tree(r, src, dst, tree, hidden, num_heads, norm):
         tree[f"{att}{name}/kernel"] = _linear(weight[rows]).reshape(hidden, num_heads, hd)
         if bias is not None:
             tree[f"{att}{name}/bias"] = bias[rows].reshape(num_heads, hd)
+    for timm_name, name in (("q_norm", "query_norm"), ("k_norm", "key_norm")):  # qk_norm, per head
+        if r.has(f"{src}{timm_name}.weight"):
+            _norm_to_tree(r, src + timm_name, att + name, tree, norm)
     _differential_to_tree(r, src, att, tree)
     if r.has(src + "out_proj.weight"):  # DiffParallelScalingBlock: one out projection of [attention | MLP]
         out = r.get(src + "out_proj.weight")
