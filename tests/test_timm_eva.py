@@ -11,7 +11,9 @@ no final norm, rotary offset 1) and DINOv3 S and S+ (centred rotary positions in
 layout, four registers, layer scale, no q/k/v bias or q/v biases, split SwiGLU), EVA-02 E
 (post-norm blocks) and a Perception Encoder core tower (a MAP head over every token with its own
 heads and MLP width), and
-the RoPE-Mixed ViT (rotary frequencies learned per block and head). Logits (or the pooled pre-logits features) equal timm's within
+the RoPE-Mixed ViT (rotary frequencies learned per block and head), and Sapiens2 (q/k norm,
+grouped-query attention with 4, 2 and 1 key/value heads in its three blocks, layer scale on the
+attention only, DINOv3's rotary embedding). Logits (or the pooled pre-logits features) equal timm's within
 max(2e-5, twice timm's own float32 error against float64), relative to the output's scale.
 """
 
@@ -45,6 +47,8 @@ CASES = [
     ("eva02_enormous_post_norm", "eva02_enormous_patch14_clip_224", dict(img_size=28)),
     ("rope_mixed", "vit_small_patch16_rope_mixed_224", dict(img_size=(32, 48))),
     ("pe_core_map", "vit_pe_core_tiny_patch16_384", dict(img_size=32, attn_pool_num_heads=4, attn_pool_mlp_ratio=2.0)),
+    ("sapiens2_gqa", "vit_base_patch16_sapiens2", dict(img_size=(32, 48), embed_dim=64, num_heads=4, depth=3,
+                                                      num_kv_heads=[4, 2, 1])),
 ]
 
 
@@ -55,7 +59,7 @@ def saved(tmp_path_factory):
 
     out = {}
     for seed, (case, arch, overrides) in enumerate(CASES):
-        args = dict(depth=2, embed_dim=32, num_heads=2, **overrides)
+        args = dict(dict(depth=2, embed_dim=32, num_heads=2), **overrides)
         model = randomize_torch(timm.create_model(arch, pretrained=False, **args), seed=seed)
         folder = tmp_path_factory.mktemp(case)
         save_for_hf(model, folder, safe_serialization=True, model_args=args)
@@ -100,14 +104,25 @@ def test_eva02_at_another_size_equals_timm(saved):
     _assert_equal(model.predict(x, verbose=0), bigger, x, "eva02_base_448 at 56")
 
 
-def test_eva_keras_round_trip(saved, tmp_path):
-    folder, ref, _ = saved["eva02_base_clip"]
+@pytest.mark.parametrize("case, fields", [
+    ("eva02_base_clip", ("rotary_position_embedding", "attention_norm", "mlp_norm")),
+    ("sapiens2_gqa", ("qk_norm", "num_kv_heads", "attention_only_layer_scale"))])
+def test_eva_keras_round_trip(saved, tmp_path, case, fields):
+    from keras_vit.layers.transformer import EncoderBlock
+
+    folder, ref, _ = saved[case]
     model = _load(folder, ref)
-    assert model.config.rotary_position_embedding and model.config.attention_norm and model.config.mlp_norm
-    path = str(tmp_path / "eva02.keras")
+    assert all(getattr(model.config, field) for field in fields)
+    path = str(tmp_path / f"{case}.keras")
     model.save(path)
     loaded = keras.saving.load_model(path)
-    x = np.random.default_rng(2).uniform(-1, 1, (1, 32, 32, 3)).astype("float32")
+    assert all(getattr(loaded.config, f) == getattr(model.config, f) for f in fields)
+    blocks = [layer for layer in model._flatten_layers() if isinstance(layer, EncoderBlock)]
+    keys = ("qk_norm", "num_kv_heads", "attention_only_layer_scale", "attention_norm", "mlp_norm", "rotary")
+    for block in blocks:  # the block's own config keeps them too
+        rebuilt = EncoderBlock.from_config(block.get_config())
+        assert [getattr(rebuilt, k) for k in keys] == [getattr(block, k) for k in keys]
+    x = np.random.default_rng(2).uniform(-1, 1, (1, *model.config.image_size, 3)).astype("float32")
     np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
 
 
@@ -149,11 +164,18 @@ def test_dinov3_rotary_tables_equal_timm(grid, head_dim, offset, indexing):
 
 
 def test_unsupported_eva_is_refused(tmp_path):
-    """An Eva switch keras_vit does not build (Sapiens2's q/k norm) is refused by name."""
+    """An Eva switch keras_vit does not build (padding images to a multiple of the patch) is refused by name."""
     from timm.models._hub import save_for_hf
 
-    args = dict(depth=1, embed_dim=32, num_heads=2, img_size=32, num_kv_heads=2)
-    save_for_hf(timm.create_model("vit_base_patch16_sapiens2", pretrained=False, **args), tmp_path,
+    args = dict(depth=1, embed_dim=32, num_heads=2, img_size=28, dynamic_img_pad=True)
+    save_for_hf(timm.create_model("eva02_tiny_patch14_224", pretrained=False, **args), tmp_path,
                 safe_serialization=True, model_args=args)
-    with pytest.raises(keras_vit.errors.CheckpointError, match="qk_norm=True is not supported"):
+    with pytest.raises(keras_vit.errors.CheckpointError, match="dynamic_img_pad=True is not supported"):
         keras_vit.load_checkpoint(tmp_path)
+
+
+def test_grouped_query_attention_refuses_int8(saved):
+    folder, ref, _ = saved["sapiens2_gqa"]
+    model = _load(folder, ref)
+    with pytest.raises(NotImplementedError, match="grouped-query attention .* is not quantized"):
+        model.quantize("int8")

@@ -10,8 +10,7 @@ timm's ViT zoo (every architecture of its vision_transformer.py and deit.py, and
 beit.py) is read from the table `timm_vit_architectures.json` (written by weights/timm_vit_table.py
 from timm's entrypoints): the architecture's switches, overridden by config.json's `model_args` as
 timm overrides them, become the VisionTransformer's variant fields; `pretrained_cfg`'s mean and std
-become its `input_normalization`. The table also lists eva.py, whose architectures are refused
-(rotary position embeddings are not built).
+become its `input_normalization`. eva.py's Eva models map onto the same fields.
 """
 
 import os
@@ -56,14 +55,12 @@ def timm_vit_arguments(architecture):
 
 #: timm switches this package has no layers for, and the value that means "off".
 _UNSUPPORTED = {
-    "block_fn": (None, "Block"),  # parallel and post-norm blocks
-    "attn_layer": (None, "attention"),  # differential attention
-    "scale_attn_norm": (None, False),  # BEiT-3's sub-LN inside attention and MLP
-    "scale_mlp_norm": (None, False),
-    "qk_norm": (None, False),
-    "pool_include_prefix": (None, False),
+    "block_fn": (None, "Block", "ResPostBlock", "ParallelScalingBlock", "DiffParallelScalingBlock"),
+    "attn_layer": (None, "attention", "diff"),
+    "dual_lambda": (None, False),  # differential attention's two-scalar lambda
     "dynamic_img_pad": (None, False),
     "pos_embed": (None, "learn", "", "none"),
+    "fuse_out_proj": (None, False),
 }
 _ACTIVATIONS = {None: None, "gelu": None, "GELU": None, "gelu_tanh": "gelu_tanh", "quick_gelu": "quick_gelu",
                 "silu": "silu", "SiLU": "silu", "swish": "silu"}
@@ -104,10 +101,16 @@ def timm_variant(args, source, module="vision_transformer"):
     _refuse_switches(args, _UNSUPPORTED, source, "architecture option",
                      "class/register/distillation tokens, pooling token/avg/map, no_embed_class, pre_norm, fc_norm, "
                      "final_norm, layer scale, qkv/proj bias, LayerNorm/RmsNorm, GELU/tanh-GELU/QuickGELU/SiLU and "
-                     "SwiGLU MLPs")
+                     "SwiGLU MLPs, ResPostBlock, ParallelScalingBlock, differential attention, qk_norm, scale_attn_norm/scale_mlp_norm, pool_include_prefix with a MAP head")
     pool = args.get("global_pool", "token")
     if pool not in ("token", "avg", "map", ""):
         raise CheckpointError(f"{source}: timm global_pool={pool!r} is not supported (use 'token', 'avg' or 'map').")
+    if args.get("pool_include_prefix") and pool != "map":
+        raise CheckpointError(f"{source}: timm pool_include_prefix=True with global_pool={pool!r} is not supported "
+                              "(only the MAP head attends over the prefix tokens: global_pool='map').")
+    # ResPostBlock: x + norm1(attn(x)), then y + norm2(mlp(y)); its init_values only initialise
+    # those norms' scales, it has no layer scale.
+    post_norm = args.get("block_fn") == "ResPostBlock"
     class_token = bool(args.get("class_token", True))
     classifier = {"token": "token", "avg": "gap", "map": "map", "": "token" if class_token else "gap"}[pool]
     fc_norm = args.get("fc_norm")
@@ -133,15 +136,23 @@ def timm_variant(args, source, module="vision_transformer"):
         class_token_position_embedding=not args.get("no_embed_class", False),
         patch_embedding_norm=args.get("embed_norm_layer") is not None,
         pre_norm=bool(args.get("pre_norm", False)),
-        layer_scale=args.get("init_values") or None,
+        layer_scale=None if post_norm else args.get("init_values") or None,
         final_norm=bool(args.get("final_norm", True)),
         fc_norm=fc_norm and bool(args.get("final_norm", True)),
         norm=_NORMS[norm],
         mlp_activation=_ACTIVATIONS[act],
         glu=mlp is not None and mlp != "Mlp",
-        layer_norm_epsilon=float(norm_args.get("eps", 1e-6 if norm == "LayerNorm" else 1e-5)),
+        layer_norm_epsilon=float(norm_args.get("eps", 1e-6)),  # timm's LayerNorm and RmsNorm default
         position_embedding="none" if args.get("pos_embed") in ("", "none") else "learned",
         dynamic_image_size=bool(args.get("dynamic_img_size", False)),
+        post_norm=post_norm,
+        parallel_blocks=args.get("block_fn") in ("ParallelScalingBlock", "DiffParallelScalingBlock"),
+        differential_attention=args.get("attn_layer") == "diff" or args.get("block_fn") == "DiffParallelScalingBlock",
+        qk_norm=bool(args.get("qk_norm", False)),
+        # BEiT-3's sub-LNs: a norm on the attention's output before its projection, one in the MLP.
+        attention_norm=bool(args.get("scale_attn_norm", False)),
+        mlp_norm=bool(args.get("scale_mlp_norm", False)),
+        map_include_prefix=pool == "map" and bool(args.get("pool_include_prefix", False)),
     )
     return variant, mlp
 
@@ -184,16 +195,14 @@ def _beit_variant(args, source):
 _EVA_UNSUPPORTED = {
     "attn_type": (None, "eva", "rope"),  # "rope": timm's AttentionRope (qkv biases fused)
     "rope_type": (None, "cat", "dinov3", "mixed"),  # mrope rotary embeddings
-    "qk_norm": (None, False),
-    "num_kv_heads": (None,),  # grouped-query attention
-    "attn_only_layer_scale": (None, False),
     "gated_attn": (None, False),
     "attn_head_dim": (None,),
     "dynamic_img_pad": (None, False),
 }
 _EVA_SUPPORTED = ("EVA and EVA-02: class and register tokens, absolute and rotary (EVA's 'cat', DINOv3's, mixed) position "
                   "embeddings, fused or separate q/k/v, sub-LN in attention (scale_attn_inner) and MLP (scale_mlp), "
-                  "SwiGLU, layer scale, post-norm blocks, average, token or attention pooling, fc_norm, pre-norm")
+                  "SwiGLU, layer scale (attn_only_layer_scale too), post-norm blocks, average, token or attention "
+                  "pooling, fc_norm, pre-norm, q/k norm, grouped-query attention (num_kv_heads)")
 
 
 def _eva_variant(args, source):
@@ -243,9 +252,20 @@ def _eva_variant(args, source):
         rope_learned_frequencies=rope and args.get("rope_type") == "mixed",
         attention_norm=bool(args.get("scale_attn_inner", False)), mlp_norm=scale_mlp,
         post_norm=bool(args.get("use_post_norm", False)),
+        qk_norm=bool(args.get("qk_norm", False)), num_kv_heads=_kv_heads(args),
+        attention_only_layer_scale=bool(args.get("attn_only_layer_scale", False)) and bool(args.get("init_values")),
         # Eva's attention pool reads every token, its heads and MLP ratio its own (attn_pool_*).
         map_heads=args.get("attn_pool_num_heads") if pool == "map" else None, map_include_prefix=pool == "map")
     return variant, mlp_layer
+
+
+def _kv_heads(args):
+    """Eva's num_kv_heads (None, one count, or one per block) as the num_kv_heads field: None
+    when every block has num_heads key/value heads, else a tuple per block (as timm expands it)."""
+    value, heads, depth = args.get("num_kv_heads"), args.get("num_heads"), args.get("depth")
+    counts = list(value) if isinstance(value, (list, tuple)) else [value] * int(depth or 1)
+    counts = [heads if c is None else int(c) for c in counts]
+    return None if all(c == heads for c in counts) else tuple(counts)
 
 
 _VARIANT_DEFAULTS = dict(
@@ -256,7 +276,8 @@ _VARIANT_DEFAULTS = dict(
     rope_temperature=10000.0, rope_reference_grid=None, rope_grid_offset=0.0, rope_grid_indexing="ij",
     rope_coordinates="index", rope_rotate_half=False, rope_learned_frequencies=False, post_norm=False, map_heads=None, map_mlp_dim=None,
     map_include_prefix=False,
-    attention_norm=False, mlp_norm=False,
+    attention_norm=False, mlp_norm=False, parallel_blocks=False, differential_attention=False, qk_norm=False,
+    num_kv_heads=None, attention_only_layer_scale=False,
 )
 
 # === timm's architecture names ===
@@ -358,13 +379,19 @@ def _linear_to_tree(r, src, dst, tree, rows=None):
 
 def _attention_to_tree(r, src, dst, tree, hidden, num_heads):
     hd = hidden // num_heads
+    for timm_name, name in (("q_norm", "query_norm"), ("k_norm", "key_norm")):  # qk_norm, per head
+        if r.has(f"{src}{timm_name}.weight"):
+            _norm_to_tree(r, src + timm_name, dst + name, tree,
+                          "layer_norm" if r.has(f"{src}{timm_name}.bias") else "rms_norm")
     if r.has(src + "q_proj.weight"):  # EVA-02's separate projections (the key's without bias)
         for proj, name in (("q_proj", "query"), ("k_proj", "key"), ("v_proj", "value")):
-            tree[f"{dst}{name}/kernel"] = _linear(r.get(f"{src}{proj}.weight")).reshape(hidden, num_heads, hd)
+            weight = r.get(f"{src}{proj}.weight")
+            width = int(weight.shape[0])  # Sapiens2's key/value: fewer heads (grouped-query attention)
+            tree[f"{dst}{name}/kernel"] = _linear(weight).reshape(hidden, width // hd, hd)
             if r.has(f"{src}q_proj.bias"):
                 bias = (r.get(f"{src}{proj}.bias") if r.has(f"{src}{proj}.bias")
-                        else LazyArray(lambda: np.zeros(hidden, np.float32), (hidden,)))
-                tree[f"{dst}{name}/bias"] = bias.reshape(num_heads, hd)
+                        else LazyArray(lambda width=width: np.zeros(width, np.float32), (width,)))
+                tree[f"{dst}{name}/bias"] = bias.reshape(width // hd, hd)
         _attention_out_to_tree(r, src, dst, tree, hidden, num_heads)
         return
     qkv_w = r.get(src + "qkv.weight")
@@ -387,6 +414,7 @@ def _attention_to_tree(r, src, dst, tree, hidden, num_heads):
         tree[f"{dst}relative_position_bias_table"] = r.get(src + "relative_position_bias_table")
     if r.has(src + "relative_position_index"):  # a constant of the grid (older files store it)
         r.get(src + "relative_position_index")
+    _differential_to_tree(r, src, dst, tree)
     _attention_out_to_tree(r, src, dst, tree, hidden, num_heads)
 
 
@@ -414,6 +442,50 @@ def _mlp_to_tree(r, src, dst, tree, mlp_layer):
     _linear_to_tree(r, src + "fc2", dst + "Dense_1", tree)
 
 
+def _differential_to_tree(r, src, dst, tree):
+    """Differential attention's lambda vectors and sub-norm (timm's DiffAttention), when present."""
+    if r.has(src + "sub_norm.weight"):
+        tree[dst + "sub_norm/scale"] = r.get(src + "sub_norm.weight")
+        for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+            tree[dst + name] = r.get(src + name)
+
+
+def _parallel_block_to_tree(r, src, dst, tree, hidden, num_heads, norm):
+    """timm's ParallelScalingBlock: one norm (`in_norm`), one input projection `in_proj` whose rows
+    are [MLP fc1 | q | k | v] (its bias, or the MLP's own `mlp_bias` when qkv_bias=False), the
+    attention's and the MLP's output projections, one layer scale `ls`."""
+    _norm_to_tree(r, src + "in_norm", dst + "LayerNorm_0", tree, norm)
+    weight = r.get(src + "in_proj.weight")
+    width = int(weight.shape[0]) - 3 * hidden
+    bias = r.get(src + "in_proj.bias") if r.has(src + "in_proj.bias") else None
+    att, mlp, hd = dst + "MultiHeadDotProductAttention_1/", dst + "MlpBlock_3/", hidden // num_heads
+    tree[mlp + "Dense_0/kernel"] = _linear(weight[:width])
+    tree[mlp + "Dense_0/bias"] = bias[:width] if bias is not None else r.get(src + "mlp_bias")
+    for j, name in enumerate(("query", "key", "value")):
+        rows = slice(width + j * hidden, width + (j + 1) * hidden)
+        tree[f"{att}{name}/kernel"] = _linear(weight[rows]).reshape(hidden, num_heads, hd)
+        if bias is not None:
+            tree[f"{att}{name}/bias"] = bias[rows].reshape(num_heads, hd)
+    for timm_name, name in (("q_norm", "query_norm"), ("k_norm", "key_norm")):  # qk_norm, per head
+        if r.has(f"{src}{timm_name}.weight"):
+            _norm_to_tree(r, src + timm_name, att + name, tree, norm)
+    _differential_to_tree(r, src, att, tree)
+    if r.has(src + "out_proj.weight"):  # DiffParallelScalingBlock: one out projection of [attention | MLP]
+        out = r.get(src + "out_proj.weight")
+        tree[att + "out/kernel"] = _linear(out[:, :hidden]).reshape(num_heads, hd, hidden)
+        tree[mlp + "Dense_1/kernel"] = _linear(out[:, hidden:])
+        if r.has(src + "out_proj.bias"):  # one bias for the sum: the attention's, the MLP's zero
+            tree[att + "out/bias"] = r.get(src + "out_proj.bias")
+            tree[mlp + "Dense_1/bias"] = LazyArray(lambda: np.zeros(hidden, np.float32), (hidden,))
+    else:
+        tree[att + "out/kernel"] = _linear(r.get(src + "attn_out_proj.weight")).reshape(num_heads, hd, hidden)
+        if r.has(src + "attn_out_proj.bias"):
+            tree[att + "out/bias"] = r.get(src + "attn_out_proj.bias")
+        _linear_to_tree(r, src + "mlp_out_proj", mlp + "Dense_1", tree)
+    if r.has(src + "ls.gamma"):
+        tree[dst + "LayerScale_0/scale"] = r.get(src + "ls.gamma")
+
+
 def _variant_state_to_tree(r, num_heads, variant, mlp_layer, source):
     """Canonical tree of a timm VisionTransformer with the switches `variant` (timm_variant's)."""
     tree = {"embedding/kernel": _conv(r.get("patch_embed.proj.weight"))}
@@ -434,13 +506,17 @@ def _variant_state_to_tree(r, num_heads, variant, mlp_layer, source):
     blocks = sorted({int(m.group(1)) for m in map(re.compile(r"^blocks\.(\d+)\.").match, r.files) if m})
     for i in blocks:
         src, dst = f"blocks.{i}.", f"Transformer/encoderblock_{i}/"
+        if variant.get("parallel_blocks"):
+            _parallel_block_to_tree(r, src, dst, tree, hidden, num_heads, norm)
+            continue
         _norm_to_tree(r, src + "norm1", dst + "LayerNorm_0", tree, norm)
         _attention_to_tree(r, src + "attn.", dst + "MultiHeadDotProductAttention_1/", tree, hidden, num_heads)
         _norm_to_tree(r, src + "norm2", dst + "LayerNorm_2", tree, norm)
         _mlp_to_tree(r, src + "mlp.", dst + "MlpBlock_3/", tree, mlp_layer)
         if variant.get("rope_learned_frequencies"):  # RoPE-Mixed: (2, depth, heads, head_dim / 2), block i's
             tree[f"{dst}MultiHeadDotProductAttention_1/rope_frequencies"] = r.get("rope.freqs")[:, i]
-        for k in (1, 2) if variant["layer_scale"] else ():
+        single = variant.get("parallel_blocks") or variant.get("attention_only_layer_scale")
+        for k in ((1,) if single else (1, 2)) if variant["layer_scale"] and not variant.get("parallel_blocks") else ():
             gamma = f"{src}ls{k}.gamma" if r.has(f"{src}ls{k}.gamma") else f"{src}gamma_{k}"  # BEiT: gamma_1/2
             tree[f"{dst}LayerScale_{k - 1}/scale"] = r.get(gamma)
     if variant["final_norm"] and not variant["fc_norm"]:

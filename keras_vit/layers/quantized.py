@@ -135,6 +135,11 @@ class Int8AttentionMixin:
                 f"{type(self).__name__} quantizes to int8 only (received mode={mode!r}); its "
                 f"projections stay in {self.compute_dtype}."
             )
+        if getattr(self, "num_kv_heads", self.num_heads) != self.num_heads:
+            raise NotImplementedError(
+                f"{self.name}: int8 quantization packs query, key and value of equal widths; grouped-query "
+                f"attention ({self.num_kv_heads} key/value heads for {self.num_heads}) is not quantized. Keep the "
+                "model in float, or quantize its Dense layers only.")
         self.quantization_config = config
         weight_quantizer = keras.quantizers.QuantizationConfig.weight_quantizer_or_default(
             config, keras.quantizers.AbsMaxQuantizer(axis=0)

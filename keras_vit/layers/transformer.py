@@ -358,13 +358,31 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
     first-axis position x frequencies[0] + second-axis position x frequencies[1].
     `output_norm=True` normalises the heads' concatenated output before the out projection
     (EVA-02 CLIP's sub-LN, timm's `scale_attn_inner`), with `norm` and `norm_epsilon`.
+    `differential=lambda_init` makes it differential attention (Ye et al. 2024, timm's
+    DiffAttention): each head's query and key split into two halves, each half-pair gives a
+    softmax map (scaled by 1/sqrt(head_dim / 2)), the head attends with map1 - lambda * map2,
+    lambda = exp(lambda_q1 . lambda_k1) - exp(lambda_q2 . lambda_k2) + lambda_init, and its output
+    is RMS-normalised (`sub_norm`, eps 1e-5) and scaled by 1 - lambda_init. The returned attention
+    weights are the signed difference.
+    `qk_norm=True` normalises each head's query and key (`query_norm`, `key_norm`, over head_dim,
+    with `norm` and `norm_epsilon`) before any rotation (timm's qk_norm). `num_kv_heads` (a
+    divisor of num_heads; None: num_heads) is grouped-query attention: key and value have
+    num_kv_heads heads, query head h reads key/value head h // (num_heads / num_kv_heads).
     int8 quantization lives in `layers.quantized.Int8AttentionMixin`.
     """
 
     def __init__(self, num_heads, attention_dropout_rate=0.0, relative_positions=None, use_bias=True, out_bias=True,
                  relative_position_bias=None, rotary=None, output_norm=False, norm="layer_norm", norm_epsilon=1e-6,
-                 **kwargs):
+                 differential=None, qk_norm=False, num_kv_heads=None, **kwargs):
         super().__init__(**kwargs)
+        self.qk_norm = bool(qk_norm)
+        self.num_kv_heads = int(num_heads if num_kv_heads is None else num_kv_heads)
+        if self.num_kv_heads < 1 or int(num_heads) % self.num_kv_heads:
+            raise ValueError(f"num_kv_heads must divide num_heads ({num_heads}); got {num_kv_heads!r}.")
+        self.query_norm = make_norm(norm, float(norm_epsilon), self.dtype_policy, "query_norm") if qk_norm else None
+        self.key_norm = make_norm(norm, float(norm_epsilon), self.dtype_policy, "key_norm") if qk_norm else None
+        self.differential = None if differential is None else float(differential)
+        self.sub_norm = None if differential is None else make_norm("rms_norm", 1e-5, self.dtype_policy, "sub_norm")
         self.rotary = None if rotary is None else _rotary_config(rotary)
         self.output_norm_enabled = bool(output_norm)
         self.norm = norm
@@ -392,18 +410,24 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         # Built with an int8 policy (a quantized layer restored from its config): the int8
         # variables directly, in the order `quantize` leaves them (biases, then int8 kernels).
         quantized = self.quantization_mode == "int8"
+        if quantized and self.num_kv_heads != self.num_heads:
+            raise NotImplementedError(f"{self.name}: int8 attention with grouped-query attention is not built.")
         for name in ("query", "key", "value"):
+            heads = self.num_heads if name == "query" else self.num_kv_heads
             if not quantized:
                 kernel = self.add_weight(
                     name=f"{name}_kernel",
-                    shape=(hidden, self.num_heads, head_dim),
+                    shape=(hidden, heads, head_dim),
                     initializer=_init(SplitFanXavierUniform(in_axes=1)),
                 )
                 setattr(self, f"{name}_kernel", kernel)
             bias = None
             if self.use_bias:
-                bias = self.add_weight(name=f"{name}_bias", shape=(self.num_heads, head_dim), initializer="zeros")
+                bias = self.add_weight(name=f"{name}_bias", shape=(heads, head_dim), initializer="zeros")
             setattr(self, f"{name}_bias", bias)
+        for norm in (self.query_norm, self.key_norm):
+            if norm is not None:
+                norm.build((None, head_dim))
         if not quantized:
             self.out_kernel = self.add_weight(
                 name="out_kernel", shape=(self.num_heads, head_dim, hidden), initializer=_init(SplitFanXavierUniform(in_axes=2))
@@ -452,6 +476,14 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
                     self.rotary["rotate_half"])
         if self.output_norm is not None:
             self.output_norm.build((None, self.num_heads * head_dim))
+        if self.differential is not None:
+            if head_dim % 2 or self.rotary is not None or self.relative_positions or self.relative_position_bias:
+                raise ValueError(f"Differential attention splits each head's query and key in two: it needs an even "
+                                 f"head size (got {head_dim}) and no rotary or relative position terms.")
+            init = _init(keras.initializers.RandomNormal(stddev=0.1))
+            for name in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2"):
+                setattr(self, name, self.add_weight(name=name, shape=(head_dim // 2,), initializer=init))
+            self.sub_norm.build((None, head_dim))
         if quantized:
             self._int8_build(hidden, self.num_heads * head_dim, getattr(self, "quantization_config", None))
             self._is_quantized = True
@@ -462,7 +494,7 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         # a BatchMatMul instead of oneDNN's fused MatMul on TensorFlow). The reshapes are views.
         kernel = getattr(self, f"{name}_kernel")
         bias = getattr(self, f"{name}_bias")
-        width = self.num_heads * self.head_dim
+        width = (self.num_heads if name in ("query", "out") else self.num_kv_heads) * self.head_dim
         if bias is None:
             return matmul(x2d, ops.reshape(kernel, (-1, width)))
         return matmul_add(x2d, ops.reshape(kernel, (-1, width)), ops.reshape(bias, (width,)))
@@ -475,8 +507,10 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         shape = ops.shape(x)
         batch, tokens, hidden = shape[0], shape[1], x.shape[-1]
         heads_shape = (batch, tokens, self.num_heads, self.head_dim)
+        kv_shape = (batch, tokens, self.num_kv_heads, self.head_dim)
         x2d = ops.reshape(x, (-1, hidden))
-        q, k, v = (ops.reshape(self._project(x2d, n), heads_shape) for n in ("query", "key", "value"))
+        q = ops.reshape(self._project(x2d, "query"), heads_shape)
+        k, v = (ops.reshape(self._project(x2d, n), kv_shape) for n in ("key", "value"))
         y, weights = self._attend(q, k, v, training, return_attention_weights, dropout_seed)
         out = ops.reshape(self._out(y, hidden), (batch, tokens, hidden))
         return (out, weights) if return_attention_weights else out
@@ -500,6 +534,12 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         """Scaled dot-product attention of (batch, tokens, heads, head_dim) q/k/v; returns the
         heads concatenated as (batch * tokens, heads * head_dim) and the weights (or None). The
         attention-weight dropout draws its mask from `dropout_seed` when one is given."""
+        if self.query_norm is not None:
+            q, k = self.query_norm(q), self.key_norm(k)
+        if self.num_kv_heads != self.num_heads:  # grouped-query attention: each key/value head serves a group
+            k, v = (ops.repeat(t, self.num_heads // self.num_kv_heads, axis=2) for t in (k, v))
+        if self.differential is not None:
+            return self._differential_attend(q, k, v, training, dropout_seed)
         if self.rotary is not None:
             q, k = self._rotate(q), self._rotate(k)
         scale = 1.0 / float(self.head_dim) ** 0.5
@@ -522,6 +562,25 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         else:
             weights = None
             y = dot_product_attention(q, k, v, scale)
+        y = ops.reshape(y, (-1, self.num_heads * self.head_dim))
+        if self.output_norm is not None:
+            y = self.output_norm(y)
+        return y, weights
+
+    def _differential_attend(self, q, k, v, training, dropout_seed=None):
+        """Differential attention (see the class docstring) of (batch, tokens, heads, head_dim)
+        q/k/v: heads concatenated as (batch * tokens, heads * head_dim), and the signed weights."""
+        shape = ops.shape(q)
+        half = self.head_dim // 2
+        split = (shape[0], shape[1], self.num_heads, 2, half)  # timm's sub-heads 2h and 2h + 1
+        q = ops.reshape(q, split) * ops.cast(1.0 / float(half) ** 0.5, q.dtype)
+        logits = ops.cast(ops.einsum("bqhsk,bthsk->bhsqt", q, ops.reshape(k, split)), "float32")
+        weights = _dropout(self.dropout, ops.softmax(logits, axis=-1), training, dropout_seed)
+        lambda_ = ops.exp(ops.sum(ops.cast(self.lambda_q1, "float32") * ops.cast(self.lambda_k1, "float32")))
+        lambda_ = lambda_ - ops.exp(ops.sum(ops.cast(self.lambda_q2, "float32") * ops.cast(self.lambda_k2, "float32")))
+        weights = weights[:, :, 0] - (lambda_ + self.differential) * weights[:, :, 1]
+        weights = ops.cast(weights, v.dtype)
+        y = self.sub_norm(ops.einsum("bhqt,bthk->bqhk", weights, v)) * ops.cast(1.0 - self.differential, v.dtype)
         y = ops.reshape(y, (-1, self.num_heads * self.head_dim))
         if self.output_norm is not None:
             y = self.output_norm(y)
@@ -589,6 +648,12 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
             tree.update({f"norm/{k}": v for k, v in layer_norm_variables(self.output_norm).items()})
         if getattr(self, "rope_frequencies", None) is not None:
             tree["rope_frequencies"] = self.rope_frequencies
+        for name, norm in (("query_norm", self.query_norm), ("key_norm", self.key_norm)):
+            if norm is not None:
+                tree.update({f"{name}/{k}": v for k, v in layer_norm_variables(norm).items()})
+        if self.differential is not None:
+            tree.update({n: getattr(self, n) for n in ("lambda_q1", "lambda_k1", "lambda_q2", "lambda_k2")})
+            tree["sub_norm/scale"] = self.sub_norm.gamma
         return tree
 
     def get_config(self):
@@ -602,6 +667,12 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
             config.update(rotary=dict(self.rotary))
         if self.output_norm is not None:
             config.update(output_norm=True, norm=self.norm, norm_epsilon=self.norm_epsilon)
+        if self.differential is not None:
+            config.update(differential=self.differential)
+        if self.qk_norm:
+            config.update(qk_norm=True, norm=self.norm, norm_epsilon=self.norm_epsilon)
+        if self.num_kv_heads != self.num_heads:
+            config.update(num_kv_heads=self.num_kv_heads)
         if not self.use_bias:
             config.update(use_bias=False)
         if not self.out_bias_enabled:
@@ -757,10 +828,23 @@ class EncoderBlock(keras.layers.Layer):
         attention_norm=False,
         mlp_norm=False,
         post_norm=False,
+        parallel=False,
+        differential=None,
+        qk_norm=False,
+        num_kv_heads=None,
+        attention_only_layer_scale=False,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.qk_norm = bool(qk_norm)
+        self.num_kv_heads = None if num_kv_heads is None else int(num_kv_heads)
+        # Sapiens2's: the layer scale on the attention branch only.
+        self.attention_only_layer_scale = bool(attention_only_layer_scale)
+        # differential attention's lambda_init (MultiHeadDotProductAttention's `differential`).
+        self.differential = None if differential is None else float(differential)
         self.post_norm = bool(post_norm)
+        # parallel (timm's ParallelScalingBlock): x + LS(MHA(LN(x)) + MLP(LN(x))), one norm, one layer scale.
+        self.parallel = bool(parallel)
         # EVA-02's rotary position embedding and sub-LNs (MultiHeadDotProductAttention's `rotary`
         # and `output_norm`, MlpBlock's `norm`).
         self.rotary = None if rotary is None else _rotary_config(rotary)
@@ -798,11 +882,14 @@ class EncoderBlock(keras.layers.Layer):
             output_norm=self.attention_norm,
             norm=self.norm,
             norm_epsilon=self.layer_norm_epsilon,
+            differential=self.differential,
+            qk_norm=self.qk_norm,
+            num_kv_heads=self.num_kv_heads,
             dtype=policy,
             name="MultiHeadDotProductAttention_1",
         )
         self.dropout = keras.layers.Dropout(self.dropout_rate, dtype=policy, name="dropout")
-        self.norm_2 = make_norm(self.norm, self.layer_norm_epsilon, policy, "LayerNorm_2")
+        self.norm_2 = None if self.parallel else make_norm(self.norm, self.layer_norm_epsilon, policy, "LayerNorm_2")
         self.mlp = MlpBlock(
             self.mlp_dim, self.dropout_rate, self.gelu_approximate, activation=self.mlp_activation, glu=self.glu,
             use_bias=self.projection_bias, norm=self.mlp_norm, norm_kind=self.norm,
@@ -811,12 +898,13 @@ class EncoderBlock(keras.layers.Layer):
         self.layer_scales = None
         if self.layer_scale is not None:
             self.layer_scales = tuple(
-                LayerScale(self.layer_scale, dtype=policy, name=f"LayerScale_{i}") for i in range(2)
+                LayerScale(self.layer_scale, dtype=policy, name=f"LayerScale_{i}") for i in range(1 if self.parallel or self.attention_only_layer_scale else 2)
             )
 
     def build(self, input_shape):
         for sub in (self.norm_0, self.attention, self.norm_2, self.mlp, *(self.layer_scales or ())):
-            sub.build(input_shape)
+            if sub is not None:
+                sub.build(input_shape)
 
     def call(self, x, training=None, return_attention_weights=False):
         seeds = self._dropout_seeds(training)
@@ -845,6 +933,8 @@ class EncoderBlock(keras.layers.Layer):
 
     def _block(self, x, training=None, return_attention_weights=False, seeds=None):
         attention_seed, residual_seed, *mlp_seeds = seeds or (None,) * 4
+        if self.parallel:
+            return self._parallel_block(x, training, return_attention_weights, seeds or (None,) * 4)
         # post_norm (EVA-02 enormous): the norms follow the branches, x + LN(MHA(x)), y + LN(MLP(y)).
         pre, post = (_identity, self.norm_0) if self.post_norm else (self.norm_0, _identity)
         y = self.attention(pre(x), training=training, return_attention_weights=return_attention_weights,
@@ -859,8 +949,22 @@ class EncoderBlock(keras.layers.Layer):
             y = self.norm_2(self.mlp(x, training=training, dropout_seeds=tuple(mlp_seeds)))
         else:
             y = self.mlp(self.norm_2(x), training=training, dropout_seeds=tuple(mlp_seeds))
-        if self.layer_scales is not None:
+        if self.layer_scales is not None and len(self.layer_scales) > 1:
             y = self.layer_scales[1](y)
+        x = x + y
+        return (x, weights) if return_attention_weights else x
+
+    def _parallel_block(self, x, training, return_attention_weights, seeds):
+        attention_seed, residual_seed, *mlp_seeds = seeds
+        h = self.norm_0(x)
+        y = self.attention(h, training=training, return_attention_weights=return_attention_weights,
+                           dropout_seed=attention_seed)
+        if return_attention_weights:
+            y, weights = y
+        y = _dropout(self.dropout, y, training, residual_seed)
+        y = y + self.mlp(h, training=training, dropout_seeds=tuple(mlp_seeds))
+        if self.layer_scales is not None:
+            y = self.layer_scales[0](y)
         x = x + y
         return (x, weights) if return_attention_weights else x
 
@@ -873,7 +977,8 @@ class EncoderBlock(keras.layers.Layer):
     def weight_tree_variables(self):
         tree = {f"LayerNorm_0/{k}": v for k, v in layer_norm_variables(self.norm_0).items()}
         tree.update({f"MultiHeadDotProductAttention_1/{k}": v for k, v in self.attention.weight_tree_variables().items()})
-        tree.update({f"LayerNorm_2/{k}": v for k, v in layer_norm_variables(self.norm_2).items()})
+        if self.norm_2 is not None:
+            tree.update({f"LayerNorm_2/{k}": v for k, v in layer_norm_variables(self.norm_2).items()})
         tree.update({f"MlpBlock_3/{k}": v for k, v in self.mlp.weight_tree_variables().items()})
         for scale in self.layer_scales or ():
             tree[f"{scale.name}/scale"] = scale.scale
@@ -895,9 +1000,13 @@ class EncoderBlock(keras.layers.Layer):
             config.update(relative_position_bias=list(self.relative_position_bias))
         if self.rotary is not None:
             config.update(rotary=dict(self.rotary))
-        for key in ("attention_norm", "mlp_norm", "post_norm"):
+        for key in ("attention_norm", "mlp_norm", "post_norm", "parallel", "qk_norm", "attention_only_layer_scale"):
             if getattr(self, key):
                 config[key] = True
+        if self.num_kv_heads is not None:
+            config.update(num_kv_heads=self.num_kv_heads)
+        if self.differential is not None:
+            config.update(differential=self.differential)
         if self.remat:
             config.update(remat=True)
         defaults = dict(qkv_bias=True, projection_bias=True, layer_scale=None, norm="layer_norm", mlp_activation=None,

@@ -1,5 +1,7 @@
 """The VisionTransformer model: ViT and R+ViT hybrids as one functional Keras model."""
 
+import math
+
 import keras
 
 from keras_vit import compilation
@@ -115,6 +117,12 @@ def _graph(config, dtype):
             attention_norm=c.attention_norm,
             mlp_norm=c.mlp_norm,
             post_norm=c.post_norm,
+            parallel=c.parallel_blocks,
+            # timm's DiffAttention: lambda_init = 0.8 - 0.6 exp(-0.3 i) in block i
+            differential=0.8 - 0.6 * math.exp(-0.3 * i) if c.differential_attention else None,
+            qk_norm=c.qk_norm,
+            num_kv_heads=c.block_kv_heads(i),
+            attention_only_layer_scale=c.attention_only_layer_scale,
             dtype=dtype,
             name=f"encoderblock_{i}",
         )(x)
@@ -223,6 +231,14 @@ class VisionTransformer(
             (None: the encoder's), and whether it attends over the prefix tokens too.
         post_norm: blocks that normalise their branches' outputs instead of their inputs,
             x + LN(MHA(x)) then y + LN(MLP(y)) (EVA-02 enormous).
+        differential_attention: differential attention in every block (timm's DiffAttention:
+            softmax(q1 k1) - lambda softmax(q2 k2) per head, lambda learned, sub-norm on the output).
+        qk_norm: a norm on each head's query and key (timm's qk_norm).
+        num_kv_heads: grouped-query attention: key/value heads, one count (every block) or one
+            per block (Sapiens2's); None: num_heads.
+        attention_only_layer_scale: the layer scale on the attention branch only (Sapiens2's).
+        parallel_blocks: attention and MLP side by side on one norm of the block's input,
+            x + LS(MHA(LN(x)) + MLP(LN(x))) (timm's ParallelScalingBlock, ViT-22B's block).
         num_channels: input channels.
         layer_norm_epsilon, gelu_approximate, group_norm_epsilon, std_conv_epsilon,
         std_conv_epsilon_inside_sqrt: the numerics of the weights' source (see

@@ -365,6 +365,18 @@ class ViTConfig(FieldGroupConfig):
         "architecture", False, doc="whether the MAP head attends over the prefix tokens too (timm's Eva pool)")
     post_norm: bool = config_field(
         "architecture", False, doc="blocks normalise their branches' outputs, x + LN(MHA(x)) (EVA-02 enormous)")
+    qk_norm: bool = config_field("architecture", False, doc="a norm on each head's query and key (timm's qk_norm)")
+    num_kv_heads: object = config_field(
+        "architecture", None,
+        doc="grouped-query attention's key/value heads: one count, or one per block (Sapiens2); None: num_heads")
+    attention_only_layer_scale: bool = config_field(
+        "architecture", False, doc="layer scale on the attention branch only (Sapiens2's attn_only_layer_scale)")
+    differential_attention: bool = config_field(
+        "architecture", False,
+        doc="differential attention: two softmax maps per head, map1 - lambda map2 (timm's DiffAttention)")
+    parallel_blocks: bool = config_field(
+        "architecture", False,
+        doc="attention and MLP side by side on one norm, x + LS(MHA(LN(x)) + MLP(LN(x))) (timm's ParallelScalingBlock)")
     input_normalization: tuple = config_field(
         "input", None, doc="(mean, std) per channel of [0, 1] pixels the weights expect; None: [-1, 1] inputs"
     )
@@ -474,6 +486,26 @@ class ViTConfig(FieldGroupConfig):
                     f"Resize the images to a multiple of {stride}, e.g. {examples}."
                 )
 
+    def _check_kv_heads(self):
+        """num_kv_heads: None, one divisor of num_heads, or one per block (a tuple)."""
+        value = self.num_kv_heads
+        if value is None:
+            return
+        counts = list(value) if isinstance(value, (list, tuple)) else [value]
+        if isinstance(value, (list, tuple)) and len(counts) != self.num_layers:
+            raise ValueError(f"num_kv_heads has {len(counts)} entries; give one per block ({self.num_layers}) or one "
+                             "count for every block.")
+        for count in counts:
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1 or self.num_heads % count:
+                raise ValueError(f"num_kv_heads entries must be positive divisors of num_heads ({self.num_heads}); "
+                                 f"got {count!r}.")
+        object.__setattr__(self, "num_kv_heads", tuple(counts) if isinstance(value, (list, tuple)) else counts[0])
+
+    def block_kv_heads(self, i):
+        """The key/value heads of block `i` (None: num_heads)."""
+        value = self.num_kv_heads
+        return value[i] if isinstance(value, tuple) else value
+
     @classmethod
     def head_pooling(cls, arguments):
         """Without a head (`classes=0`), the features as the classifier reads them: the class token,
@@ -488,7 +520,7 @@ class ViTConfig(FieldGroupConfig):
         for key in ("distillation_token", "patch_embedding_bias", "patch_embedding_norm", "pre_norm",
                     "qkv_bias", "projection_bias", "final_norm", "fc_norm", "glu", "relative_position_bias",
                     "rotary_position_embedding", "attention_norm", "mlp_norm", "rope_rotate_half", "post_norm",
-                    "map_include_prefix", "rope_learned_frequencies"):
+                    "map_include_prefix", "rope_learned_frequencies", "parallel_blocks", "differential_attention", "qk_norm", "attention_only_layer_scale"):
             set_(key, bool(getattr(self, key)))
         registers = self.register_tokens
         if isinstance(registers, bool) or not isinstance(registers, int) and not hasattr(registers, "__index__") or (
@@ -512,6 +544,19 @@ class ViTConfig(FieldGroupConfig):
             raise ValueError(
                 "distillation_token=True reads the class and distillation tokens (DeiT); it needs classifier='token'."
             )
+        clashing = [k for k in ("post_norm", "mlp_norm") if getattr(self, k)]
+        if self.parallel_blocks and clashing:
+            raise ValueError(
+                f"parallel_blocks=True runs attention and MLP on one norm of the block's input; {clashing[0]}=True "
+                "has no place in it (timm's ParallelScalingBlock has neither). Set one of them to False.")
+        if self.differential_attention and (self.rotary_position_embedding or self.relative_position_bias
+                                            or self.position_embedding == "relative"
+                                            or (self.hidden_size // self.num_heads) % 2):
+            raise ValueError(
+                "differential_attention=True splits each head's query and key in two halves: it needs an even head "
+                f"size (hidden_size / num_heads = {self.hidden_size // self.num_heads}) and no rotary or relative "
+                "position terms in the attention. Change num_heads, or turn those off.")
+        self._check_kv_heads()
         for key in ("map_heads", "map_mlp_dim"):
             value = getattr(self, key)
             if value is not None:
