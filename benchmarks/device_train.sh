@@ -37,7 +37,6 @@ case " $PARTS " in *" flash "*)
   "$PY" benchmarks/train_step.py --device gpu --models B16 --batch "${BATCH:-32}" --dtypes mixed_bfloat16 \
       --sides $SIDES --torch-jit eager --flash on off \
       --rounds 1 --steps 5 --warmup 2 --timeout 150 --name device_train_flash
-  copy
 esac
 case " $PARTS " in *" remat "*)
   "$PY" benchmarks/train_step.py --device gpu --models L16_384 --dtypes mixed_bfloat16 \

@@ -562,10 +562,7 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         else:
             weights = None
             y = dot_product_attention(q, k, v, scale)
-        y = ops.reshape(y, (-1, self.num_heads * self.head_dim))
-        if self.output_norm is not None:
-            y = self.output_norm(y)
-        return y, weights
+        return self._concat_heads(y), weights
 
     def _differential_attend(self, q, k, v, training, dropout_seed=None):
         """Differential attention (see the class docstring) of (batch, tokens, heads, head_dim)
@@ -581,10 +578,13 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         weights = weights[:, :, 0] - (lambda_ + self.differential) * weights[:, :, 1]
         weights = ops.cast(weights, v.dtype)
         y = self.sub_norm(ops.einsum("bhqt,bthk->bqhk", weights, v)) * ops.cast(1.0 - self.differential, v.dtype)
+        return self._concat_heads(y), weights
+
+    def _concat_heads(self, y):
+        """(batch, tokens, heads, head_dim) -> (batch * tokens, heads * head_dim), normalised when
+        `output_norm` is set."""
         y = ops.reshape(y, (-1, self.num_heads * self.head_dim))
-        if self.output_norm is not None:
-            y = self.output_norm(y)
-        return y, weights
+        return y if self.output_norm is None else self.output_norm(y)
 
     def _rotate(self, x):
         """The (batch, tokens, heads, head_dim) queries or keys with the patch tokens rotated by
