@@ -261,3 +261,26 @@ def run_python(code, env=None, timeout=600):
     if out.returncode:
         raise AssertionError(f"subprocess failed ({out.returncode}):\n{out.stdout}\n{out.stderr[-4000:]}")
     return out.stdout
+
+
+class OneExportProcess:
+    """Within `with OneExportProcess():`, the exports that keras_vit.export hands to a TensorFlow
+    subprocess (on JAX and PyTorch) are collected, and one subprocess writes them all when the
+    block ends: the same checks, .keras files and TensorFlow rebuilds as one process per call, with
+    one TensorFlow start-up (3-8 s) and no second import of the exporters for a module's
+    exports, whichever entry point asked (`export_many`, `model.export`, `keras-vit export`).
+    An artefact exists only after the block; on TensorFlow, where exports run in the test process,
+    the block changes nothing."""
+
+    def __enter__(self):
+        from keras_vit import export
+
+        self._module, self._real, self.pending = export, export._export_in_subprocess, []
+        export._export_in_subprocess = self.pending.extend
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        self._module._export_in_subprocess = self._real
+        if kind is None and self.pending:
+            self._real(self.pending)
+        return False

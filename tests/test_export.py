@@ -3,8 +3,11 @@ hybrid, run by their own runtimes (tf.saved_model, onnxruntime, ai-edge-litert) 
 predict on the same inputs; int8 artefacts against the float model; the CLI; clear errors.
 
 On JAX and PyTorch the artefacts come from a TensorFlow subprocess, so the three models'
-artefacts are written in one `export_many` call (one process, one rebuild each)."""
+artefacts are written in one `export_many` call, and the CLI's artefact by the same process
+(conftest.OneExportProcess: one process, one rebuild each)."""
 
+import contextlib
+import io
 import os
 
 import keras
@@ -13,7 +16,7 @@ import pytest
 
 import keras_vit
 from keras_vit.export import ExportError, export_many, export_model
-from tests.conftest import BACKEND, TINY, TINY_HYBRID, randomize
+from tests.conftest import BACKEND, TINY, TINY_HYBRID, OneExportProcess, randomize
 
 tf = pytest.importorskip("tensorflow")
 ort = pytest.importorskip("onnxruntime")
@@ -67,9 +70,11 @@ def float_images(n, size, seed):
 
 
 @pytest.fixture(scope="module")
-def exports(tmp_path_factory):
+def exports(tmp_path_factory, tiny_preset):
     """The artefacts of the module's three models, written by one `export_many` call (on JAX and
-    PyTorch one TensorFlow process): {name: (model, {artefact: path})}."""
+    PyTorch one TensorFlow process): {name: (model, {artefact: path})}; and under "cli", the
+    `keras-vit export` of `tiny_preset` at 48x40 with preprocessing (its artefact written by the
+    same process): (path, exit status, what it printed)."""
     out = tmp_path_factory.mktemp("exports")
     vit = randomize(keras_vit.VisionTransformer(**VIT), seed=1)
     vit_jobs = {
@@ -91,8 +96,16 @@ def exports(tmp_path_factory):
     dynamic_jobs = {"pre": dict(path=str(out / "pre.onnx"), format="onnx", with_preprocessing=True),
                     "plain": dict(path=str(out / "any.onnx"), format="onnx")}
     models = {"vit": (vit, vit_jobs), "hybrid": (hybrid, hybrid_jobs), "dynamic": (dynamic, dynamic_jobs)}
-    export_many([(model, list(jobs.values())) for model, jobs in models.values()])
-    return {name: (model, {k: v["path"] for k, v in jobs.items()}) for name, (model, jobs) in models.items()}
+    cli_path, printed, errors = str(out / "tiny.onnx"), io.StringIO(), io.StringIO()
+    with OneExportProcess():
+        export_many([(model, list(jobs.values())) for model, jobs in models.values()])
+        from keras_vit import cli
+
+        with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(errors):
+            status = cli.main(["export", tiny_preset, cli_path, "--format", "onnx", "--image-size", "48", "40",
+                               "--with-preprocessing"])
+    written = {name: (model, {k: v["path"] for k, v in jobs.items()}) for name, (model, jobs) in models.items()}
+    return dict(written, cli=(cli_path, status, printed.getvalue(), errors.getvalue()))
 
 
 @pytest.fixture(scope="module")
@@ -219,20 +232,15 @@ def tiny_preset(tmp_path_factory):
     return str(folder)
 
 
-def test_cli_exports_onnx_with_preprocessing_at_a_new_size(tiny_preset, tmp_path, capsys):
-    from keras_vit import cli
-
-    out = tmp_path / "tiny.onnx"
-    status = cli.main(["export", tiny_preset, str(out), "--format", "onnx", "--image-size", "48", "40",
-                       "--with-preprocessing"])
-    printed = capsys.readouterr()
-    assert status == 0, printed.err[-3000:]
-    assert "wrote onnx artefact" in printed.out
+def test_cli_exports_onnx_with_preprocessing_at_a_new_size(tiny_preset, exports):
+    out, status, printed, errors = exports["cli"]
+    assert status == 0, errors[-3000:]
+    assert "wrote onnx artefact" in printed
     model = keras_vit.load_checkpoint(tiny_preset, image_size=(48, 40))
     pixels = np.random.default_rng(8).integers(0, 256, (2, 30, 50, 3)).astype("uint8")
     resized = tf.image.resize(pixels.astype("float32"), (48, 40), method="bilinear").numpy()
     expected = model.predict(keras_vit.preprocess_input(resized), verbose=0)
-    assert relative_error(run_onnx(str(out), pixels), expected) <= BAR
+    assert relative_error(run_onnx(out, pixels), expected) <= BAR
 
 
 @pytest.mark.parametrize(

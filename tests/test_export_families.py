@@ -5,9 +5,11 @@ artefacts with preprocessing against the family's documented normalisation compu
 BiT exported at another size against the model built at that size; `model.export` and the CLI
 for a non-ViT model; what cannot be exported, refused up front.
 
-All four models' artefacts come from one `export_many` call (on JAX and PyTorch one TensorFlow
-process), shared by the tests."""
+All four models' artefacts, `model.export`'s and the CLI's come from one TensorFlow process on JAX
+and PyTorch (conftest.OneExportProcess), shared by the tests."""
 
+import contextlib
+import io
 import os
 
 import keras
@@ -17,7 +19,7 @@ import pytest
 import keras_vit
 from keras_vit.export import ExportError, export_many, export_model
 from keras_vit.models import AxialResNet, AxialVisionTransformer, BiTResNet, EfficientNet
-from tests.conftest import BACKEND
+from tests.conftest import BACKEND, OneExportProcess
 
 tf = pytest.importorskip("tensorflow")
 ort = pytest.importorskip("onnxruntime")
@@ -122,7 +124,9 @@ def normalised(pixels, size, family):
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
-    """{family: (model, {artefact: path})}: every family's artefacts, written in one call."""
+    """{family: (model, {artefact: path})}: every family's artefacts, written in one call; and
+    what `model.export` and `keras-vit export` returned and printed ("model.export", "cli"), their
+    artefacts written by the same TensorFlow process."""
     out = tmp_path_factory.mktemp("families")
     models, pairs = {}, []
     for seed, family in enumerate(FAMILIES):
@@ -148,7 +152,20 @@ def exports(tmp_path_factory):
             jobs["onnx_resized"] = dict(format="onnx", image_size=BIT_OTHER_SIZE)
         pairs.append((models[family], [dict(jobs[k], path=paths[k]) for k in paths]))
         models[family] = (models[family], paths)
-    export_many(pairs)
+    # Keras' spelling, and the CLI on a .keras file of a non-ViT model.
+    efficientnet, model_export_path = models["efficientnet"][0], str(out / "e.onnx")
+    axial = tiny_model("axial_resnet", seed=22)
+    axial.save(str(out / "axial.keras"))
+    cli_path, printed = str(out / "axial.onnx"), io.StringIO()
+    with OneExportProcess():
+        export_many(pairs)
+        returned = efficientnet.export(model_export_path, format="onnx", with_preprocessing=True)
+        from keras_vit import cli
+
+        with contextlib.redirect_stdout(printed):
+            status = cli.main(["export", str(out / "axial.keras"), cli_path, "--format", "onnx"])
+    models["model.export"] = (efficientnet, model_export_path, returned)
+    models["cli"] = (axial, cli_path, status, printed.getvalue())
     return models
 
 
@@ -213,26 +230,20 @@ def test_bit_exports_at_another_size(exports):
 # === model.export and the CLI ===
 
 
-def test_model_export_of_an_efficientnet(exports, tmp_path):
+def test_model_export_of_an_efficientnet(exports):
     # Keras' spelling reaches keras_vit.export on every backend (Keras' own export of this model
     # fails on PyTorch).
-    model, _ = exports["efficientnet"]
-    path = model.export(str(tmp_path / "e.onnx"), format="onnx", with_preprocessing=True)
-    assert path == str(tmp_path / "e.onnx")
+    model, asked, path = exports["model.export"]
+    assert path == asked
     pixels = uint8_images(2, (40, 24), seed=14)
     expected = model.predict(normalised(pixels, (32, 32), "efficientnet"), verbose=0)
     assert spread(expected) > 0.05
     assert relative_error(run_onnx(path, pixels), expected) <= BAR_FOR["efficientnet"]
 
 
-def test_cli_exports_a_non_vit_keras_file(tmp_path, capsys):
-    from keras_vit import cli
-
-    model = tiny_model("axial_resnet", seed=22)
-    model.save(str(tmp_path / "axial.keras"))
-    out = str(tmp_path / "axial.onnx")
-    assert cli.main(["export", str(tmp_path / "axial.keras"), out, "--format", "onnx"]) == 0
-    printed = capsys.readouterr().out
+def test_cli_exports_a_non_vit_keras_file(exports):
+    model, out, status, printed = exports["cli"]
+    assert status == 0
     assert "wrote onnx artefact" in printed and "normalised with mean (0.485, 0.456, 0.406)" in printed
     images = float_images(2, (16, 16), seed=15)
     expected = model.predict(images, verbose=0)
