@@ -4,6 +4,7 @@ import os
 import runpy
 
 import pytest
+from conftest import BACKEND
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -33,6 +34,8 @@ def test_finetune_then_fewshot_programs(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.skipif(BACKEND != "jax", reason="the training claim is measured on JAX; the TensorFlow pass runs the "
+                    "program briefly")
 def test_segment_shapes_program(tmp_path, capsys):
     # The small ViT from scratch, its last block's (batch, 8, 8, 64) map through ViTDet's simple
     # feature pyramid (levels of 32, 16, 8 and 4 positions a side), a 1x1 conv head, 8 epochs of
@@ -43,5 +46,19 @@ def test_segment_shapes_program(tmp_path, capsys):
         ["--out", str(tmp_path), "--train", "500", "--epochs", "8", "--test", "200"])
     assert result["iou"]["background"] >= 0.9
     assert result["mean_iou"] >= 0.3
+    assert os.path.getsize(tmp_path / "segment_shapes.png") > 10_000
+    assert "shapes segmentation: mean IoU" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(BACKEND == "jax", reason="the JAX pass trains the program in full")
+def test_segment_shapes_program_runs_briefly(tmp_path, capsys):
+    # The program on this backend: the pyramid, the head, training, prediction, the IoU table and
+    # the picture, in two training steps (no accuracy claim; the layers are tested on every backend
+    # in test_features.py).
+    result = _program("segment_shapes.py")["main"](
+        ["--out", str(tmp_path), "--train", "64", "--epochs", "1", "--test", "20"])
+    assert set(result["iou"]) == {"background", "circle", "square", "triangle", "cross"}
+    assert 0 <= result["mean_iou"] <= 1
     assert os.path.getsize(tmp_path / "segment_shapes.png") > 10_000
     assert "shapes segmentation: mean IoU" in capsys.readouterr().out
