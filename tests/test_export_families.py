@@ -56,6 +56,11 @@ GAIN = {"efficientnet": 2.0}
 # (measured up to 4.5e-6); its bar is 4x that.
 BAR_FOR = {"efficientnet": 2e-5}
 BIT_OTHER_SIZE = (48, 40)
+#: The PyTorch pass writes the ONNX artefacts only: on JAX and PyTorch alike the artefacts come from
+#: a TensorFlow process that rebuilds the model from its .keras file, and the JAX pass writes and
+#: checks the SavedModel and LiteRT ones; what the PyTorch pass adds (each family's weights and
+#: predict on PyTorch against a TensorFlow-written artefact) the ONNX files check.
+ONNX_ONLY = BACKEND == "torch"
 
 
 def tiny_model(family, seed):
@@ -150,6 +155,8 @@ def exports(tmp_path_factory):
         if family == "bit":  # a convolutional network at another size: the same weights
             paths["onnx_resized"] = str(out / "bit_resized.onnx")
             jobs["onnx_resized"] = dict(format="onnx", image_size=BIT_OTHER_SIZE)
+        if ONNX_ONLY:
+            paths = {k: v for k, v in paths.items() if k not in ("saved_model", "litert")}
         pairs.append((models[family], [dict(jobs[k], path=paths[k]) for k in paths]))
         models[family] = (models[family], paths)
     # Keras' spelling, and the CLI on a .keras file of a non-ViT model.
@@ -178,21 +185,21 @@ def test_artefacts_match_keras_predict(family, exports):
     images = float_images(3, model.input_shape[1:3], seed=11)
     expected = model.predict(images, verbose=0)
     assert spread(expected) > 0.05  # the images reach the output
-    loaded = tf.saved_model.load(paths["saved_model"])
-    served = loaded.serve(tf.constant(images)).numpy()
-    errors = {
-        "saved_model": relative_error(served, expected),
-        "onnx": relative_error(run_onnx(paths["onnx"], images), expected),
-    }
+    errors = {"onnx": relative_error(run_onnx(paths["onnx"], images), expected)}
+    if "saved_model" in paths:
+        loaded = tf.saved_model.load(paths["saved_model"])
+        errors["saved_model"] = relative_error(loaded.serve(tf.constant(images)).numpy(), expected)
     if "litert" in paths:
         errors["litert"] = relative_error(run_litert(paths["litert"], images), expected)
     print(family, {k: f"{v:.1e}" for k, v in errors.items()})
     # Measured (JAX, TensorFlow, PyTorch): BiT, AxialResNet, Axial-ViT at most 8.6e-7 (SavedModel
     # built on TensorFlow: 0, AxialResNet 7.1e-8); EfficientNet 4.5e-6 (see GAIN).
     bar = BAR_FOR.get(family, BAR)
-    assert errors["saved_model"] <= (SAVED_MODEL_BAR if BACKEND == "tensorflow" else bar)
+    assert errors.get("saved_model", 0.0) <= (SAVED_MODEL_BAR if BACKEND == "tensorflow" else bar)
     assert errors["onnx"] <= bar
     assert errors.get("litert", 0.0) <= bar
+    if ONNX_ONLY:
+        return
     # serving_default: the probabilities (the softmax of the logits, computed here) and the top-5
     # classes.
     signature = loaded.signatures["serving_default"](images=tf.constant(images))
