@@ -1,5 +1,5 @@
-"""AxialResNet's config, architecture table and spans, without Keras (the CLI and the preset
-table read them without a backend).
+"""AxialResNet's config, architecture table, spans and sharding rules, without Keras (the CLI and
+the preset table read them without a backend).
 
 The original (csrhddlam/axial-deeplab `lib/models/axialnet.py`) fixes each stage's attention
 span for 224-px inputs: 56, 56, 28, 14 for the first block of each stage (the span of the
@@ -251,6 +251,60 @@ def params_of(block_units, width_multiplier, groups=8, classes=1000, image_size=
 
 
 
+# === Sharding rules (`keras_vit.get_layout_map`) ===
+#
+# Each block is split as a Transformer's attention sublayer: both axial attentions' 1x1 `qkv`
+# projections (in, 2 x planes) along their output columns, which are laid out head by head
+# (2 x head width each: query, key, value), so every device attends with whole heads of its own
+# and its output channels are those heads'; `conv_up` (planes -> 2 x planes) along its input
+# channels, the same heads, so the block ends in one all-reduce of its partial sums (the height
+# block's head slices are gathered for the width block's projection on the way). The block's
+# output is laid out (batch, None, None, None): split over the data axis, whole on the model axis.
+# `conv_down`, whose output every head's projection needs whole, and the shortcut's projection
+# stay replicated, as do the stem, the relative embedding tables (shared by the heads) and every
+# BatchNorm. The classifier `fc` is split along its input rows (one all-reduce of (batch,
+# classes), any class count). Groups: "heads" (`groups`, which the model axis must divide) and
+# "head_input" (the last stage's 2 x planes channels).
+
+_SCOPE = r"(?:.*/)?"
+_BLOCK = _SCOPE + r"layer\d+_\d+/"
+_ATTENTION = _BLOCK + r"(?:hight|width)_block/"
+_BATCH_NORM = r"/(?:gamma|beta|moving_mean|moving_variance)"
+_WHOLE_CONV = (None, None, None, None)
+
+
+def _sharding_rules(m):
+    """(group, regex, axes) of every AxialResNet variable, with `m` the model axis name."""
+    return [
+        ("heads", _ATTENTION + r"qkv_transform", (None, m)),
+        ("heads", _BLOCK + r"conv_up/kernel", (None, None, m, None)),
+        (None, _ATTENTION + r"relative", (None, None)),
+        (None, _ATTENTION + r"bn_(?:qkv|similarity|output)" + _BATCH_NORM, (None,)),
+        (None, _BLOCK + r"(?:conv_down|downsample_conv)/kernel", _WHOLE_CONV),
+        (None, _SCOPE + r"(?:layer\d+_\d+/)?(?:bn1|bn2|downsample_bn)" + _BATCH_NORM, (None,)),
+        (None, _SCOPE + r"conv1/kernel", _WHOLE_CONV),
+        ("head_input", _SCOPE + r"fc/kernel", (m, None)),
+        (None, _SCOPE + r"fc/bias", (None,)),
+    ]
+
+
+def _sharding_outputs(data_axis):
+    """Every block's output, after its all-reduce: batch-split, whole on the model axis."""
+    return [(_SCOPE + r"layer\d+_\d+/output", (data_axis, None, None, None))]
+
+
+def _sharding_dims(config):
+    """{"heads": the attention heads, "head_input": the classifier's input channels}."""
+    c = AxialResNetConfig.from_dict(config)
+    return {"heads": c.groups, "head_input": 2 * int(128 * 2 ** (len(c.block_units) - 1) * c.width_multiplier)}
+
+
+SHARDING_GROUPS = {
+    "heads": "axial attention (qkv_transform output columns, conv_up input channels)",
+    "head_input": "fc kernel",
+}
+
+
 # === The family record ===
 
 
@@ -323,7 +377,7 @@ Example:
 
 
 def _make_record():
-    from keras_vit.models.family import IMAGENET_NORMALIZATION, ModelFamily
+    from keras_vit.models.family import IMAGENET_NORMALIZATION, ModelFamily, ShardingRules
 
     return ModelFamily(
         name="axial_resnet",
@@ -345,6 +399,8 @@ def _make_record():
         weights_lower_bound=_weights_lower_bound,
         constructor_doc=DOC,
         input_normalization=IMAGENET_NORMALIZATION,  # the original's (torchvision's) ImageNet mean and std
+        sharding=ShardingRules(rules=_sharding_rules, dims=_sharding_dims, groups=SHARDING_GROUPS,
+                               outputs=_sharding_outputs),
         # Its attention spans (and their relative embeddings) are fixed by the image size: it
         # fine-tunes at its checkpoint's resolution.
         transfer=Transfer(resizable=False, features=("avgpool",)),
