@@ -250,9 +250,9 @@ def _family_models():
 # variable is whole. The Transformers' are EXPECTED's kinds above.
 FAMILY_SPLITS = {
     "bit": {r".*/(?:[abc]_standardized_conv2d|a_proj)/kernel|root_block/kernel": (None, None, None, "model")},
-    "axial_resnet": {  # heads: qkv columns and conv_up input channels; the classifier by rows
-        r"layer\d_\d/(?:hight|width)_block/qkv_transform": (None, "model"),
-        r"layer\d_\d/conv_up/kernel": (None, None, "model", None),
+    "axial_resnet": {  # expansion and shortcut by output channels, the next reduction by input channels
+        r"layer\d_\d/(?:conv_up|downsample_conv)/kernel": (None, None, None, "model"),
+        r"layer\d_\d/conv_down/kernel": (None, None, "model", None),
         r"fc/kernel": ("model", None),
     },
     "efficientnet": {  # inverted residuals: expansion by output channels, projection by input channels
@@ -292,12 +292,12 @@ def test_every_variable_of_every_family_meets_exactly_one_rule():
 def test_fallback_of_the_other_families_names_the_group():
     """A group the model axis does not divide is replicated whole, with a warning naming it; the
     groups it divides stay split."""
-    resnet = dict(image_size=16, block_units=(1,), width_multiplier=0.125, groups=2, classes=3, family="axial_resnet")
-    with pytest.warns(UserWarning, match="heads=2"):
-        layout_map = keras_vit.get_layout_map(mesh(1, 4), config=resnet)
-    assert axes_of(layout_map, "layer1_0/hight_block/qkv_transform") == (None, None)
-    assert axes_of(layout_map, "layer1_0/conv_up/kernel") == (None,) * 4
-    assert axes_of(layout_map, "fc/kernel") == ("model", None)  # 32 input channels
+    resnet = dict(image_size=16, block_units=(1,), width_multiplier=0.125, classes=3, family="axial_resnet")
+    with pytest.warns(UserWarning, match="channels=8"):  # 8 stem channels, 32 block outputs
+        layout_map = keras_vit.get_layout_map(mesh(1, 3), config=resnet)
+    for path in ("layer1_0/conv_up/kernel", "layer1_0/conv_down/kernel", "layer1_0/downsample_conv/kernel"):
+        assert axes_of(layout_map, path) == (None,) * 4, path
+    assert axes_of(layout_map, "fc/kernel") == (None, None)
 
     # B0's expanded widths (96 ... 1152) are multiples of 48, its head has 1280 channels.
     with pytest.warns(UserWarning, match="head=1280") as caught:
@@ -313,5 +313,5 @@ def test_fallback_of_the_other_families_names_the_group():
     assert axes_of(layout_map, "encoderblock_3_column/MlpBlock_3/Dense_0/kernel") == (None, "model")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        keras_vit.get_layout_map(mesh(1, 8), config="AxialResNet50L")  # 8 heads, 2048 head inputs
+        keras_vit.get_layout_map(mesh(1, 16), config="AxialResNet50L")  # 64 stem channels, blocks of 256 ... 2048
         keras_vit.get_layout_map(mesh(1, 16), config="EfficientNetL2")  # multiples of 48, 5504 = 16 x 344

@@ -255,7 +255,7 @@ def _replicated(*shape):
 
 
 # A few variables of each family's tiny model, laid out by hand from the family's split (model
-# axis 4): whole heads, expanded channels or head rows per device; the rest whole.
+# axis 4): whole heads, a quarter of the channels or of the classifier's rows per device; the rest whole.
 FAMILY_LAYOUTS = {
     "axial_vit": {  # hidden 16, 4 heads of 4, MLP 32, pre_logits 8
         "encoderblock_0_row/MultiHeadDotProductAttention_1/query_kernel": {"spec": [None, "model", None],
@@ -267,13 +267,13 @@ FAMILY_LAYOUTS = {
         "head/kernel": {"spec": ["model", None], "shard": [2, 8]},
         "encoderblock_0_row/LayerNorm_0/gamma": _replicated(16),
     },
-    "axial_resnet": {  # 16 attention channels in 4 heads: q, k, v columns 2 x 4 per head
-        "layer1_0/hight_block/qkv_transform": {"spec": [None, "model"], "shard": [16, 8]},
-        "layer1_0/width_block/qkv_transform": {"spec": [None, "model"], "shard": [16, 8]},
-        "layer1_0/conv_up/kernel": {"spec": [None, None, "model", None], "shard": [1, 1, 4, 32]},
+    "axial_resnet": {  # stem 8 channels, 16 attention channels, block output 32
+        "layer1_0/conv_up/kernel": {"spec": [None, None, None, "model"], "shard": [1, 1, 16, 8]},
+        "layer1_0/downsample_conv/kernel": {"spec": [None, None, None, "model"], "shard": [1, 1, 8, 8]},
+        "layer1_0/conv_down/kernel": {"spec": [None, None, "model", None], "shard": [1, 1, 2, 16]},
         "fc/kernel": {"spec": ["model", None], "shard": [8, 8]},
-        "layer1_0/conv_down/kernel": _replicated(1, 1, 8, 16),
-        "layer1_0/hight_block/relative": _replicated(8, 15),
+        "layer1_0/hight_block/qkv_transform": _replicated(16, 32),
+        "layer1_0/width_block/relative": _replicated(8, 15),
         "conv1/kernel": _replicated(7, 7, 3, 8),
     },
     "efficientnet": {  # stem 8 channels, first inverted residual 8 -> 48 -> 8, head 128

@@ -12,6 +12,7 @@ the original's checkpoints load at 224 px; other sizes are refused when the weig
 """
 
 import dataclasses
+import math
 from typing import ClassVar
 
 from keras_vit.models.config import FieldGroupConfig
@@ -253,18 +254,18 @@ def params_of(block_units, width_multiplier, groups=8, classes=1000, image_size=
 
 # === Sharding rules (`keras_vit.get_layout_map`) ===
 #
-# Each block is split as a Transformer's attention sublayer: both axial attentions' 1x1 `qkv`
-# projections (in, 2 x planes) along their output columns, which are laid out head by head
-# (2 x head width each: query, key, value), so every device attends with whole heads of its own
-# and its output channels are those heads'; `conv_up` (planes -> 2 x planes) along its input
-# channels, the same heads, so the block ends in one all-reduce of its partial sums (the height
-# block's head slices are gathered for the width block's projection on the way). The block's
-# output is laid out (batch, None, None, None): split over the data axis, whole on the model axis.
-# `conv_down`, whose output every head's projection needs whole, and the shortcut's projection
-# stay replicated, as do the stem, the relative embedding tables (shared by the heads) and every
-# BatchNorm. The classifier `fc` is split along its input rows (one all-reduce of (batch,
-# classes), any class count). Groups: "heads" (`groups`, which the model axis must divide) and
-# "head_input" (the last stage's 2 x planes channels).
+# The bottleneck's 1x1 convolutions as Megatron's column/row pair across blocks: `conv_up`
+# (planes -> 2 x planes, the expansion) and the shortcut's projection split along their output
+# channels, so the residual stream between blocks lies split along its channels; the next
+# block's `conv_down` (2 x planes -> planes) along its input channels, one all-reduce of its
+# partial sums per block; the classifier `fc` along its input rows (one all-reduce of (batch,
+# classes), any class count). The axial attentions stay replicated: their similarities are
+# BatchNormed as 3 x heads channels concatenated (q.k, q.r, k.r), which a split by heads cannot
+# keep split, so XLA all-gathers the (sequences, 3 x heads, span, span) similarity map of every
+# attention (at 224 px, 4.2 million values per image in a first-stage attention, 10 to 21 times
+# its (56, 56, planes) input). Replicated too: the stem, the relative embedding tables and every
+# BatchNorm. One group, "channels": the stem's and every stage's output channels, whose greatest
+# common divisor the model axis must divide.
 
 _SCOPE = r"(?:.*/)?"
 _BLOCK = _SCOPE + r"layer\d+_\d+/"
@@ -276,33 +277,27 @@ _WHOLE_CONV = (None, None, None, None)
 def _sharding_rules(m):
     """(group, regex, axes) of every AxialResNet variable, with `m` the model axis name."""
     return [
-        ("heads", _ATTENTION + r"qkv_transform", (None, m)),
-        ("heads", _BLOCK + r"conv_up/kernel", (None, None, m, None)),
+        ("channels", _BLOCK + r"(?:conv_up|downsample_conv)/kernel", (None, None, None, m)),
+        ("channels", _BLOCK + r"conv_down/kernel", (None, None, m, None)),
+        ("channels", _SCOPE + r"fc/kernel", (m, None)),
+        (None, _SCOPE + r"fc/bias", (None,)),
+        (None, _ATTENTION + r"qkv_transform", (None, None)),
         (None, _ATTENTION + r"relative", (None, None)),
         (None, _ATTENTION + r"bn_(?:qkv|similarity|output)" + _BATCH_NORM, (None,)),
-        (None, _BLOCK + r"(?:conv_down|downsample_conv)/kernel", _WHOLE_CONV),
         (None, _SCOPE + r"(?:layer\d+_\d+/)?(?:bn1|bn2|downsample_bn)" + _BATCH_NORM, (None,)),
         (None, _SCOPE + r"conv1/kernel", _WHOLE_CONV),
-        ("head_input", _SCOPE + r"fc/kernel", (m, None)),
-        (None, _SCOPE + r"fc/bias", (None,)),
     ]
 
 
-def _sharding_outputs(data_axis):
-    """Every block's output, after its all-reduce: batch-split, whole on the model axis."""
-    return [(_SCOPE + r"layer\d+_\d+/output", (data_axis, None, None, None))]
-
-
 def _sharding_dims(config):
-    """{"heads": the attention heads, "head_input": the classifier's input channels}."""
+    """{"channels": the gcd of the stem's and every stage's output channels}."""
     c = AxialResNetConfig.from_dict(config)
-    return {"heads": c.groups, "head_input": 2 * int(128 * 2 ** (len(c.block_units) - 1) * c.width_multiplier)}
+    widths = [int(64 * c.width_multiplier)]
+    widths += [2 * int(128 * 2**stage * c.width_multiplier) for stage in range(len(c.block_units))]
+    return {"channels": math.gcd(*widths)}
 
 
-SHARDING_GROUPS = {
-    "heads": "axial attention (qkv_transform output columns, conv_up input channels)",
-    "head_input": "fc kernel",
-}
+SHARDING_GROUPS = {"channels": "1x1 convolutions (conv_up and shortcut outputs, conv_down inputs) and fc rows"}
 
 
 # === The family record ===
@@ -399,8 +394,7 @@ def _make_record():
         weights_lower_bound=_weights_lower_bound,
         constructor_doc=DOC,
         input_normalization=IMAGENET_NORMALIZATION,  # the original's (torchvision's) ImageNet mean and std
-        sharding=ShardingRules(rules=_sharding_rules, dims=_sharding_dims, groups=SHARDING_GROUPS,
-                               outputs=_sharding_outputs),
+        sharding=ShardingRules(rules=_sharding_rules, dims=_sharding_dims, groups=SHARDING_GROUPS),
         # Its attention spans (and their relative embeddings) are fixed by the image size: it
         # fine-tunes at its checkpoint's resolution.
         transfer=Transfer(resizable=False, features=("avgpool",)),
