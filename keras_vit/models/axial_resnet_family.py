@@ -269,23 +269,22 @@ def params_of(block_units, width_multiplier, groups=8, classes=1000, image_size=
 
 _SCOPE = r"(?:.*/)?"
 _BLOCK = _SCOPE + r"layer\d+_\d+/"
-_ATTENTION = _BLOCK + r"(?:hight|width)_block/"
-_BATCH_NORM = r"/(?:gamma|beta|moving_mean|moving_variance)"
-_WHOLE_CONV = (None, None, None, None)
 
 
 def _sharding_rules(m):
     """(group, regex, axes) of every AxialResNet variable, with `m` the model axis name."""
+    attention = _BLOCK + r"(?:hight|width)_block/"
+    batch_norm = r"/(?:gamma|beta|moving_mean|moving_variance)"
     return [
         ("channels", _BLOCK + r"(?:conv_up|downsample_conv)/kernel", (None, None, None, m)),
         ("channels", _BLOCK + r"conv_down/kernel", (None, None, m, None)),
         ("channels", _SCOPE + r"fc/kernel", (m, None)),
         (None, _SCOPE + r"fc/bias", (None,)),
-        (None, _ATTENTION + r"qkv_transform", (None, None)),
-        (None, _ATTENTION + r"relative", (None, None)),
-        (None, _ATTENTION + r"bn_(?:qkv|similarity|output)" + _BATCH_NORM, (None,)),
-        (None, _SCOPE + r"(?:layer\d+_\d+/)?(?:bn1|bn2|downsample_bn)" + _BATCH_NORM, (None,)),
-        (None, _SCOPE + r"conv1/kernel", _WHOLE_CONV),
+        (None, attention + r"qkv_transform", (None, None)),
+        (None, attention + r"relative", (None, None)),
+        (None, attention + r"bn_(?:qkv|similarity|output)" + batch_norm, (None,)),
+        (None, _SCOPE + r"(?:layer\d+_\d+/)?(?:bn1|bn2|downsample_bn)" + batch_norm, (None,)),
+        (None, _SCOPE + r"conv1/kernel", (None, None, None, None)),
     ]
 
 
