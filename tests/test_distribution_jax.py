@@ -294,7 +294,7 @@ FAMILY_LAYOUTS = {
 def test_every_family_model_parallel_matches_one_device(scenarios, family):
     report = scenarios["families"][family]
     print(family, "relative logit error", report["error"], "loss", report["loss"])
-    assert report["error"] < 1e-6  # measured 8e-8 to 2.1e-7 (2-core CPU)
+    assert report["error"] < 1e-6  # measured 8e-8 to 2.8e-7 (2-core CPU)
     assert np.isfinite(report["loss"])
     weights = report["weights"]
     for path, layout in FAMILY_LAYOUTS[family].items():
