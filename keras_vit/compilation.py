@@ -50,11 +50,16 @@ def enable_persistent_cache():
     if _DONE:
         return
     _DONE = True
-    if os.environ.get("KERAS_VIT_COMPILATION_CACHE", "1").strip().lower() in ("0", "false", "no", "off"):
-        return
     import keras
 
-    if keras.backend.backend() != "jax":
+    if keras.backend.backend() == "jax":
+        use_persistent_cache()
+
+
+def use_persistent_cache():
+    """Keep this process's JAX programs in `<keras_vit cache>/xla`, whatever the Keras backend (a
+    TensorFlow or PyTorch process that also runs JAX code), under the module docstring's rules."""
+    if os.environ.get("KERAS_VIT_COMPILATION_CACHE", "1").strip().lower() in ("0", "false", "no", "off"):
         return
     import jax
 
