@@ -107,8 +107,10 @@ def pytest_configure(config):
 #: unit the two xdist workers take turns on (--dist loadfile); the longest start first so that the
 #: workers finish together, with the many short modules filling in at the end. The JAX pass also
 #: runs the modules that run on one backend only (backend_independent, the JAX SPMD and
-#: multi-process ones); on PyTorch the exports (a TensorFlow process each) and torch.compile weigh
-#: most.
+#: multi-process ones); on PyTorch the timm zoo, the exports (a TensorFlow process per module) and
+#: torch.compile weigh most. The TensorFlow order is a measured pass (-n 2, --durations=0, summed per
+#: module); the PyTorch order moves the modules made shorter since its last measurement down by
+#: their single-process CPU times.
 LONG_MODULES = {
     "jax": ("test_docs", "test_cli_families", "test_timm_zoo_entry_points", "test_cache_faults",
             "test_model_contract", "test_timm_zoo_presets", "test_transfer", "test_finetune_tools", "test_timm_zoo",
@@ -118,16 +120,16 @@ LONG_MODULES = {
             "test_checkpoints", "test_axial_resnet", "test_hub_pytorch_bin", "test_cli_checkpoints",
             "test_hostile_files", "test_cli_train", "test_dynamic_size", "test_training_fit", "test_model_variants",
             "test_evaluation", "test_big_vision", "test_analysis"),
-    "tensorflow": ("test_timm_zoo_entry_points", "test_export", "test_finetune_tools", "test_saving_precision",
-                   "test_model_contract", "test_timm_zoo", "test_features", "test_docs", "test_applications",
-                   "test_model_variants", "test_export_families", "test_resume", "test_distribution_tf",
-                   "test_training_fit", "test_models", "test_demo", "test_checkpoints", "test_bit",
-                   "test_recipes_optax", "test_quantize", "test_dynamic_size", "test_analysis", "test_efficientnet",
-                   "test_family_configs", "test_cli_checkpoints", "test_axial_vit", "test_loading"),
-    "torch": ("test_timm_zoo_entry_points", "test_export_families", "test_timm_zoo", "test_export",
-              "test_finetune_tools", "test_model_contract", "test_performance", "test_docs", "test_saving_precision",
-              "test_recipes_optax", "test_cli_train", "test_quantize", "test_demo", "test_cli_checkpoints",
-              "test_checkpoints", "test_training_fit", "test_bit", "test_analysis", "test_big_vision", "test_models"),
+    "tensorflow": ("test_export", "test_saving_precision", "test_docs", "test_export_families", "test_training_fit",
+                   "test_applications", "test_distribution_tf", "test_timm_zoo_entry_points", "test_checkpoints",
+                   "test_bit", "test_resume", "test_demo", "test_model_variants", "test_models", "test_timm_zoo",
+                   "test_finetune_tools", "test_recipes_optax", "test_dynamic_size", "test_analysis", "test_quantize",
+                   "test_model_contract", "test_efficientnet", "test_transfer", "test_cli_checkpoints",
+                   "test_timm_eva", "test_family_configs", "test_cli_train"),
+    "torch": ("test_timm_zoo_entry_points", "test_timm_zoo", "test_export", "test_model_contract", "test_performance",
+              "test_export_families", "test_docs", "test_saving_precision", "test_finetune_tools", "test_cli_train",
+              "test_quantize", "test_recipes_optax", "test_demo", "test_cli_checkpoints", "test_checkpoints",
+              "test_training_fit", "test_bit", "test_analysis", "test_big_vision", "test_models"),
 }
 
 
