@@ -108,9 +108,7 @@ def pytest_configure(config):
 #: workers finish together, with the many short modules filling in at the end. The JAX pass also
 #: runs the modules that run on one backend only (backend_independent, the JAX SPMD and
 #: multi-process ones); on PyTorch the timm zoo, the exports (a TensorFlow process per module) and
-#: torch.compile weigh most. The TensorFlow order is a measured pass (-n 2, --durations=0, summed per
-#: module); the PyTorch order moves the modules made shorter since its last measurement down by
-#: their single-process CPU times.
+#: torch.compile weigh most. Each order is a measured pass (-n 2, --durations=0, summed per module).
 LONG_MODULES = {
     "jax": ("test_docs", "test_cli_families", "test_timm_zoo_entry_points", "test_cache_faults",
             "test_model_contract", "test_timm_zoo_presets", "test_transfer", "test_finetune_tools", "test_timm_zoo",
@@ -126,10 +124,10 @@ LONG_MODULES = {
                    "test_finetune_tools", "test_recipes_optax", "test_dynamic_size", "test_analysis", "test_quantize",
                    "test_model_contract", "test_efficientnet", "test_transfer", "test_cli_checkpoints",
                    "test_timm_eva", "test_family_configs", "test_cli_train"),
-    "torch": ("test_timm_zoo_entry_points", "test_timm_zoo", "test_export", "test_model_contract", "test_performance",
-              "test_export_families", "test_docs", "test_saving_precision", "test_finetune_tools", "test_cli_train",
-              "test_quantize", "test_recipes_optax", "test_demo", "test_cli_checkpoints", "test_checkpoints",
-              "test_training_fit", "test_bit", "test_analysis", "test_big_vision", "test_models"),
+    "torch": ("test_performance", "test_export", "test_docs", "test_export_families", "test_demo", "test_cli_train",
+              "test_saving_precision", "test_timm_zoo_entry_points", "test_training_fit", "test_timm_zoo",
+              "test_analysis", "test_recipes_optax", "test_quantize", "test_efficientnet", "test_bit",
+              "test_cli_checkpoints", "test_models", "test_torch_zip_tampered", "test_evaluation", "test_checkpoints"),
 }
 
 
