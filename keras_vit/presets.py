@@ -22,6 +22,7 @@ the requested input size is used (224 vs 384); position embeddings are resized f
 import dataclasses
 import difflib
 
+from keras_vit.geometry import as_pair
 from keras_vit.models.family import all_architectures, constructor_names, families
 
 
@@ -181,11 +182,7 @@ def tags(architecture):
 
 
 def _side(image_size):
-    if image_size is None:
-        return None
-    if isinstance(image_size, int):
-        return image_size
-    return max(int(s) for s in image_size)
+    return None if image_size is None else max(as_pair(image_size))
 
 
 def _closest(rows, image_size):

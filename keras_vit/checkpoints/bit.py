@@ -65,8 +65,6 @@ def infer_bit_config(tree, *, source="checkpoint", image_size=None):
     if not units or sorted(units) != list(range(1, len(units) + 1)):
         raise CheckpointError(f"{source}: BiT stages {sorted(units)} are not numbered block1..blockN.")
     head = tree.get(PREFIX + "head/conv2d/kernel")
-    if image_size is not None and not isinstance(image_size, int):
-        image_size = tuple(image_size)
     config = dict(
         image_size=image_size if image_size is not None else (224, 224),
         block_units=tuple(units[s] for s in sorted(units)),

@@ -337,7 +337,7 @@ def _model_card(model, metadata, folder):
     """The README.md of a preset folder: the family's text and table rows, then the shared ones."""
     from keras_vit.models.family import family_of
 
-    c = model.get_config()
+    c = model.config  # the config object: sizes are (height, width) pairs
     tags, introduction, rows = family_of(model).model_card(c)
     extra = "".join(
         f"| {k} | {v} |\n" for k, v in metadata.items() if isinstance(v, (str, int, float)) and k != "description"

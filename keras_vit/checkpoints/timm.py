@@ -20,6 +20,7 @@ import numpy as np
 
 from keras_vit.checkpoints.registry import CheckpointFormat, safetensors_flavour
 from keras_vit.errors import CheckpointError
+from keras_vit.geometry import positive_pair
 from keras_vit.models.config import NUMERICS
 from keras_vit.models.vit_family import VIT, heads_from_table, infer_config, infer_resnet, timm_zoo_table
 from keras_vit.storage.files import describe_keys, looks_like_safetensors, reading
@@ -639,11 +640,11 @@ def _image_size(config, source):
         size = list(size[1:])
         if None in size:
             return None
-    pair = [size, size] if not isinstance(size, (list, tuple)) else list(size)
-    if len(pair) != 2:
+    try:
+        return positive_pair(size, name)
+    except ValueError:
         raise CheckpointError(f"{source}: config.json {name} is {str(size)[:40]!r}; expected an image size "
-                              "(an int or [height, width]).")
-    return tuple(_positive_int(v, name, source) for v in pair)
+                              "(a positive int or [height, width] of positive ints).") from None
 
 
 def read_timm(path, lazy=False):

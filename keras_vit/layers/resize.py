@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from keras_vit.geometry import RESIZE_RULES  # noqa: F401  (re-exported)
+from keras_vit.geometry import RESIZE_RULES, positive_pair  # noqa: F401  (RESIZE_RULES re-exported)
 
 # === Rules ===
 
@@ -165,20 +165,6 @@ def resize_position_embedding(
     return out[0] if squeeze else out
 
 
-def _pair(size, what):
-    if isinstance(size, bool):
-        raise ValueError(f"{what} must be a positive int or (height, width); got {size!r}.")
-    if isinstance(size, (int, np.integer)):
-        size = (size, size)
-    try:
-        pair = tuple(int(s) for s in size)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be a positive int or (height, width); got {size!r}.") from None
-    if len(pair) != 2 or min(pair) < 1 or any(int(s) != s for s in size):
-        raise ValueError(f"{what} must be a positive int or (height, width); got {size!r}.")
-    return pair
-
-
 def resize_patch_embedding(kernel, new_patch_size, *, rule="bicubic_antialias"):
     """FlexiViT's pseudo-inverse resize (PI-resize) of a patch-embedding kernel.
 
@@ -213,7 +199,7 @@ def resize_patch_embedding(kernel, new_patch_size, *, rule="bicubic_antialias"):
         )
     if rule not in PATCH_RESIZE_RULES:
         raise ValueError(f"Unknown patch-embedding resize rule {rule!r}; expected one of {PATCH_RESIZE_RULES}.")
-    new = _pair(new_patch_size, "new_patch_size")
+    new = positive_pair(new_patch_size, "new_patch_size")
     old = tuple(kernel.shape[:2])
     if old == new:
         return kernel.astype(np.float32)

@@ -17,6 +17,7 @@ from typing import ClassVar
 from keras_vit.choices import MLP_ACTIVATIONS, NORMS
 from keras_vit.errors import CheckpointError
 from keras_vit.models.bit_family import conv_flops, count_units, resnet_flops, width_factor
+from keras_vit.geometry import positive_pair
 from keras_vit.models.config import NUMERICS, RESIZE_RULES, FieldGroupConfig, as_pair, config_field, suggest
 from keras_vit.models.family import IMAGENET_NORMALIZATION, ModelFamily, ShardingRules, stem_block_head_groups
 from keras_vit.models.transfer import Transfer
@@ -834,7 +835,7 @@ def infer_config(tree, numerics, *, source="checkpoint", image_size=None, num_he
 def source_grid(config):
     """The (rows, cols) position-embedding grid of a checkpoint config."""
     stride = config["patch_size"] * resnet_stride(config.get("resnet"))
-    h, w = config["image_size"] if not isinstance(config["image_size"], int) else (config["image_size"],) * 2
+    h, w = config["image_size"]  # a config object's: always (height, width)
     return h // stride, w // stride
 
 
@@ -1213,13 +1214,10 @@ def _patch_resize_refusal(config):
 
 
 def _vit_to_checkpoint(model_config):
-    config = {k: model_config[k] for k in ARCHITECTURE_FIELDS if k in model_config}
-    if model_config.get("input_normalization") is not None:  # the weights' own input (timm's zoo)
-        config["input_normalization"] = tuple(tuple(part) for part in model_config["input_normalization"])
-    size = config["image_size"]
-    config["image_size"] = (size, size) if isinstance(size, int) else tuple(size)
-    if config.get("resnet") is not None:
-        config["resnet"] = (tuple(config["resnet"][0]), config["resnet"][1])
+    normalised = ViTConfig.from_dict(model_config)  # sizes as pairs, the ResNet as tuples
+    config = {k: normalised[k] for k in ARCHITECTURE_FIELDS if k in model_config}
+    if normalised.input_normalization is not None:  # the weights' own input (timm's zoo)
+        config["input_normalization"] = normalised.input_normalization
     include_top = model_config.get("include_top", True)
     if not include_top:
         config["classes"] = None
@@ -1326,12 +1324,11 @@ def _vit_weights_lower_bound(config, source):
                                   for k in ("hidden_size", "num_layers", "mlp_dim", "patch_size"))
     _positive_int(config, "num_heads", source)
     channels = _positive_int(config, "num_channels", source, default=3)
-    size = config.get("image_size", 224)
-    size = [size, size] if isinstance(size, int) and not isinstance(size, bool) else size
-    if not isinstance(size, (list, tuple)) or len(size) != 2 or not all(
-        isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in size
-    ):
-        raise CheckpointError(f"{source}: image_size is {str(size)[:40]!r}; expected a positive int or [height, width].")
+    try:
+        size = positive_pair(config.get("image_size", 224))
+    except ValueError:
+        raise CheckpointError(f"{source}: image_size is {str(config.get('image_size'))[:40]!r}; expected a positive "
+                              "int or [height, width].") from None
     resnet = config.get("resnet")
     if resnet is not None:
         if not (isinstance(resnet, (list, tuple)) and len(resnet) == 2 and isinstance(resnet[0], (list, tuple))
