@@ -422,7 +422,7 @@ def _prepared_model(model, int8, image_size):
     from keras_vit.models.weight_tree import get_weight_tree, set_weight_tree
 
     changed = model
-    if image_size is not None and tuple(image_size) != model.config.image_size:
+    if image_size is not None and image_size != model.config.image_size:
         config = dict(model.get_config(), image_size=list(image_size))
         changed = type(model).from_config(config)
         grid = getattr(model, "grid_size", None)

@@ -316,12 +316,8 @@ def write_big_vision_npz(tree, path, *, config=None, prefix="", scan=False):
 
         config = getattr(tree, "config", None)
         tree = get_weight_tree(tree)
-    if config is None:
-        class_token_pe = True
-    elif isinstance(config, Mapping):
-        class_token_pe = config.get("class_token_position_embedding", True)
-    else:
-        class_token_pe = getattr(config, "class_token_position_embedding", True)
+    # A get_config() dict or a config object (a mapping of its fields).
+    class_token_pe = True if config is None else config.get("class_token_position_embedding", True)
     out, layers = {}, {}
     for key, value in tree.items():
         value = np.asarray(value, dtype=np.float32)

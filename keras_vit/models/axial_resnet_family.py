@@ -184,7 +184,7 @@ def axial_resnet_flops(config, image_size=None, classes=None):
     """Forward FLOPs (one multiply-add = 2) of an AxialResNet: convolutions, the attention's
     projections, similarities (q.k, q.r, k.r), weighted sums (values and value embeddings) and
     the head; norms, softmax and pooling are not counted (the Table-6 convention)."""
-    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    get = config.get  # a dict or a config object (a mapping of its fields)
     size = image_size if image_size is not None else get("image_size", (224, 224))
     units = tuple(get("block_units"))
     s = get("width_multiplier")

@@ -190,7 +190,7 @@ def efficientnet_flops(config, image_size=None, classes=None):
     at k * k per output value, the squeeze-excitation's 1x1 convolutions on the pooled vector)
     and the classifier; norms, activations, pooling, the gating product and additions are not
     counted (the convention of `keras_vit.flops`)."""
-    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    get = config.get  # a dict or a config object (a mapping of its fields)
     size = image_size if image_size is not None else get("image_size", (224, 224))
     h, w = as_pair(size)
     s, d = get("width_multiplier"), get("depth_multiplier")
