@@ -791,8 +791,8 @@ CONFIG_CLASSES = {"npz": "ViTConfig", "big_vision": "ViTConfig", "timm": "ViTCon
 
 
 def test_every_format_reads_its_familys_config_object(sandbox, valid):
-    """Every registered format's `read_at`, and `read_checkpoint`, give the family's config object
-    (sizes as pairs), which still answers the dict reads code wrote for the readers' old dicts."""
+    """Every registered format's reader, its `read_at` and `read_checkpoint` give the family's config
+    object (sizes as pairs), which still answers the dict reads code wrote for the readers' old dicts."""
     from keras_vit.checkpoints.registry import detect_format, formats
 
     for name in formats():
@@ -803,6 +803,7 @@ def test_every_format_reads_its_familys_config_object(sandbox, valid):
             assert fmt.name == name, label
             _, config = fmt.read_at(os.path.normpath(path))
             assert type(config).__name__ == CONFIG_CLASSES[name], label
+            assert type(fmt.read(os.path.normpath(path))[1]) is type(config), label  # the module's own reader
             _, public = read_checkpoint(path)
             assert public == config, label
             assert len(config.image_size) == 2 and all(isinstance(s, int) for s in config.image_size), label

@@ -13,6 +13,7 @@ ViTs).
 """
 
 import dataclasses
+import functools
 import importlib
 import os
 from typing import Callable, Optional
@@ -98,15 +99,33 @@ class CheckpointFormat:
             tree, config = self.read_sized(path, image_size)
         else:
             tree, config = self.read(path)
-        try:
-            return tree, config_object(config)
-        except (TypeError, ValueError) as err:
-            raise CheckpointError(f"{path}: the checkpoint's configuration is not valid: {err}") from None
+        return tree, _config_object(config, path)
 
     @property
     def resize_rule(self):
         """The position-embedding resize rule of the format's framework (None: stated per file)."""
         return NUMERICS[self.numerics]["position_embedding_resize"] if self.numerics else None
+
+
+def _config_object(config, path):
+    """The family's config object of a reader's config (a dict, or one already), or a CheckpointError."""
+    try:
+        return config_object(config)
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{path}: the checkpoint's configuration is not valid: {err}") from None
+
+
+def reads_config_object(read):
+    """A reader `read(path, ...) -> (tree, config dict)` made to give the family's config object
+    (`ViTConfig`, `BiTConfig`, ...) instead of the dict: the public `read_*` functions of the
+    format modules, as `CheckpointFormat.read_at` does for every format."""
+
+    @functools.wraps(read)
+    def reader(path, *args, **kwargs):
+        tree, config = read(path, *args, **kwargs)
+        return tree, _config_object(config, os.fspath(path))
+
+    return reader
 
 
 _REGISTRY = {}

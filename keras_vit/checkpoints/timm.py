@@ -18,7 +18,7 @@ import re
 
 import numpy as np
 
-from keras_vit.checkpoints.registry import CheckpointFormat, safetensors_flavour
+from keras_vit.checkpoints.registry import CheckpointFormat, reads_config_object, safetensors_flavour
 from keras_vit.errors import CheckpointError
 from keras_vit.geometry import positive_pair
 from keras_vit.models.config import NUMERICS
@@ -647,10 +647,11 @@ def _image_size(config, source):
                               "(a positive int or [height, width] of positive ints).") from None
 
 
+@reads_config_object
 def read_timm(path, lazy=False):
     """Read a timm Hub folder (model.safetensors + config.json) or a bare timm .safetensors.
 
-    Returns (canonical tree, VisionTransformer kwargs with timm's numerics). With `lazy=True` the
+    Returns (canonical tree, ViTConfig with timm's numerics). With `lazy=True` the
     tree holds LazyArrays, read from the file only when converted with np.asarray.
 
     Example:
