@@ -1,5 +1,5 @@
-"""The named presets and constructors of timm's ViT zoo (DINOv2, CLIP, SigLIP, DeiT, DeiT III, MAE)
-against timm itself: each preset row against timm's live pretrained_cfg (resolution, head size,
+"""The named presets and constructors of timm's ViT zoo (DINOv2, CLIP, SigLIP, DeiT, DeiT III, MAE,
+BEiT, BEiT v2, EVA-02) against timm itself: each preset row against timm's live pretrained_cfg (resolution, head size,
 mean/std, licence, Hub repository), each constructor's parameter count against timm's model built
 on PyTorch's meta device, FLOPs against torch's flop counter, and the licence column of
 `keras-vit presets`."""
@@ -135,7 +135,12 @@ def test_constructor_parameter_counts_equal_timms(name):
     with keras.StatelessScope(initialize_variables=False):
         model = getattr(keras_vit, name)(weights=None)
     assert model.input_shape == (None, *row.default_size, 3)
-    assert model.count_params() == sum(p.numel() for p in reference.parameters())
+    # BEiT's and EVA's attention has query and value biases (`q_bias` or `q_proj.bias`, and v's) and
+    # a key bias fixed at zero (a buffer, or none): keras_vit's key bias is a weight, one per query
+    # bias. (A key bias adds q . b to every logit of a query's row, which the softmax cancels.)
+    key_biases = sum(p.numel() for n, p in reference.named_parameters()
+                     if n.endswith(("attn.q_bias", "attn.q_proj.bias")))
+    assert model.count_params() == sum(p.numel() for p in reference.parameters()) + key_biases
     keras.utils.clear_session()
 
 

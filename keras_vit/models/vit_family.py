@@ -166,7 +166,23 @@ _CLIP = ("CLIP's image tower (Radford et al., 2021: \"Learning Transferable Visu
 _SIGLIP = "SigLIP's image tower (Zhai et al., 2023: \"Sigmoid Loss for Language Image Pre-Training\")"
 _DEIT = "DeiT (Touvron et al., 2021: \"Training data-efficient image transformers & distillation through attention\")"
 _DEIT3 = "DeiT III (Touvron et al., 2022: \"DeiT III: Revenge of the ViT\")"
+_BEIT = "BEiT (Bao et al., 2022: \"BEiT: BERT Pre-Training of Image Transformers\")"
+_BEITV2 = ("BEiT v2 (Peng et al., 2022: \"BEiT v2: Masked Image Modeling with Vector-Quantized Visual "
+           "Tokenizers\")")
+_EVA02 = "EVA-02 (Fang et al., 2024: \"EVA-02: A Visual Representation for Neon Genesis\")"
 _IN = dict(input_normalization=IMAGENET_NORMALIZATION)
+#: timm's Beit: a class token, no absolute position embedding, a relative position bias per block,
+#: layer scale, and the patches' mean through fc_norm.
+_BEIT_ARGS = dict(classifier="gap", class_token=True, position_embedding="none", relative_position_bias=True,
+                  fc_norm=True)
+#: timm's EVA-02 (Eva): a class token with the absolute embedding, EVA-02's rotary embedding laid out
+#: for a 16 x 16 reference grid, SwiGLU (B and L with its sub-LN), the patches' mean through fc_norm.
+_EVA02_ARGS = dict(classifier="gap", class_token=True, fc_norm=True, glu=True, mlp_activation="silu",
+                   rotary_position_embedding=True, rope_reference_grid=(16, 16), input_normalization=CLIP_NORMALIZATION)
+_EVA02_TI = dict(hidden_size=192, mlp_dim=512, num_heads=3, num_layers=12)  # mlp_ratio 4 * 2 / 3
+_EVA02_S = dict(hidden_size=384, mlp_dim=1024, num_heads=6, num_layers=12)
+_EVA02_B = dict(hidden_size=768, mlp_dim=2048, num_heads=12, num_layers=12)
+_EVA02_L = dict(hidden_size=1024, mlp_dim=2730, num_heads=16, num_layers=24)  # int(1024 * 8 / 3)
 _CLIP_ARGS = dict(pre_norm=True, patch_embedding_bias=False, layer_norm_epsilon=1e-5,
                   input_normalization=CLIP_NORMALIZATION)
 
@@ -211,6 +227,23 @@ ZOO_ARCHITECTURES = {
                      default_weights="fb_in22k_ft_in1k", dims=dims, patch_size=16, layer_scale=1e-6,
                      class_token_position_embedding=False, **_IN)
             for s, size, dims in (("S", "small", _S), ("B", "base", _B), ("L", "large", _L))
+        ),
+        *(
+            _zoo_row(f"BEiT{v}{s}16", f"BEiT{' v2' if v else ''} ViT-{s}/16", f"beit{v}_{size}_patch16_224", 224,
+                     reference=_BEITV2 if v else _BEIT, default_weights=default, dims=dims, patch_size=16,
+                     layer_scale=0.1 if (v, s) == ("", "B") else 1e-5, **_BEIT_ARGS,
+                     **(_IN if v else {}))
+            for v, default in (("", "in22k_ft_in22k_in1k"), ("v2", "in1k_ft_in22k_in1k"))
+            for s, size, dims in (("B", "base", _B), ("L", "large", _L))
+        ),
+        *(
+            _zoo_row(f"EVA02{s}14", f"EVA-02 ViT-{s}/14", f"eva02_{size}_patch14_{res}", res, reference=_EVA02,
+                     default_weights=default, dims=dims, patch_size=14, **_EVA02_ARGS,
+                     **(dict(mlp_norm=True) if s in ("B", "L") else {}))
+            for s, size, res, dims, default in (
+                ("Ti", "tiny", 336, _EVA02_TI, "mim_in22k_ft_in1k"), ("S", "small", 336, _EVA02_S, "mim_in22k_ft_in1k"),
+                ("B", "base", 448, _EVA02_B, "mim_in22k_ft_in22k_in1k"),
+                ("L", "large", 448, _EVA02_L, "mim_in22k_ft_in22k_in1k"))
         ),
     ]
 }
@@ -1008,6 +1041,24 @@ _ZOO_TAGS = [
     *((f"DeiT3{s}16", tag, f"deit3_{size}_patch16_{res}")
       for s, size in (("S", "small"), ("B", "base"), ("L", "large"))
       for tag in ("fb_in22k_ft_in1k", "fb_in1k") for res in (224, 384)),
+    *((f"BEiT{s}16", tag, f"beit_{size}_patch16_{res}")
+      for s, size, tag, res in (("B", "base", "in22k_ft_in22k", 224), ("B", "base", "in22k_ft_in22k_in1k", 224),
+                                ("B", "base", "in22k_ft_in22k_in1k", 384), ("L", "large", "in22k_ft_in22k", 224),
+                                ("L", "large", "in22k_ft_in22k_in1k", 224), ("L", "large", "in22k_ft_in22k_in1k", 384),
+                                ("L", "large", "in22k_ft_in22k_in1k", 512))),
+    *((f"BEiTv2{s}16", tag, f"beitv2_{size}_patch16_224")
+      for s, size in (("B", "base"), ("L", "large"))
+      for tag in ("in1k_ft_in1k", "in1k_ft_in22k", "in1k_ft_in22k_in1k")),
+    *((f"EVA02{s}14", tag, f"eva02_{size}_patch14_{res}")
+      for s, size, tag, res in (
+          ("Ti", "tiny", "mim_in22k", 224), ("Ti", "tiny", "mim_in22k_ft_in1k", 336),
+          ("S", "small", "mim_in22k", 224), ("S", "small", "mim_in22k_ft_in1k", 336),
+          *(("B", "base", tag, res) for tag, res in (("mim_in22k", 224), ("mim_in22k_ft_in1k", 448),
+                                                     ("mim_in22k_ft_in22k", 448), ("mim_in22k_ft_in22k_in1k", 448))),
+          *(("L", "large", tag, res) for tag, res in (
+              ("mim_in22k", 224), ("mim_m38m", 224), ("mim_in22k_ft_in1k", 448), ("mim_in22k_ft_in22k", 448),
+              ("mim_in22k_ft_in22k_in1k", 448), ("mim_m38m_ft_in1k", 448), ("mim_m38m_ft_in22k", 448),
+              ("mim_m38m_ft_in22k_in1k", 448))))),
     # MAE (He et al., 2022): pre-trained encoders of the original architectures, no head.
     ("ViTB16", "mae", "vit_base_patch16_224"),
     ("ViTL16", "mae", "vit_large_patch16_224"),
