@@ -1234,17 +1234,24 @@ _STEM = re.compile(r"^(embedding|embedding_norm|cls|dist_token|reg_tokens|norm_p
                    r"conv_root|gn_root|block\d+/unit\d+)(/|$)")
 
 
+#: RoPE-Mixed's rotary frequencies, stored per block here, are one parameter `rope.freqs` in timm,
+#: which no group of its `group_matcher` names: timm's layer decay puts it in the last group.
+_ROPE_FREQUENCIES = "/MultiHeadDotProductAttention_1/rope_frequencies"
+
+
 def layer_groups(keys):
     """{canonical key: ordinal} as timm's VisionTransformer `group_matcher(coarse=False)` groups
     its parameters: the stem first, then encoder block i, the final norm with the last block
     (timm's `^norm` joins the previous group), then everything else (head, head_dist, fc_norm,
-    a MAP head, pre_logits) after the blocks.
+    a MAP head, pre_logits, and RoPE-Mixed's rotary frequencies, timm's `rope.freqs`) after the
+    blocks.
 
     Example:
         >>> layer_groups(["cls", "Transformer/encoderblock_1/LayerNorm_0/scale", "head/bias"])
         {'cls': (0,), 'Transformer/encoderblock_1/LayerNorm_0/scale': (1, 1), 'head/bias': (2,)}
     """
-    return stem_block_head_groups(keys, _STEM, _BLOCK, "Transformer/encoder_norm/")
+    groups = stem_block_head_groups(keys, _STEM, _BLOCK, "Transformer/encoder_norm/")
+    return {key: (2,) if key.endswith(_ROPE_FREQUENCIES) else group for key, group in groups.items()}
 
 
 def _vit_describe(config):
@@ -1433,8 +1440,9 @@ VIT = ModelFamily(
     patch_resize_refusal=_patch_resize_refusal,
     layer_groups=layer_groups,
     default_architecture="ViTB16",  # the paper's base model
-    # timm's VisionTransformer.no_weight_decay(): pos_embed, cls_token, reg_token, dist_token
-    no_weight_decay=("cls", "reg_tokens", "dist_token", "Transformer/posembed_input/"),
+    # timm's VisionTransformer.no_weight_decay(): pos_embed, cls_token, reg_token, dist_token; and
+    # Eva's: rope.freqs of RoPE-Mixed (every block's rotary frequencies here)
+    no_weight_decay=("cls", "reg_tokens", "dist_token", "Transformer/posembed_input/", _ROPE_FREQUENCIES),
     # dropout 0, the model's remat; position embeddings follow any input size
     transfer=Transfer(settings="keras_vit.models.transfer:dropout_free_settings",
                       options=("dropout_rate", "attention_dropout_rate", "patch_drop_rate", "remat")),
