@@ -24,7 +24,7 @@ from keras_vit.layers.position import (
     rotary_positions,
 )
 from keras_vit.layers.quantized import Dense, Int8AttentionMixin
-from keras_vit.layers.resize import resize_patch_embedding
+from keras_vit.layers.resize import resize_patch_embedding, resize_relative_position_bias
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
 
@@ -1016,16 +1016,16 @@ class EncoderBlock(keras.layers.Layer):
 
     def resized_weight(self, key, value, source_grid=None, rule=None):
         """Relative embeddings index offsets in the flattened token sequence: no resize exists.
-        BEiT's relative position bias tables are laid out for one patch grid: refused on another."""
+        BEiT's relative position bias table is resampled to the model's grid as BEiT's fine-tuning
+        code resamples it (`layers.resize.resize_relative_position_bias`)."""
         if key.endswith("relative_position_bias_table"):
-            rows, cols = self.relative_position_bias
-            raise ValueError(
-                f"{self.name}: the checkpoint's relative position bias table has {tuple(value.shape)[0]} entries "
-                + (f"(a {source_grid[0]}x{source_grid[1]} patch grid) " if source_grid is not None else "")
-                + f"and the model's {relative_position_entries((rows, cols))} (a {rows}x{cols} grid). BEiT's table "
-                "is learned per 2-D offset of its own grid and keras_vit does not resample it: load the checkpoint "
-                "at its own image size (image_size=None), or fine-tune at the new size from a model built at it"
-            )
+            try:
+                return resize_relative_position_bias(value, self.relative_position_bias, source_grid=source_grid)
+            except ValueError as err:
+                rows, cols = self.relative_position_bias
+                raise ValueError(
+                    f"{self.name}: the checkpoint's relative position bias table ({tuple(value.shape)[0]} entries) "
+                    f"cannot be resampled to the model's {rows}x{cols} grid: {err}") from None
         if key.endswith("relative_embedding"):
             raise ValueError(
                 relative_resize_error(f"checkpoint {tuple(value.shape)}, model {tuple(self.attention.relative_embedding.shape)}")
