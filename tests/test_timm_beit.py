@@ -63,6 +63,8 @@ def test_beit_equals_timm(saved, case):
     folder, ref = saved[case]
     model = _load(folder, ref)
     assert model.config.relative_position_bias and model.config.position_embedding == "none"
+    # q and v biases as timm's (its key bias is a zero buffer): no key bias weight.
+    assert not model.config.key_bias and not [v for v in model.weights if v.path.endswith("key_bias")]
     x = np.random.default_rng(1).uniform(-1, 1, (2, *model.config.image_size, 3)).astype("float32")
     ref32, ref64 = _timm_outputs(ref, x)
     ours = model.predict(x, verbose=0)
@@ -98,6 +100,16 @@ def test_beit_keras_round_trip(saved, tmp_path):
     assert loaded.config.relative_position_bias
     x = np.random.default_rng(2).uniform(-1, 1, (1, 32, 48, 3)).astype("float32")
     np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
+
+
+def test_beit_int8_keeps_its_outputs(saved):
+    # The fused int8 q/k/v projection takes a zero key bias in place of the one BEiT has not.
+    folder, ref = saved["beit_nonsquare"]
+    model = _load(folder, ref)
+    x = np.random.default_rng(5).uniform(-1, 1, (2, 32, 48, 3)).astype("float32")
+    before = model.predict(x, verbose=0)
+    model.quantize("int8")
+    assert np.abs(model.predict(x, verbose=0) - before).max() < 0.05 * np.abs(before).max()
 
 
 @pytest.mark.parametrize("case, size", [("beit_nonsquare", (48, 48)), ("beitv2_token_headless", (32, 64))])

@@ -135,12 +135,7 @@ def test_constructor_parameter_counts_equal_timms(name):
     with keras.StatelessScope(initialize_variables=False):
         model = getattr(keras_vit, name)(weights=None)
     assert model.input_shape == (None, *row.default_size, 3)
-    # BEiT's and EVA's attention has query and value biases (`q_bias` or `q_proj.bias`, and v's) and
-    # a key bias fixed at zero (a buffer, or none): keras_vit's key bias is a weight, one per query
-    # bias. (A key bias adds q . b to every logit of a query's row, which the softmax cancels.)
-    key_biases = sum(p.numel() for n, p in reference.named_parameters()
-                     if n.endswith(("attn.q_bias", "attn.q_proj.bias")))
-    assert model.count_params() == sum(p.numel() for p in reference.parameters()) + key_biases
+    assert model.count_params() == sum(p.numel() for p in reference.parameters())
     keras.utils.clear_session()
 
 

@@ -180,7 +180,9 @@ class Int8AttentionMixin:
         x2d = ops.reshape(x, (-1, hidden))
         qkv = self._int8_matmul(x2d, self.qkv_kernel, self.qkv_kernel_scale)
         if self.query_bias is not None:  # timm's qkv_bias=False models have none
-            biases = ops.concatenate([ops.reshape(getattr(self, f"{n}_bias"), (width,)) for n in ("query", "key", "value")])
+            biases = ops.concatenate([ops.zeros((width,), self.query_bias.dtype) if getattr(self, f"{n}_bias") is None
+                                      else ops.reshape(getattr(self, f"{n}_bias"), (width,))
+                                      for n in ("query", "key", "value")])  # no key bias: zeros (BEiT's)
             qkv = qkv + ops.cast(biases, qkv.dtype)
         heads_shape = (batch, tokens, self.num_heads, self.head_dim)
         q, k, v = (ops.reshape(qkv[:, i * width : (i + 1) * width], heads_shape) for i in range(3))

@@ -375,7 +375,7 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
 
     def __init__(self, num_heads, attention_dropout_rate=0.0, relative_positions=None, use_bias=True, out_bias=True,
                  relative_position_bias=None, rotary=None, output_norm=False, norm="layer_norm", norm_epsilon=1e-6,
-                 differential=None, qk_norm=False, num_kv_heads=None, **kwargs):
+                 differential=None, qk_norm=False, num_kv_heads=None, key_bias=True, **kwargs):
         super().__init__(**kwargs)
         self.qk_norm = bool(qk_norm)
         self.num_kv_heads = int(num_heads if num_kv_heads is None else num_kv_heads)
@@ -394,6 +394,8 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
             None if relative_position_bias is None else tuple(int(g) for g in relative_position_bias)
         )
         self.use_bias = bool(use_bias)  # query/key/value biases (timm's qkv_bias)
+        # False: query and value biases only (BEiT's and EVA's; the softmax cancels a key bias)
+        self.key_bias_enabled = bool(key_bias)
         self.out_bias_enabled = bool(out_bias)  # the out projection's bias (timm's proj_bias)
         self.num_heads = int(num_heads)
         self.attention_dropout_rate = float(attention_dropout_rate)
@@ -424,7 +426,7 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
                 )
                 setattr(self, f"{name}_kernel", kernel)
             bias = None
-            if self.use_bias:
+            if self.use_bias and (name != "key" or self.key_bias_enabled):
                 bias = self.add_weight(name=f"{name}_bias", shape=(heads, head_dim), initializer="zeros")
             setattr(self, f"{name}_bias", bias)
         for norm in (self.query_norm, self.key_norm):
@@ -684,6 +686,8 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
             config.update(num_kv_heads=self.num_kv_heads)
         if not self.use_bias:
             config.update(use_bias=False)
+        if not self.key_bias_enabled:
+            config.update(key_bias=False)
         if not self.out_bias_enabled:
             config.update(out_bias=False)
         return config
@@ -831,6 +835,7 @@ class EncoderBlock(keras.layers.Layer):
         qkv_bias=True,
         projection_bias=True,
         layer_scale=None,
+        key_bias=True,
         norm="layer_norm",
         mlp_activation=None,
         glu=False,
@@ -867,6 +872,7 @@ class EncoderBlock(keras.layers.Layer):
         )
         # timm's switches (VisionTransformer's fields of the same names say what each does).
         self.qkv_bias = bool(qkv_bias)
+        self.key_bias = bool(key_bias)
         self.projection_bias = bool(projection_bias)
         self.layer_scale = None if layer_scale is None else float(layer_scale)
         self.norm = norm
@@ -887,6 +893,7 @@ class EncoderBlock(keras.layers.Layer):
             self.attention_dropout_rate,
             self.relative_positions,
             use_bias=self.qkv_bias,
+            key_bias=self.key_bias,
             out_bias=self.projection_bias,
             relative_position_bias=self.relative_position_bias,
             rotary=self.rotary,
@@ -1035,7 +1042,7 @@ class EncoderBlock(keras.layers.Layer):
             config.update(differential=self.differential)
         if self.remat:
             config.update(remat=True)
-        defaults = dict(qkv_bias=True, projection_bias=True, layer_scale=None, norm="layer_norm", mlp_activation=None,
+        defaults = dict(qkv_bias=True, key_bias=True, projection_bias=True, layer_scale=None, norm="layer_norm", mlp_activation=None,
                         glu=False)
         config.update({k: getattr(self, k) for k, v in defaults.items() if getattr(self, k) != v})
         return config

@@ -103,6 +103,7 @@ def _graph(config, dtype):
             relative_positions=relative,
             remat=c.remat,
             qkv_bias=c.qkv_bias,
+            key_bias=c.key_bias,
             projection_bias=c.projection_bias,
             layer_scale=c.layer_scale,
             norm=c.norm,

@@ -174,10 +174,10 @@ _IN = dict(input_normalization=IMAGENET_NORMALIZATION)
 #: timm's Beit: a class token, no absolute position embedding, a relative position bias per block,
 #: layer scale, and the patches' mean through fc_norm.
 _BEIT_ARGS = dict(classifier="gap", class_token=True, position_embedding="none", relative_position_bias=True,
-                  fc_norm=True)
+                  fc_norm=True, key_bias=False)
 #: timm's EVA-02 (Eva): a class token with the absolute embedding, EVA-02's rotary embedding laid out
 #: for a 16 x 16 reference grid, SwiGLU (B and L with its sub-LN), the patches' mean through fc_norm.
-_EVA02_ARGS = dict(classifier="gap", class_token=True, fc_norm=True, glu=True, mlp_activation="silu",
+_EVA02_ARGS = dict(classifier="gap", class_token=True, fc_norm=True, glu=True, mlp_activation="silu", key_bias=False,
                    rotary_position_embedding=True, rope_reference_grid=(16, 16), input_normalization=CLIP_NORMALIZATION)
 _EVA02_TI = dict(hidden_size=192, mlp_dim=512, num_heads=3, num_layers=12)  # mlp_ratio 4 * 2 / 3
 _EVA02_S = dict(hidden_size=384, mlp_dim=1024, num_heads=6, num_layers=12)
@@ -358,6 +358,9 @@ class ViTConfig(FieldGroupConfig):
     patch_embedding_norm: bool = config_field("architecture", False, doc="a norm on the patch tokens (AIMv2's)")
     pre_norm: bool = config_field("architecture", False, doc="a norm `norm_pre` before the blocks (CLIP's)")
     qkv_bias: bool = config_field("architecture", True, doc="whether query, key and value have biases")
+    key_bias: bool = config_field(
+        "architecture", True,
+        doc="with qkv_bias, whether the key has one too (False: BEiT's and EVA's q and v biases; the softmax cancels it)")
     projection_bias: bool = config_field("architecture", True, doc="biases of the attention output and the MLP")
     layer_scale: float = config_field("architecture", None, doc="init value of per-channel layer scale; None: none")
     final_norm: bool = config_field("architecture", True, doc="a final norm (before pooling, or after it with fc_norm)")
@@ -550,7 +553,7 @@ class ViTConfig(FieldGroupConfig):
         if self.class_token is not None:
             set_("class_token", bool(self.class_token))
         for key in ("distillation_token", "patch_embedding_bias", "patch_embedding_norm", "pre_norm",
-                    "qkv_bias", "projection_bias", "final_norm", "fc_norm", "glu", "relative_position_bias",
+                    "qkv_bias", "key_bias", "projection_bias", "final_norm", "fc_norm", "glu", "relative_position_bias",
                     "rotary_position_embedding", "attention_norm", "mlp_norm", "rope_rotate_half", "post_norm",
                     "map_include_prefix", "rope_learned_frequencies", "parallel_blocks", "differential_attention", "qk_norm", "attention_only_layer_scale"):
             set_(key, bool(getattr(self, key)))
