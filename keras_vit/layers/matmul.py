@@ -51,6 +51,12 @@ import keras
 from keras import ops
 
 
+#: JAX's CPU attention over more than CHUNK_QUERIES_ABOVE query tokens runs QUERY_CHUNK queries
+#: at a time (see the module docstring).
+CHUNK_QUERIES_ABOVE = 1024
+QUERY_CHUNK = 128
+
+
 @functools.cache
 def _jax_on_cpu():
     import jax
@@ -139,9 +145,21 @@ def dot_product_attention(query, key, value, scale):
             return jnp.transpose(t, (0, 2, 1, 3)).reshape(-1, t.shape[1], head_dim)
 
         query, key, value = by_head(query), by_head(key), by_head(value)
-        logits = jnp.einsum("nqd,nkd->nqk", query, key, preferred_element_type=f32)
-        weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
-        y = jnp.einsum("nqk,nkd->nqd", weights, value, preferred_element_type=f32).astype(value.dtype)
+
+        def attend(q):  # (batch * heads, some query tokens, head_dim) -> the same shape
+            logits = jnp.einsum("nqd,nkd->nqk", q, key, preferred_element_type=f32)
+            weights = jax.nn.softmax(logits, axis=-1).astype(value.dtype)
+            return jnp.einsum("nqk,nkd->nqd", weights, value, preferred_element_type=f32).astype(value.dtype)
+
+        chunk = QUERY_CHUNK
+        if tokens <= CHUNK_QUERIES_ABOVE or tokens < 2 * chunk:
+            y = attend(query)
+        else:  # one loop step per QUERY_CHUNK queries (their logits stay in cache), then the rest
+            whole = tokens // chunk * chunk
+            chunks = jnp.transpose(query[:, :whole].reshape(query.shape[0], -1, chunk, head_dim), (1, 0, 2, 3))
+            y = jnp.transpose(jax.lax.map(attend, chunks), (1, 0, 2, 3)).reshape(query.shape[0], whole, head_dim)
+            if whole < tokens:
+                y = jnp.concatenate([y, attend(query[:, whole:])], axis=1)
         return jnp.transpose(y.reshape(-1, heads, tokens, head_dim), (0, 2, 1, 3))
     return ops.dot_product_attention(query, key, value, scale=scale)
 
