@@ -83,7 +83,9 @@ def bfloat16_inference(model):
 
     Args:
         model: a keras_vit model (a constructor's or `keras_vit.load_checkpoint`'s) with float
-            weights (float32, or any policy; not quantized).
+            weights (float32, or any policy; not quantized) and no BatchNormalization (ViT, its
+            hybrids and BiT; not EfficientNet or the axial models, whose batch statistics would
+            be stored in bfloat16).
 
     Returns:
         A new model of the same class and config, dtype policy "bfloat16", not trainable.
@@ -108,6 +110,13 @@ def bfloat16_inference(model):
         raise ValueError(
             f"bfloat16_inference needs float weights; {model.name} is quantized ({', '.join(quantized)}). Convert the "
             "float model before quantizing it, or run the quantized model as it is."
+        )
+    batch_norms = [layer.name for layer in model._flatten_layers() if isinstance(layer, keras.layers.BatchNormalization)]
+    if batch_norms:
+        raise ValueError(
+            f"bfloat16_inference keeps float32 norms where keras_vit builds them (ViT and its hybrids, BiT); "
+            f"{model.name} has BatchNormalization layers ({', '.join(batch_norms[:3])}, ...), whose statistics "
+            "would be stored in bfloat16. Run it under keras.config.set_dtype_policy('mixed_bfloat16') instead."
         )
     copy = type(model).from_config({**model.get_config(), "dtype": "bfloat16"})
     if len(copy.weights) != len(model.weights):

@@ -263,3 +263,6 @@ def test_bfloat16_inference_refuses_what_it_cannot_convert():
     model.quantize("int8")
     with pytest.raises(ValueError, match="quantized"):
         perf.bfloat16_inference(model)
+    batch_norm = keras_vit.EfficientNetB0(weights=None, input_shape=(32, 32, 3), classes=3)
+    with pytest.raises(ValueError, match="BatchNormalization"):
+        perf.bfloat16_inference(batch_norm)
