@@ -70,6 +70,21 @@ def _started_as_command():
     return argv0.removesuffix(".exe") == "keras-vit"
 
 
+def _registered_later(name):
+    """The model class or a constructor of a family that `register_family` added after keras_vit
+    was imported (looked up on each access, so an unregistered family's names go with it)."""
+    from keras_vit.applications import constructor_of
+    from keras_vit.models.family import families
+
+    for family in families():
+        if name == family.class_name:
+            return family.model_class()
+    try:
+        return constructor_of(name)
+    except AttributeError:
+        raise AttributeError(f"module 'keras_vit' has no attribute {name!r}") from None
+
+
 if _started_as_command():
 
     def __getattr__(name):  # the public API, imported on first use (PEP 562)
@@ -81,10 +96,14 @@ if _started_as_command():
         if importlib.util.find_spec(f"{__name__}.{name}") is not None:  # a submodule: that one only
             return importlib.import_module(f"{__name__}.{name}")
         _import_public_api()
-        try:
+        if name in globals():
             return globals()[name]
-        except KeyError:
-            raise AttributeError(f"module 'keras_vit' has no attribute {name!r}") from None
+        return _registered_later(name)
 
 else:
     _import_public_api()
+
+    def __getattr__(name):  # a family registered at run time (PEP 562: only names not found above)
+        if name.startswith("__"):
+            raise AttributeError(name)
+        return _registered_later(name)

@@ -176,7 +176,21 @@ def _make_constructor(family, arch):
     return constructor
 
 
-#: {family name: {constructor name: constructor}} of every registered family.
+def constructor_of(name):
+    """The `keras_vit.<name>` constructor of any registered family, also one that
+    `register_family` added after keras_vit was imported (`keras_vit.<Name>` finds those here).
+
+    Raises:
+        AttributeError when no registered family has a constructor called `name`.
+    """
+    for family in families():
+        if name in family.architectures:
+            made = CONSTRUCTORS_BY_FAMILY.get(family.name, {}).get(name)
+            return made if made is not None else _make_constructor(family, family.architectures[name])
+    raise AttributeError(f"No registered family has a constructor {name!r}.")
+
+
+#: {family name: {constructor name: constructor}} of every family registered when keras_vit is imported.
 CONSTRUCTORS_BY_FAMILY = {
     family.name: {name: _make_constructor(family, arch) for name, arch in family.architectures.items()}
     for family in families()
@@ -186,4 +200,4 @@ CONSTRUCTORS_BY_FAMILY = {
 ALL_CONSTRUCTORS = {name: c for table in CONSTRUCTORS_BY_FAMILY.values() for name, c in table.items()}
 globals().update(ALL_CONSTRUCTORS)
 
-__all__ = ["build_application", *ALL_CONSTRUCTORS]
+__all__ = ["build_application", "constructor_of", *ALL_CONSTRUCTORS]

@@ -3,8 +3,10 @@
 `get_layout_map(device_mesh)` returns the tensor-parallel layout of the model's variables on the
 mesh's model axis; `keras.distribution.ModelParallel` applies it (JAX backend). The rules are
 the family's (`ModelFamily.sharding`, in its family file, which explains them): a Vision
-Transformer's attention is split along heads and its MLP along its hidden units (one all-reduce
-per sublayer, "Megatron"), a CNN's convolutions along their output channels.
+Transformer's (and an Axial-ViT block's) attention is split along heads and its MLP along its
+hidden units (one all-reduce per sublayer, "Megatron"); EfficientNet's and AxialResNet's 1x1
+expansions along their output channels and the projections after them along their input
+channels; a BiT ResNet's convolutions along their output channels.
 
 Every variable is matched by exactly one rule (replication is a rule, never a miss). Keys are
 regular expressions on `Variable.path` (`encoderblock_3/MlpBlock_3/Dense_1/kernel`, ...),
@@ -59,7 +61,10 @@ def get_layout_map(device_mesh, model_parallel_dim_name="model", data_parallel_d
     hidden, pre_logits by columns and the head by rows; norms and the hybrid ResNet stem are
     replicated. The outputs of each block's attention and MLP branches are laid out
     (batch, None, None), with batch the `data_parallel_dim_name` axis; no weight is split on that
-    axis. The family file says why.
+    axis. The family file says why. The other families (pass `config`: without it the map is
+    the default family's) split as docs/TPU.md's table says: Axial-ViT as a ViT, EfficientNet's
+    inverted residuals and AxialResNet's blocks by their 1x1 expansions' output channels and the
+    following projections' input channels, BiT's convolutions by output channels.
 
     A split needs the model axis size to divide the dimension it splits (JAX refuses uneven
     shards). Pass `config` to apply the fallback rule: a group whose size the axis does not
@@ -75,7 +80,7 @@ def get_layout_map(device_mesh, model_parallel_dim_name="model", data_parallel_d
         model_parallel_dim_name: the mesh axis the weights are split on.
         data_parallel_dim_name: the mesh axis the batch is split on (None: no data axis).
         config: None, a keras_vit model, its `get_config()` dict, or an architecture name
-            ("ViTL16", "ViT-L/16", "R50ViTB16", "BiTResNet50x1").
+            ("ViTL16", "ViT-L/16", "R50ViTB16", "BiTResNet50x1", "EfficientNetB7").
 
     Returns:
         A `keras.distribution.LayoutMap` for `keras.distribution.ModelParallel`.

@@ -13,6 +13,7 @@ from conftest import TINY, TINY_HYBRID
 
 import keras_vit
 from keras_vit.distribution import rule_for
+from keras_vit.models.family import families
 from keras_vit.models.vit_family import ARCHITECTURES
 
 
@@ -227,3 +228,90 @@ def test_a_bit_resnet_gets_its_familys_rules():
         assert axes == ((None, None, None, "model") if conv else (None,) * len(v.shape)), (v.path, axes)
         if conv:
             assert v.shape[-1] % 4 == 0
+
+
+def _family_models():
+    """A tiny model of every registered family, each split group divisible by 4."""
+    models = {
+        "vit": keras_vit.VisionTransformer(**MODELS["tiny_pre_logits"]),
+        "bit": keras_vit.models.BiTResNet(image_size=32, block_units=[1, 1], width_factor=0.5, classes=3),
+        "axial_vit": keras_vit.models.AxialVisionTransformer(image_size=32, patch_size=8, hidden_size=16, num_layers=1,
+                                                             num_heads=4, mlp_dim=32, classes=3, representation_size=8),
+        "axial_resnet": keras_vit.models.AxialResNet(image_size=16, block_units=(1, 1), width_multiplier=0.125, groups=4,
+                                                     classes=3),
+        "efficientnet": keras_vit.models.EfficientNet(image_size=32, width_multiplier=0.1, depth_multiplier=0.1,
+                                                      classes=3),
+    }
+    assert sorted(models) == sorted(f.name for f in families())  # a new family needs a model here
+    return models
+
+
+# The split of each family, by hand from its architecture (regex of the path -> axes); every other
+# variable is whole. The Transformers' are EXPECTED's kinds above.
+FAMILY_SPLITS = {
+    "bit": {r".*/(?:[abc]_standardized_conv2d|a_proj)/kernel|root_block/kernel": (None, None, None, "model")},
+    "axial_resnet": {  # expansion and shortcut by output channels, the next reduction by input channels
+        r"layer\d_\d/(?:conv_up|downsample_conv)/kernel": (None, None, None, "model"),
+        r"layer\d_\d/conv_down/kernel": (None, None, "model", None),
+        r"fc/kernel": ("model", None),
+    },
+    "efficientnet": {  # inverted residuals: expansion by output channels, projection by input channels
+        r"blocks_[1-6]_\d+_conv_pw/kernel": (None, None, None, "model"),
+        r"blocks_\d_\d+_conv_pwl/kernel": (None, None, "model", None),
+        r"conv_head/kernel": (None, None, None, "model"),
+        r"classifier/kernel": ("model", None),
+    },
+}
+
+
+def _expected_family_axes(family, path, ndim):
+    if family in ("vit", "axial_vit"):
+        return expected_axes(path, ndim)
+    for pattern, axes in FAMILY_SPLITS[family].items():
+        if re.fullmatch(pattern, path):
+            return axes
+    return (None,) * ndim
+
+
+@pytest.mark.backend_independent
+def test_every_variable_of_every_family_meets_exactly_one_rule():
+    for family, model in _family_models().items():
+        layout_map = keras_vit.get_layout_map(mesh(2, 4), config=model)
+        split = 0
+        for v in model.weights:
+            rule = rule_for(layout_map, v.path)  # raises if two rules match
+            assert rule is not None, f"{family}: {v.path} {tuple(v.shape)} is matched by no rule"
+            axes = axes_of(layout_map, v.path)
+            assert axes == _expected_family_axes(family, v.path, len(v.shape)), (family, v.path, axes)
+            for n, axis in zip(v.shape, axes):
+                assert axis is None or n % 4 == 0, (family, v.path, v.shape, axes)
+            split += "model" in axes
+        assert split >= 4, family
+
+
+def test_fallback_of_the_other_families_names_the_group():
+    """A group the model axis does not divide is replicated whole, with a warning naming it; the
+    groups it divides stay split."""
+    resnet = dict(image_size=16, block_units=(1,), width_multiplier=0.125, classes=3, family="axial_resnet")
+    with pytest.warns(UserWarning, match="channels=8"):  # 8 stem channels, 32 block outputs
+        layout_map = keras_vit.get_layout_map(mesh(1, 3), config=resnet)
+    for path in ("layer1_0/conv_up/kernel", "layer1_0/conv_down/kernel", "layer1_0/downsample_conv/kernel"):
+        assert axes_of(layout_map, path) == (None,) * 4, path
+    assert axes_of(layout_map, "fc/kernel") == (None, None)
+
+    # B0's expanded widths (96 ... 1152) are multiples of 48, its head has 1280 channels.
+    with pytest.warns(UserWarning, match="head=1280") as caught:
+        layout_map = keras_vit.get_layout_map(mesh(1, 3), config="EfficientNetB0")
+    assert not any("expansion" in str(w.message) for w in caught)
+    assert axes_of(layout_map, "blocks_2_1_conv_pw/kernel") == (None, None, None, "model")
+    assert axes_of(layout_map, "conv_head/kernel") == (None,) * 4
+    assert axes_of(layout_map, "classifier/kernel") == (None, None)
+
+    with pytest.warns(UserWarning, match="heads=12"):
+        layout_map = keras_vit.get_layout_map(mesh(1, 8), config="AxialViTB16")
+    assert axes_of(layout_map, "encoderblock_3_column/MultiHeadDotProductAttention_1/query_kernel") == (None,) * 3
+    assert axes_of(layout_map, "encoderblock_3_column/MlpBlock_3/Dense_0/kernel") == (None, "model")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        keras_vit.get_layout_map(mesh(1, 16), config="AxialResNet50L")  # 64 stem channels, blocks of 256 ... 2048
+        keras_vit.get_layout_map(mesh(1, 16), config="EfficientNetL2")  # multiples of 48, 5504 = 16 x 344

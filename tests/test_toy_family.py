@@ -214,6 +214,10 @@ def toy(tmp_path_factory):
         registry.unregister_format("toy")
         family_module.unregister_family("toy")
         assert families() == before and "toy" not in registry.formats()
+        import keras_vit
+
+        with pytest.raises(AttributeError, match="has no attribute 'ToyNetS'"):
+            keras_vit.ToyNetS
 
 
 def _numpy(x):
@@ -230,6 +234,13 @@ def test_the_reader_loads_through_the_one_loading_path(toy):
     built = build_application("ToyNetS", weights=toy["folder"], input_shape=(SIZE, SIZE, 3), classes=CLASSES,
                               classifier_activation=None)
     np.testing.assert_allclose(_numpy(built(toy["images"])), logits, rtol=1e-5, atol=1e-5)
+    # keras_vit.<Name> finds a family registered after keras_vit was imported: its constructor and class.
+    import keras_vit
+
+    assert keras_vit.ToyNet is ToyNet and keras_vit.ToyNetS.__name__ == "ToyNetS"
+    attribute = keras_vit.ToyNetS(weights=toy["folder"], input_shape=(SIZE, SIZE, 3), classes=CLASSES,
+                                  classifier_activation=None)
+    np.testing.assert_allclose(_numpy(attribute(toy["images"])), logits, rtol=1e-5, atol=1e-5)
     # Another class count: a fresh zero head (the head prefix is the record's `fc/`).
     with pytest.warns(UserWarning, match="fresh zero-initialised 3-class head"):
         fresh = loading.load_checkpoint(toy["folder"], classes=3, classifier_activation=None)

@@ -1,5 +1,5 @@
-"""AxialResNet's config, architecture table and spans, without Keras (the CLI and the preset
-table read them without a backend).
+"""AxialResNet's config, architecture table, spans and sharding rules, without Keras (the CLI and
+the preset table read them without a backend).
 
 The original (csrhddlam/axial-deeplab `lib/models/axialnet.py`) fixes each stage's attention
 span for 224-px inputs: 56, 56, 28, 14 for the first block of each stage (the span of the
@@ -12,6 +12,7 @@ the original's checkpoints load at 224 px; other sizes are refused when the weig
 """
 
 import dataclasses
+import math
 from typing import ClassVar
 
 from keras_vit.models.config import FieldGroupConfig
@@ -251,6 +252,53 @@ def params_of(block_units, width_multiplier, groups=8, classes=1000, image_size=
 
 
 
+# === Sharding rules (`keras_vit.get_layout_map`) ===
+#
+# The bottleneck's 1x1 convolutions as Megatron's column/row pair across blocks: `conv_up`
+# (planes -> 2 x planes, the expansion) and the shortcut's projection split along their output
+# channels, so the residual stream between blocks lies split along its channels; the next
+# block's `conv_down` (2 x planes -> planes) along its input channels, one all-reduce of its
+# partial sums per block; the classifier `fc` along its input rows (one all-reduce of (batch,
+# classes), any class count). The axial attentions stay replicated: their similarities are
+# BatchNormed as 3 x heads channels concatenated (q.k, q.r, k.r), which a split by heads cannot
+# keep split, so XLA all-gathers the (sequences, 3 x heads, span, span) similarity map of every
+# attention (at 224 px, 4.2 million values per image in a first-stage attention, 10 to 21 times
+# its (56, 56, planes) input). Replicated too: the stem, the relative embedding tables and every
+# BatchNorm. One group, "channels": the stem's and every stage's output channels, whose greatest
+# common divisor the model axis must divide.
+
+_SCOPE = r"(?:.*/)?"
+_BLOCK = _SCOPE + r"layer\d+_\d+/"
+
+
+def _sharding_rules(m):
+    """(group, regex, axes) of every AxialResNet variable, with `m` the model axis name."""
+    attention = _BLOCK + r"(?:hight|width)_block/"
+    batch_norm = r"/(?:gamma|beta|moving_mean|moving_variance)"
+    return [
+        ("channels", _BLOCK + r"(?:conv_up|downsample_conv)/kernel", (None, None, None, m)),
+        ("channels", _BLOCK + r"conv_down/kernel", (None, None, m, None)),
+        ("channels", _SCOPE + r"fc/kernel", (m, None)),
+        (None, _SCOPE + r"fc/bias", (None,)),
+        (None, attention + r"qkv_transform", (None, None)),
+        (None, attention + r"relative", (None, None)),
+        (None, attention + r"bn_(?:qkv|similarity|output)" + batch_norm, (None,)),
+        (None, _SCOPE + r"(?:layer\d+_\d+/)?(?:bn1|bn2|downsample_bn)" + batch_norm, (None,)),
+        (None, _SCOPE + r"conv1/kernel", (None, None, None, None)),
+    ]
+
+
+def _sharding_dims(config):
+    """{"channels": the gcd of the stem's and every stage's output channels}."""
+    c = AxialResNetConfig.from_dict(config)
+    widths = [int(64 * c.width_multiplier)]
+    widths += [2 * int(128 * 2**stage * c.width_multiplier) for stage in range(len(c.block_units))]
+    return {"channels": math.gcd(*widths)}
+
+
+SHARDING_GROUPS = {"channels": "1x1 convolutions (conv_up and shortcut outputs, conv_down inputs) and fc rows"}
+
+
 # === The family record ===
 
 
@@ -323,7 +371,7 @@ Example:
 
 
 def _make_record():
-    from keras_vit.models.family import IMAGENET_NORMALIZATION, ModelFamily
+    from keras_vit.models.family import IMAGENET_NORMALIZATION, ModelFamily, ShardingRules
 
     return ModelFamily(
         name="axial_resnet",
@@ -345,6 +393,7 @@ def _make_record():
         weights_lower_bound=_weights_lower_bound,
         constructor_doc=DOC,
         input_normalization=IMAGENET_NORMALIZATION,  # the original's (torchvision's) ImageNet mean and std
+        sharding=ShardingRules(rules=_sharding_rules, dims=_sharding_dims, groups=SHARDING_GROUPS),
         # Its attention spans (and their relative embeddings) are fixed by the image size: it
         # fine-tunes at its checkpoint's resolution.
         transfer=Transfer(resizable=False, features=("avgpool",)),

@@ -1,5 +1,5 @@
-"""Axial-ViT (the paper's Appendix D.6): its config, architecture table, FLOPs and family record,
-without Keras (the CLI and the preset table read them without a backend).
+"""Axial-ViT (the paper's Appendix D.6): its config, architecture table, FLOPs, sharding rules and
+family record, without Keras (the CLI and the preset table read them without a backend).
 
 The paper gives no code; keras_vit builds this reading of D.6. The patches stay a 2-D grid
 instead of a 1-D sequence: the ViT patch embedding, no class token, a learned position
@@ -16,8 +16,14 @@ import re
 from typing import ClassVar
 
 from keras_vit.models.config import NUMERICS, RESIZE_RULES, FieldGroupConfig, as_pair, suggest
-from keras_vit.models.family import ModelFamily, stem_block_head_groups
+from keras_vit.models.family import ModelFamily, ShardingRules, stem_block_head_groups
 from keras_vit.models.transfer import Transfer
+from keras_vit.models.vit_family import (
+    VIT_SHARDING,
+    transformer_sharding_dims,
+    transformer_sharding_outputs,
+    transformer_sharding_rules,
+)
 
 #: The axes an Axial Transformer block can attend along: "row" (along the width, within each row
 #: of the grid) and "column" (along the height, within each column).
@@ -321,6 +327,38 @@ def layer_groups(keys):
     return stem_block_head_groups(keys, _STEM, _LAYER, "Transformer/encoder_norm/")
 
 
+# === Sharding rules (`keras_vit.get_layout_map`) ===
+#
+# A ViT's tensor-parallel layout (keras_vit.models.vit_family explains it), block by block: every
+# row and column block splits its attention along heads (q/k/v by columns, out by rows) and its
+# MLP along the hidden units (Dense_0 by columns, Dense_1 by rows), one all-reduce per sublayer;
+# the patch and position embeddings are split along hidden, pre_logits by columns, the head by
+# rows; LayerNorms and the out / Dense_1 / head biases are replicated. A block attends within
+# each row (or column) of the grid, which it runs as (batch * rows, cols, hidden) sequences; the
+# outputs of its two residual branches are laid out (batch, None, None) on that batch-major
+# first dimension, as a ViT block's. The fallback groups are the ViT's: heads, mlp_dim,
+# hidden_size, representation_size and the head's input.
+
+#: An Axial-ViT block's path prefix: `encoderblock_{i}_row/`, `encoderblock_{i}_column/`.
+_AXIAL_BLOCK = r"(?:.*/)?encoderblock_\d+_(?:row|column)/"
+
+
+def _sharding_rules(m):
+    return transformer_sharding_rules(m, block=_AXIAL_BLOCK)
+
+
+def _sharding_outputs(data_axis):
+    return transformer_sharding_outputs(data_axis, block=_AXIAL_BLOCK)
+
+
+AXIAL_VIT_SHARDING = ShardingRules(
+    rules=_sharding_rules,
+    dims=transformer_sharding_dims,
+    groups=VIT_SHARDING.groups,
+    outputs=_sharding_outputs,
+)
+
+
 AXIAL_VIT = ModelFamily(
     name="axial_vit",
     title="Axial-ViT",
@@ -343,6 +381,7 @@ AXIAL_VIT = ModelFamily(
     from_checkpoint=_from_checkpoint,
     constructor_doc=DOC,
     layer_groups=layer_groups,
+    sharding=AXIAL_VIT_SHARDING,
     no_weight_decay=("Transformer/posembed_input/",),  # the position embedding, as a ViT's
     # Dropout 0 and the model's remat, as the ViT; the position embedding follows any input size.
     transfer=Transfer(settings="keras_vit.models.transfer:dropout_free_settings",

@@ -1,5 +1,5 @@
-"""EfficientNet's config, architecture table, block plan, parameter and FLOP counts, without
-Keras (the CLI and the preset table read them without a backend).
+"""EfficientNet's config, architecture table, block plan, parameter and FLOP counts and sharding
+rules, without Keras (the CLI and the preset table read them without a backend).
 
 The networks are timm's TF ports `tf_efficientnet_b0` ... `b7` and `tf_efficientnet_l2` (the
 Noisy Student weights of "Self-training with Noisy Student improves ImageNet classification",
@@ -429,6 +429,64 @@ class EfficientNetConfig(FieldGroupConfig):
         return out
 
 
+# === Sharding rules (`keras_vit.get_layout_map`) ===
+#
+# Megatron's column/row pair applied to the inverted residual: the 1x1 expansion `conv_pw`
+# (C -> 6C, the block's widest kernel) is split along its output channels, and the 1x1
+# projection `conv_pwl` (6C -> C') along its input channels, so each device expands, normalises,
+# filters depthwise and gates its own slice of the 6C channels and the block ends in one
+# all-reduce of the projection's partial sums; the block's output (after `bn3`) is laid out
+# (batch, None, None, None): split over the data axis, whole on the model axis. The 1x1 head
+# convolution (to 1280 x width channels) and the classifier are the same pair (output channels,
+# then input rows: one all-reduce of (batch, classes), any class count). Replicated: the stem,
+# the depthwise-separable blocks (narrow), the depthwise kernels (k x k per channel) and the
+# squeeze-excitation convolutions (a quarter of the input channels), every BatchNorm. Two
+# groups: "expansion" (every block's expanded width; their greatest common divisor says whether
+# the model axis divides them all) and "head" (the head convolution's channels).
+
+_SCOPE = r"(?:.*/)?"
+_DS_STAGES = "|".join(str(i) for i, stage in enumerate(BASE_STAGES) if stage[0] == "ds")
+_IR_STAGES = "|".join(str(i) for i, stage in enumerate(BASE_STAGES) if stage[0] == "ir")
+_BLOCK = _SCOPE + r"blocks_\d+_\d+_"
+_BATCH_NORM = r"(?:gamma|beta|moving_mean|moving_variance)"
+_WHOLE_CONV = (None, None, None, None)
+
+
+def _sharding_rules(m):
+    """(group, regex, axes) of every EfficientNet variable, with `m` the model axis name."""
+    return [
+        ("expansion", _SCOPE + rf"blocks_(?:{_IR_STAGES})_\d+_conv_pw/kernel", (None, None, None, m)),
+        ("expansion", _BLOCK + r"conv_pwl/kernel", (None, None, m, None)),
+        (None, _SCOPE + rf"blocks_(?:{_DS_STAGES})_\d+_conv_pw/kernel", _WHOLE_CONV),
+        (None, _BLOCK + r"conv_dw/kernel", _WHOLE_CONV),
+        (None, _BLOCK + r"se_conv_(?:reduce|expand)/kernel", _WHOLE_CONV),
+        (None, _BLOCK + r"se_conv_(?:reduce|expand)/bias", (None,)),
+        (None, _SCOPE + r"(?:blocks_\d+_\d+_)?bn\d/" + _BATCH_NORM, (None,)),
+        (None, _SCOPE + r"conv_stem/kernel", _WHOLE_CONV),
+        ("head", _SCOPE + r"conv_head/kernel", (None, None, None, m)),
+        ("head", _SCOPE + r"classifier/kernel", (m, None)),
+        (None, _SCOPE + r"classifier/bias", (None,)),
+    ]
+
+
+def _sharding_outputs(data_axis):
+    """Each inverted residual's projection, after its BatchNorm: where its all-reduce lands."""
+    return [(_BLOCK + r"bn3/output", (data_axis, None, None, None))]
+
+
+def _sharding_dims(config):
+    """{"expansion": gcd of the blocks' expanded widths, "head": the head convolution's channels}."""
+    c = EfficientNetConfig.from_dict(config)
+    expanded = [b.mid_channels for b in block_plan(c.width_multiplier, c.depth_multiplier) if b.kind == "ir"]
+    return {"expansion": math.gcd(*expanded), "head": head_channels(c.width_multiplier)}
+
+
+SHARDING_GROUPS = {
+    "expansion": "inverted residuals (conv_pw output channels, conv_pwl input channels)",
+    "head": "head (conv_head output channels, classifier input rows)",
+}
+
+
 # === The family record ===
 
 
@@ -507,7 +565,7 @@ Example:
 
 
 def _make_record():
-    from keras_vit.models.family import ModelFamily
+    from keras_vit.models.family import ModelFamily, ShardingRules
 
     return ModelFamily(
         name="efficientnet",
@@ -531,6 +589,8 @@ def _make_record():
         constructor_doc=DOC,
         doc_fields=_doc_fields,
         input_normalization=IMAGENET_NORMALIZATION,
+        sharding=ShardingRules(rules=_sharding_rules, dims=_sharding_dims, groups=SHARDING_GROUPS,
+                               outputs=_sharding_outputs),
         # Its own dropout and its architecture's resolution.
         transfer=Transfer(settings=finetune_settings, options=("dropout_rate", "drop_path_rate"),
                           resolution=finetune_resolution, features=("global_pool",)),

@@ -365,8 +365,9 @@ def families():
 def register_family(record):
     """Add a family record at run time, after the `REGISTRY` ones (a family defined outside
     keras_vit, e.g. in a plugin or a test); `unregister_family(record.name)` takes it away. Its
-    constructors are `keras_vit.applications.build_application(name, ...)` (the `keras_vit.<Name>`
-    functions are made when keras_vit is imported); its preset rows join `keras_vit.presets`'.
+    constructors are `keras_vit.<Name>` (looked up on access, so they come and go with the
+    record) and `keras_vit.applications.build_application(name, ...)`; its model class is
+    `keras_vit.<ClassName>`; its preset rows join `keras_vit.presets`'.
 
     Raises:
         ValueError when a registered family already has its name, model class or a constructor name.

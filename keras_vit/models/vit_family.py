@@ -1091,30 +1091,32 @@ VIT_PRESET_ROWS = (
 
 # Any name scope may precede the model's own paths (a model built inside another scope).
 _SCOPE = r"(?:.*/)?"
-_ENCODER_BLOCK = _SCOPE + r"encoderblock_\d+/"
-_ATTENTION = _ENCODER_BLOCK + r"MultiHeadDotProductAttention_1/"
-_MLP = _ENCODER_BLOCK + r"MlpBlock_3/"
+#: The encoder blocks' path prefix (Axial-ViT passes its row and column blocks').
+ENCODER_BLOCK = _SCOPE + r"encoderblock_\d+/"
 
 
-def _sharding_rules(m):
-    """(group, regex, axes) of every ViT variable, with `m` the model axis name.
+def transformer_sharding_rules(m, block=ENCODER_BLOCK):
+    """(group, regex, axes) of every ViT variable, with `m` the model axis name and `block` the
+    regex of an encoder block's path prefix.
 
     `group` names the dimension a sharded rule needs divisible: the fallback replicates a whole
     group at once so that no sublayer is left half-split.
     """
+    attention = block + r"MultiHeadDotProductAttention_1/"
+    mlp = block + r"MlpBlock_3/"
     return [
         # Attention: split along heads (columns of q/k/v), rows of out.
-        ("heads", _ATTENTION + r"(?:query|key|value)_kernel", (None, m, None)),
-        ("heads", _ATTENTION + r"(?:query|key|value)_bias", (m, None)),
-        ("heads", _ATTENTION + r"out_kernel", (m, None, None)),
-        (None, _ATTENTION + r"out_bias", (None,)),
+        ("heads", attention + r"(?:query|key|value)_kernel", (None, m, None)),
+        ("heads", attention + r"(?:query|key|value)_bias", (m, None)),
+        ("heads", attention + r"out_kernel", (m, None, None)),
+        (None, attention + r"out_bias", (None,)),
         # MLP: Dense_0 by columns, Dense_1 by rows.
-        ("mlp_dim", _MLP + r"Dense_0/kernel", (None, m)),
-        ("mlp_dim", _MLP + r"Dense_0/bias", (m,)),
-        ("mlp_dim", _MLP + r"Dense_1/kernel", (m, None)),
-        (None, _MLP + r"Dense_1/bias", (None,)),
+        ("mlp_dim", mlp + r"Dense_0/kernel", (None, m)),
+        ("mlp_dim", mlp + r"Dense_0/bias", (m,)),
+        ("mlp_dim", mlp + r"Dense_1/kernel", (m, None)),
+        (None, mlp + r"Dense_1/bias", (None,)),
         # Norms: replicated.
-        (None, _ENCODER_BLOCK + r"LayerNorm_[02]/(?:gamma|beta)", (None,)),
+        (None, block + r"LayerNorm_[02]/(?:gamma|beta)", (None,)),
         (None, _SCOPE + r"encoder_norm/(?:gamma|beta)", (None,)),
         # Embeddings: split along hidden (the conv's output channels).
         ("hidden_size", _SCOPE + r"embedding/kernel", (None, None, None, m)),
@@ -1134,15 +1136,15 @@ def _sharding_rules(m):
     ]
 
 
-def _sharding_outputs(data_axis):
+def transformer_sharding_outputs(data_axis, block=ENCODER_BLOCK):
     """The two residual branches of every block (attention after its dropout layer, the MLP
     block): batch-split, whole on the model axis. This places the sublayers' all-reduce (the
     partial sums of the out / Dense_1 row splits) and keeps the residual stream data-parallel.
     Both are single (batch, tokens, hidden) tensors whatever the call's options."""
-    return [(_ENCODER_BLOCK + branch + "/output", (data_axis, None, None)) for branch in ("dropout", "MlpBlock_3")]
+    return [(block + branch + "/output", (data_axis, None, None)) for branch in ("dropout", "MlpBlock_3")]
 
 
-def _sharding_dims(config):
+def transformer_sharding_dims(config):
     """The sizes the fallback rule checks: heads, mlp_dim, hidden, representation, head input."""
     missing = [k for k in ("hidden_size", "num_heads", "mlp_dim") if k not in config]
     if missing:
@@ -1159,8 +1161,8 @@ def _sharding_dims(config):
 
 
 VIT_SHARDING = ShardingRules(
-    rules=_sharding_rules,
-    dims=_sharding_dims,
+    rules=transformer_sharding_rules,
+    dims=transformer_sharding_dims,
     groups={
         "heads": "attention (query/key/value/out kernels and biases)",
         "mlp_dim": "MLP (Dense_0 and Dense_1)",
@@ -1168,7 +1170,7 @@ VIT_SHARDING = ShardingRules(
         "representation_size": "pre_logits",
         "head_input": "head kernel",
     },
-    outputs=_sharding_outputs,
+    outputs=transformer_sharding_outputs,
 )
 
 
