@@ -183,26 +183,15 @@ def test_dot_product_attention_in_query_chunks_is_softmax_attention(monkeypatch)
 
 
 def _timm_dinov2(tmp_path):
-    """A tiny random timm DINOv2 (layer scale, 5 prefix-free patches per side) saved with timm's
-    Hub saver, and the timm model."""
-    import sys
-
-    sys.modules.setdefault("triton", None)
-    torch = pytest.importorskip("torch")
-    timm = pytest.importorskip("timm")
+    """A tiny random timm DINOv2 (layer scale, LayerNorm eps 1e-6) saved with timm's Hub saver,
+    and the timm model."""
+    pytest.importorskip("timm")
+    import timm
+    from test_timm_zoo import randomize_torch
     from timm.models._hub import save_for_hf
 
     args = dict(depth=2, img_size=28, embed_dim=64, num_heads=4)
-    model = timm.create_model("vit_small_patch14_dinov2", pretrained=False, **args).eval()
-    g = torch.Generator().manual_seed(0)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.ndim == 1 and "norm" in name and name.endswith("weight"):
-                p.copy_(1 + 0.2 * torch.randn(p.shape, generator=g))
-            elif p.ndim == 1:
-                p.copy_(0.1 * torch.randn(p.shape, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, generator=g) / (p[0].numel() if p.ndim > 1 else 1) ** 0.5)
+    model = randomize_torch(timm.create_model("vit_small_patch14_dinov2", pretrained=False, **args))
     save_for_hf(model, tmp_path, safe_serialization=True, model_args=args)
     return model
 
