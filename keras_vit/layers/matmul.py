@@ -34,12 +34,13 @@ instead, one more pass over the largest tensor of the block forward and backward
 program of a ViT-Ti/16 (batch 8, float32) ran at 0.88x the Flax original's with it and 0.96x
 with the queries scaled (one process, interleaved, 16 calls each; scaling the logits by hand
 gave 0.88x again). Past CHUNK_QUERIES_ABOVE (1024) query tokens the queries go through in
-chunks of QUERY_CHUNK (128), one `lax.map` step each, the last partial chunk after: each chunk's
-logits and weights stay in the CPU's caches, where the whole (batch * heads, tokens, tokens) block
-(45 MB for DINOv2-S at 518 px, 1370 tokens) goes to memory and back between the products and the
-softmax. Each query row sees the same keys and the same float32 softmax, so the numbers are
+chunks of QUERY_CHUNK (128), one `lax.map` step each, the last partial chunk after, so that a
+chunk's logits and weights (4.2 MB in float32 for DINOv2-S at 518 px) can stay in the CPU's caches
+between the products and the softmax, where the whole (batch * heads, tokens, tokens) block (45 MB
+there, 1370 tokens) cannot. Each query row sees the same keys and the same float32 softmax, so the numbers are
 unchanged. At (1, 1370, 6, 64) the attention ran 1.5-1.8x faster in float32 and 1.85x in
-bfloat16; DINOv2-S/14 at 518 px 1.27x (best) / 1.15x (median) at batch 1 in float32. At 197-785
+bfloat16; DINOv2-S/14 at 518 px at batch 1 1.11-1.27x (best) / 1.15-1.20x (median) in float32 and
+1.75x / 1.52x in mixed_bfloat16, one process, calls interleaved. At 197-785
 tokens the chunks were 0.7-0.93x of the whole form and at 1025 even, hence the threshold
 (benchmarks/README.md, "timm's zoo"). Elsewhere Keras' call picks the backend's fused or flash
 kernels.
