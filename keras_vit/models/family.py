@@ -178,9 +178,10 @@ class ModelFamily:
         default_architecture: the constructor that stands for the family where a model is needed
             and none is named (the default family's is what `keras-vit explain` inspects without
             --arch and weights); None: the first of `architectures`.
-        no_weight_decay: canonical keys (or prefixes ending in "/") of the weights timm's
-            `no_weight_decay()` names (a ViT's class, register and distillation tokens and position
-            embedding), which its weight-decay rule leaves undecayed besides biases and norms.
+        no_weight_decay: canonical keys (or prefixes ending in "/", or suffixes starting with
+            "/": a weight of every block) of the weights timm's `no_weight_decay()` names (a ViT's
+            class, register and distillation tokens and position embedding, RoPE-Mixed's rotary
+            frequencies), which its weight-decay rule leaves undecayed besides biases and norms.
     """
 
     name: str
