@@ -259,7 +259,22 @@ class RMSNorm(keras.layers.Layer):
 
 
 def make_norm(kind, epsilon, dtype, name):
-    """A LayerNormalization or RMSNorm layer (`kind` one of NORMS) with `epsilon`."""
+    """A LayerNormalization or RMSNorm layer (`kind` one of NORMS) with `epsilon`.
+
+    Under a half-precision policy whose variables are half precision too ("bfloat16",
+    "float16") the norm takes the mixed policy of the same compute dtype instead: float32 scale
+    and bias, statistics in float32 (keras.ops.layer_normalization's rule), the output in the
+    compute dtype. A "bfloat16" model then normalises as a "mixed_bfloat16" one does; the
+    parameters that matter for speed, the matmul kernels, stay bfloat16
+    (`keras_vit.performance.bfloat16_inference`).
+
+    Example:
+        >>> make_norm("layer_norm", 1e-6, "bfloat16", "norm").dtype_policy.name
+        'mixed_bfloat16'
+    """
+    policy = keras.dtype_policies.get(dtype)
+    if policy.quantization_mode is None and policy.variable_dtype in ("bfloat16", "float16"):
+        dtype = f"mixed_{policy.compute_dtype}"
     if kind == "rms_norm":
         return RMSNorm(epsilon, dtype=dtype, name=name)
     return keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
