@@ -22,7 +22,18 @@ Dense, LayerNormalization, default settings) and timm (vit_base_patch16_224 in P
 `torch.inference_mode()`, in the same process: the two frameworks' thread pools take turns,
 so a cross-framework ratio is measured without the machine's drift; bfloat16 policies run it
 under `torch.autocast`) and timm_bf16 (timm with its parameters cast to bfloat16, no autocast:
-the counterpart of a Keras "bfloat16" policy).
+the counterpart of a Keras "bfloat16" policy), keras_vit_bf16 (`performance.bfloat16_inference` of
+the keras_vit model: its weights stored in bfloat16, norms and softmax as under mixed_bfloat16)
+and keras_vit_unchunked (JAX's CPU attention without query chunks at any length: the form before
+`layers.matmul.CHUNK_QUERIES_ABOVE`).
+
+`--model` picks another model of benchmark.py's table (`dinov2_s14_518`, `clip_b16`, `siglip_b16`):
+keras_vit's constructor and timm's architecture of the same model, at its image size:
+
+    KERAS_BACKEND=jax .venv/bin/python benchmarks/ab_inprocess.py --model dinov2_s14_518 \
+        --models keras_vit,keras_vit_unchunked,timm --batches 1
+    KERAS_BACKEND=jax .venv/bin/python benchmarks/ab_inprocess.py --model clip_b16 --policy mixed_bfloat16 \
+        --models keras_vit,keras_vit_bf16,timm --batches 1
 """
 
 import argparse
@@ -63,16 +74,19 @@ def plain_vit(image_size=224, patch=16, width=768, depth=12, heads=12, mlp=3072,
 class TimmModel:
     """timm's ViT-B/16 behind the two calls this script makes (compile, predict_on_batch)."""
 
-    def __init__(self, bfloat16_weights=False):
+    def __init__(self, bfloat16_weights=False, zoo="vit_b16"):
         import sys
 
         sys.modules.setdefault("triton", None)  # timm's optional triton import crashes beside TensorFlow
         import timm
         import torch
 
+        from benchmark import MODELS
+
+        _, architecture, size, classes, _ = MODELS[zoo]
         torch.set_num_threads(len(os.sched_getaffinity(0)))
         self.torch = torch
-        self.model = timm.create_model("vit_base_patch16_224").eval()
+        self.model = timm.create_model(architecture, num_classes=classes, img_size=size).eval()
         self.bf16 = "bfloat16" in keras.config.dtype_policy().name
         self.weights_bf16 = bfloat16_weights
         if bfloat16_weights:  # bfloat16 parameters, no autocast: what a Keras "bfloat16" policy is
@@ -91,11 +105,45 @@ class TimmModel:
             return self.model(images).float().numpy()
 
 
-def build(name):
+class UnchunkedAttention:
+    """A keras_vit model whose JAX CPU attention takes all queries at once at any length (the
+    threshold is raised while it traces and runs)."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def compile(self, **kwargs):
+        self.model.compile(**kwargs)
+
+    def predict_on_batch(self, x):
+        from keras_vit.layers import matmul
+
+        before, matmul.CHUNK_QUERIES_ABOVE = matmul.CHUNK_QUERIES_ABOVE, 1 << 30
+        try:
+            return self.model.predict_on_batch(x)
+        finally:
+            matmul.CHUNK_QUERIES_ABOVE = before
+
+
+def build(name, zoo="vit_b16"):
     import keras_vit
 
+    if zoo != "vit_b16" and name in ("keras_vit", "keras_vit_bf16", "keras_vit_unchunked", "timm", "timm_bf16"):
+        from benchmark import _keras_model
+
+        if name.startswith("timm"):
+            return TimmModel(bfloat16_weights=name == "timm_bf16", zoo=zoo)
+        model = _keras_model({"library": "keras_vit", "options": {"model": zoo}})
+        return {"keras_vit": model, "keras_vit_bf16": keras_vit.performance.bfloat16_inference(model),
+                "keras_vit_unchunked": UnchunkedAttention(model)}[name]
+    if zoo != "vit_b16":
+        raise ValueError(f"--model {zoo}: choose keras_vit, keras_vit_bf16, keras_vit_unchunked, timm or timm_bf16")
     if name == "keras_vit":
         return keras_vit.ViTB16(weights=None)
+    if name == "keras_vit_bf16":
+        return keras_vit.performance.bfloat16_inference(keras_vit.ViTB16(weights=None))
+    if name == "keras_vit_unchunked":
+        return UnchunkedAttention(keras_vit.ViTB16(weights=None))
     if name == "keras_vit_erf":
         return keras_vit.ViTB16(weights=None, gelu_approximate=False)
     if name in ("keras_vit_int8", "keras_vit_int8_mlp"):
@@ -115,7 +163,7 @@ def build(name):
         return TimmModel(bfloat16_weights=True)
     raise ValueError(
         f"unknown model {name!r}; choose from keras_vit, keras_vit_erf, keras_vit_int8, keras_vit_int8_mlp, "
-        "keras_hub, plain, timm, timm_bf16"
+        "keras_vit_bf16, keras_vit_unchunked, keras_hub, plain, timm, timm_bf16"
     )
 
 
@@ -124,6 +172,7 @@ def main(argv=None):
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", default="keras_vit,keras_hub,plain")
+    parser.add_argument("--model", default="vit_b16", help="the architecture: a key of benchmark.py's MODELS")
     parser.add_argument("--batches", default="1,8")
     parser.add_argument("--reps", type=int, default=8, help="timed calls per model and batch size")
     parser.add_argument("--policy", default=None, help="dtype policy, e.g. mixed_bfloat16")
@@ -147,13 +196,17 @@ def main(argv=None):
     names, models = [], {}
     for name in args.models.split(","):
         for suffix, jit in settings if not name.startswith("timm") else [("", None)]:
-            model = build(name)
+            model = build(name, args.model)
             model.compile(jit_compile=jit)
             names.append(name + suffix)
             models[name + suffix] = model
-    print(f"backend {keras.backend.backend()}, policy {keras.config.dtype_policy().name}, {args.reps} interleaved calls")
+    from benchmark import MODELS
+
+    size = MODELS[args.model][2]
+    print(f"backend {keras.backend.backend()}, policy {keras.config.dtype_policy().name}, {args.model}, "
+          f"{args.reps} interleaved calls, load {os.getloadavg()[0]:.1f}")
     for batch in (int(b) for b in args.batches.split(",")):
-        x = np.random.default_rng(0).random((batch, 224, 224, 3), dtype="float32")
+        x = np.random.default_rng(0).random((batch, size, size, 3), dtype="float32")
         if args.torch_tensors and keras.backend.backend() == "torch":
             import torch
 
@@ -170,13 +223,15 @@ def main(argv=None):
                 models[name].predict_on_batch(x)
                 times[name].append(time.perf_counter() - start)
         base = min(times[names[0]])
+        base_median = sorted(times[names[0]])[len(times[names[0]]) // 2]
         for name in names:
             t = sorted(times[name])
             print(
                 f"batch {batch:2d}  {name:14s} best {batch / t[0]:6.2f} img/s  median {batch / t[len(t) // 2]:6.2f}"
-                f"  ({base / t[0]:.2f}x of {names[0]})",
+                f"  ({base / t[0]:.2f}x of {names[0]}; median {base_median / t[len(t) // 2]:.2f}x)",
                 flush=True,
             )
+        print(f"load average after batch {batch}: {os.getloadavg()[0]:.1f}", flush=True)
 
 
 if __name__ == "__main__":

@@ -57,15 +57,25 @@ def contender(library, backend, dtype, **options):
 
 def zoo_contenders(models):
     """timm and keras_vit (JAX, TensorFlow) in float32 and bfloat16 for each zoo model of --models.
-    JAX's bfloat16 on CPU (no oneDNN path, see `vit_b16_contenders`) times batch 1 only."""
+    JAX's bfloat16 on CPU (no oneDNN path, see `vit_b16_contenders`) times batch 1 only.
+
+    bfloat16 is timed twice for Keras: `mixed_bfloat16` (float32 weights cast on every call) and
+    `inference=bfloat16` (`performance.bfloat16_inference`: the weights stored in bfloat16). JAX's
+    float32 runs once more with `attention=unchunked` (the attention's queries taken all at once at
+    any length, the form before `layers.matmul.CHUNK_QUERIES_ABOVE`), so that a run shows both."""
     out = []
     for model in models:
         for dtype in ("float32", "bfloat16"):
             both = "predict1,predict8"
+            jax_tasks = "predict1" if dtype == "bfloat16" else both
             out.append(contender("timm", "torch", dtype, model=model, tasks=both))
-            out.append(contender("keras_vit", "jax", dtype, model=model,
-                                 tasks="predict1" if dtype == "bfloat16" else both))
+            out.append(contender("keras_vit", "jax", dtype, model=model, tasks=jax_tasks))
             out.append(contender("keras_vit", "tensorflow", dtype, model=model, tasks=both))
+            if dtype == "bfloat16":
+                out.append(contender("keras_vit", "jax", dtype, model=model, inference="bfloat16", tasks=jax_tasks))
+                out.append(contender("keras_vit", "tensorflow", dtype, model=model, inference="bfloat16", tasks=both))
+            else:
+                out.append(contender("keras_vit", "jax", dtype, model=model, attention="unchunked", tasks=jax_tasks))
     return out
 
 
@@ -217,8 +227,8 @@ def _jit_compile(spec):
 
 
 def _keras_policy(spec):
-    if spec["dtype"] == "float32":
-        return "float32"
+    if spec["dtype"] == "float32" or spec["options"].get("inference") == "bfloat16":
+        return "float32"  # inference=bfloat16: a float32 model, converted by performance.bfloat16_inference
     return "bfloat16" if spec["options"].get("weights") == "bfloat16" else KERAS_BF16
 
 
@@ -264,6 +274,14 @@ def worker_speed(spec):
 
         keras.config.set_dtype_policy(_keras_policy(spec))
         model = _keras_model(spec)
+        if spec["options"].get("inference") == "bfloat16":
+            import keras_vit.performance
+
+            model = keras_vit.performance.bfloat16_inference(model)
+        if spec["options"].get("attention") == "unchunked":
+            from keras_vit.layers import matmul
+
+            matmul.CHUNK_QUERIES_ABOVE = 1 << 30
         result["build_s"] = time.perf_counter() - t0
         jit = _jit_compile(spec)
         result["jit_compile"] = jit

@@ -26,6 +26,7 @@ import os
 import sys
 import threading
 import warnings
+from collections.abc import Mapping
 
 import keras
 
@@ -42,11 +43,11 @@ def _family_and_dims(config):
         family, config = family_of(row), row.kwargs()
     elif isinstance(config, keras.Model):
         family, config = family_of(config), config.get_config()
-    elif isinstance(config, dict):
+    elif isinstance(config, Mapping):  # a get_config() dict or a config object
         family = family_of(config)
     else:
         raise TypeError(
-            "config must be None, a keras_vit model, its get_config() dict or an architecture name such as "
+            "config must be None, a keras_vit model, its get_config() dict or config object, or an architecture name such as "
             f"'ViTL16'; got {type(config).__name__}."
         )
     return family, family.sharding_rules().dims(config)

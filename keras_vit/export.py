@@ -59,6 +59,8 @@ import subprocess
 import sys
 import tempfile
 
+from keras_vit.geometry import positive_pair
+
 #: Export formats, with the spellings the CLI and Keras use.
 FORMATS = {
     "tf_saved_model": "tf_saved_model",
@@ -182,23 +184,19 @@ def _normalise_format(format):
 def _size_pair(image_size):
     if image_size is None:
         return None
-    if isinstance(image_size, int):
-        return (image_size, image_size)
-    size = tuple(int(s) for s in image_size)
-    if len(size) != 2 or min(size) < 1:
-        raise ExportError(f"image_size must be an int or (height, width) of positive ints; got {image_size!r}.")
-    return size
+    try:
+        return positive_pair(image_size)
+    except ValueError as err:
+        raise ExportError(str(err)) from None
 
 
 def _model_size(model):
     """(height, width) the model was built for. A dynamic_image_size model takes images of any size
     (its input shape has None) but keeps the size it was built at in its config; a dimension that
     is None in both is None."""
-    size = model.get_config().get("image_size") if hasattr(model, "get_config") else None
+    size = getattr(getattr(model, "config", None), "image_size", None)  # a keras_vit model's config: a pair
     if size is None:
         size = model.input_shape[1:3]
-    if isinstance(size, int):
-        size = (size, size)
     return tuple(None if s is None else int(s) for s in size)
 
 
@@ -424,7 +422,7 @@ def _prepared_model(model, int8, image_size):
     from keras_vit.models.weight_tree import get_weight_tree, set_weight_tree
 
     changed = model
-    if image_size is not None and tuple(image_size) != tuple(model.get_config()["image_size"]):
+    if image_size is not None and image_size != model.config.image_size:
         config = dict(model.get_config(), image_size=list(image_size))
         changed = type(model).from_config(config)
         grid = getattr(model, "grid_size", None)

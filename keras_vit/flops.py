@@ -11,6 +11,8 @@ per epoch, at 224 px, with JFT-300M's 303M images.
     224
 """
 
+from keras_vit.geometry import positive_pair
+from keras_vit.models.config import FieldGroupConfig
 from keras_vit.models.family import constructor_names, family_of, get_architecture
 
 #: Images in JFT-300M as the paper counts them for Table 6.
@@ -31,39 +33,26 @@ def _describe(model_or_architecture):
         family = None
     if family is None or isinstance(obj, dict):
         raise TypeError(
-            f"flops() takes a constructor name (e.g. 'ViTB16', 'BiTResNet50x1'), an architecture row or a keras_vit "
-            f"model; got {type(model_or_architecture).__name__}."
+            f"flops() takes a constructor name (e.g. 'ViTB16', 'BiTResNet50x1'), an architecture row, a keras_vit "
+            f"model or its config object; got {type(model_or_architecture).__name__}."
         )
     if hasattr(obj, "kwargs") and not hasattr(obj, "get_config"):  # an architecture row
         return family, obj.kwargs(), None
+    if isinstance(obj, FieldGroupConfig):  # a model's config object (what the readers give)
+        return _from_config(family, obj)
     if not hasattr(obj, "get_config") or family.class_name not in {c.__name__ for c in type(obj).__mro__}:
         raise TypeError(
             f"flops() counts keras_vit models themselves; a {type(obj).__name__} wrapping one is not counted. "
             "Pass the wrapped model or its constructor name."
         )
-    config = obj.get_config()
-    size = config.get("image_size")
-    size = None if size is None or None in tuple(size) else tuple(size)
-    classes = config["classes"] if config.get("include_top", True) else 0
-    return family, dict(config, classes=classes), size
+    return _from_config(family, obj.config)
 
 
-def _check_size(image_size):
-    """(height, width) of positive ints, or a ValueError that says what is wrong."""
-    pair = (image_size, image_size) if isinstance(image_size, int) and not isinstance(image_size, bool) else image_size
-    try:
-        ok = len(pair) == 2 and all(
-            isinstance(s, int) and not isinstance(s, bool) or hasattr(s, "__index__") and not isinstance(s, bool)
-            for s in pair
-        )
-    except TypeError:
-        ok = False
-    if not ok or any(int(s) < 1 for s in pair):
-        raise ValueError(
-            f"image_size must be a positive int or (height, width) of positive ints, e.g. 224 or (224, 384); got "
-            f"{image_size!r}."
-        )
-    return int(pair[0]), int(pair[1])
+def _from_config(family, config):
+    """(family, config, default image size) of a config object: sizes are (height, width) pairs,
+    a None dimension takes any size; a headless config counts no head."""
+    size = None if None in config.image_size else config.image_size
+    return family, dict(config, classes=(config.classes or 0) if config.include_top else 0), size
 
 
 def flops(model_or_architecture, image_size=None, classes=None):
@@ -71,7 +60,8 @@ def flops(model_or_architecture, image_size=None, classes=None):
 
     Args:
         model_or_architecture: a constructor name ("ViTB16", "R50ViTB32", "BiTResNet152x2",
-            "AxialViTB16", ...), a row of an architecture table, or a keras_vit model.
+            "AxialViTB16", ...), a row of an architecture table, a keras_vit model or its config
+            object (`model.config`, `read_checkpoint(path)[1]`).
         image_size: int or (height, width), positive; default the model's input size, 224 for
             a name.
         classes: head size; default the model's (none when include_top=False), 1000 for a name.
@@ -81,7 +71,7 @@ def flops(model_or_architecture, image_size=None, classes=None):
         (123.1, 8.18)
     """
     family, config, own_size = _describe(model_or_architecture)
-    size = _check_size(image_size if image_size is not None else own_size or 224)
+    size = positive_pair(image_size if image_size is not None else own_size or 224)
     if classes is None:
         classes = config.get("classes", 1000)
     return family.count_flops(config, size, classes)

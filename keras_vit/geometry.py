@@ -33,6 +33,44 @@ def as_pair(size, what="image_size"):
     return pair
 
 
+def positive_pair(size, what="image_size"):
+    """`as_pair(size)` whose sides are positive ints, else a ValueError naming `what`.
+
+    Example:
+        >>> positive_pair(224), positive_pair((160, 320))
+        ((224, 224), (160, 320))
+    """
+    try:
+        pair = as_pair(size, what)
+        sides = size if hasattr(size, "__len__") else [size]
+        exact = all(hasattr(s, "__index__") and not isinstance(s, bool) for s in sides)
+    except (TypeError, ValueError):
+        pair, exact = None, False
+    if pair is None or not exact or min(pair) < 1:
+        raise ValueError(f"{what} must be a positive int or (height, width) of positive ints, e.g. 224 or (224, 384); "
+                         f"got {size!r}.")
+    return pair
+
+
+def input_size(size, what="image_size"):
+    """An input size as (height, width), where None (a dimension, or the whole size) is any size: the
+    one normalisation of the image size of a model that takes any size (convolutional ones).
+
+    Example:
+        >>> input_size(64), input_size(None), input_size([None, 96])
+        ((64, 64), (None, None), (None, 96))
+    """
+    if size is None:
+        return None, None
+    try:
+        if hasattr(size, "__len__") and not isinstance(size, (str, bytes)) and len(size) == 2 and None in tuple(size):
+            return tuple(None if s is None else positive_pair(s, what)[0] for s in size)
+        return positive_pair(size, what)
+    except ValueError:
+        raise ValueError(f"{what} must be an int, (height, width) of positive ints or None (any size); "
+                         f"got {size!r}.") from None
+
+
 def optional_pair(size, what="image_size"):
     """`as_pair(size)`, or None for None (a size left to the model or the checkpoint).
 

@@ -331,7 +331,7 @@ def _architecture_mismatch(architecture, resolved):
     if resolved.format.read_sized is None:
         return None
     try:
-        _, config = resolved.format.read(resolved.path)
+        _, config = resolved.format.read_at(resolved.path)
         check_architecture(architecture, config, resolved.source)
     except CheckpointError:
         return None
@@ -415,7 +415,8 @@ def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, cl
     initialisation, and stream the weights into it.
 
     Args:
-        tree, config: what a format's reader returns (lazy trees are read one tensor at a time).
+        tree, config: what a format's `read_at` returns (lazy trees are read one tensor at a time;
+            the config object, or a checkpoint config dict, which is made one).
         image_size: int or (height, width); position embeddings are resized from the
             checkpoint's grid with the source's rule.
         include_top, classes, pooling, keep_representation: the head policy (`plan_head`).
@@ -437,6 +438,7 @@ def build_from_checkpoint(tree, config, *, image_size=None, include_top=True, cl
     from keras_vit.models.weight_tree import WeightTreeError, set_weight_tree, weight_variables
 
     family = family_of(config)
+    config = family.config_object(config)  # a reader's config object, or a checkpoint config dict
     patch_resize = _patch_resize(config, overrides.get("patch_size"), image_size, source, patch_resize_rule)
     # A classifier named by the caller (big_vision's "0" and "none" look like "gap" in the file)
     # also decides how a headless model is pooled.
@@ -545,7 +547,7 @@ def load(source, *, architecture=None, image_size=None, include_top=True, classe
     if resolved.preset is not None and resolved.preset.config:
         # The preset's architecture differs from its repository's config.json (timm's QuickGELU
         # CLIPs read the GELU ones' files).
-        config = dict(config, **dict(resolved.preset.config))
+        config = config.replace(**dict(resolved.preset.config))
     _warn_license(resolved)
     # The PI-resize of the source's framework (big_vision's FlexiViT: bilinear), unless named.
     overrides.setdefault("patch_resize_rule", resolved.format.patch_resize_rule)

@@ -68,6 +68,76 @@ def recommended_jit_compile(dtype_policy=None, backend=None):
     return "auto"
 
 
+def bfloat16_inference(model):
+    """A copy of `model` for bfloat16 inference, its weights stored in bfloat16.
+
+    Under `mixed_bfloat16` a model keeps float32 weights and casts every one of them to bfloat16
+    on every call; at batch 1 the casts cost as much as the matmuls. The copy is the same
+    architecture built under the "bfloat16" policy, its weights cast once from `model`'s: the
+    matmuls read their kernels as stored, while the norms keep float32 scales and statistics
+    (`layers.transformer.make_norm`) and the attention its float32 softmax, as under
+    `mixed_bfloat16`. Its outputs are the `mixed_bfloat16` model's up to bfloat16 rounding.
+
+    The copy is for inference only: it is not trainable, and it is a snapshot of `model`'s weights
+    at the call. After training `model` or loading other weights into it, convert it again.
+
+    Args:
+        model: a keras_vit model (a constructor's or `keras_vit.load_checkpoint`'s) with float
+            weights (float32, or any policy; not quantized) and no BatchNormalization (ViT, its
+            hybrids and BiT; not EfficientNet or the axial models, whose batch statistics would
+            be stored in bfloat16).
+
+    Returns:
+        A new model of the same class and config, dtype policy "bfloat16", not trainable.
+
+    Example:
+        >>> import keras_vit
+        >>> model = keras_vit.ViTTi16(weights=None, image_size=32, patch_size=16)  # doctest: +SKIP
+        >>> fast = keras_vit.performance.bfloat16_inference(model)  # doctest: +SKIP
+        >>> fast.compile(jit_compile=keras_vit.performance.recommended_jit_compile())  # doctest: +SKIP
+        >>> fast.predict_on_batch(images)  # doctest: +SKIP
+    """
+    from keras import ops
+
+    if not (hasattr(model, "config") and hasattr(type(model), "from_config") and hasattr(model, "get_config")):
+        raise TypeError(
+            f"bfloat16_inference converts keras_vit models (from keras_vit's constructors or "
+            f"keras_vit.load_checkpoint); got {type(model).__name__}. For another Keras model, build it under "
+            "keras.config.set_dtype_policy('bfloat16') and set its weights."
+        )
+    quantized = sorted({layer.quantization_mode for layer in model._flatten_layers() if layer.quantization_mode})
+    if quantized:
+        raise ValueError(
+            f"bfloat16_inference needs float weights; {model.name} is quantized ({', '.join(quantized)}). Convert the "
+            "float model before quantizing it, or run the quantized model as it is."
+        )
+    batch_norms = [layer.name for layer in model._flatten_layers() if isinstance(layer, keras.layers.BatchNormalization)]
+    if batch_norms:
+        raise ValueError(
+            f"bfloat16_inference keeps float32 norms where keras_vit builds them (ViT and its hybrids, BiT); "
+            f"{model.name} has BatchNormalization layers ({', '.join(batch_norms[:3])}, ...), whose statistics "
+            "would be stored in bfloat16. Run it under keras.config.set_dtype_policy('mixed_bfloat16') instead."
+        )
+    copy = type(model).from_config({**model.get_config(), "dtype": "bfloat16"})
+    if len(copy.weights) != len(model.weights):
+        raise ValueError(
+            f"bfloat16_inference: the copy of {model.name} has {len(copy.weights)} weights and the model "
+            f"{len(model.weights)}; the model was changed after it was built (layers added or removed). Build it "
+            "again from its config and load its weights, then convert."
+        )
+    for source, target in zip(model.weights, copy.weights):
+        if tuple(source.shape) != tuple(target.shape) or source.name != target.name:
+            raise ValueError(
+                f"bfloat16_inference: weight {source.path} {tuple(source.shape)} has no counterpart in the copy "
+                f"(found {target.path} {tuple(target.shape)}); build the model again from its config, then convert."
+            )
+        value = source.value
+        # A copy of its own where no cast makes one: JAX's predict step donates variable buffers.
+        target.assign(ops.copy(value) if source.dtype == target.dtype else ops.cast(value, target.dtype))
+    copy.trainable = False
+    return copy
+
+
 def configure(threads=None):
     """Pin TensorFlow's and PyTorch's CPU thread pools to `threads` (call before running ops).
 

@@ -19,9 +19,11 @@ Where a tag is published at several resolutions, the repository whose resolution
 the requested input size is used (224 vs 384); position embeddings are resized for any other.
 """
 
+import collections.abc
 import dataclasses
 import difflib
 
+from keras_vit.geometry import as_pair
 from keras_vit.models.family import all_architectures, constructor_names, families
 
 
@@ -91,9 +93,30 @@ def _preset(row):
     return Preset(a, t, r, c, top1, repo, original, source=source, **(extra[0] if extra else {}))
 
 
-#: Every preset of every model family, keyed by its Hub repository, in table order. Extend it with
-#: `register_preset`.
-PRESETS = {}
+#: The table itself: {Hub repository: Preset}, rebuilt by `_table` when the families change.
+_ROWS = {}
+
+
+class _PresetTable(collections.abc.Mapping):
+    """A read-only view of the table that is current on every access: a family registered or
+    unregistered after keras_vit was imported adds or takes away its rows."""
+
+    def __getitem__(self, repo):
+        return _table()[repo]
+
+    def __iter__(self):
+        return iter(_table())
+
+    def __len__(self):
+        return len(_table())
+
+    def __repr__(self):
+        return f"<keras_vit presets: {len(self)} rows>"
+
+
+#: Every preset of every registered model family, keyed by its Hub repository, in table order
+#: (read-only; extend it with `register_preset`).
+PRESETS = _PresetTable()
 #: The presets by upstream name (timm's "<architecture>.<tag>", else the repository name without
 #: the owner).
 _BY_REPO_NAME = {}
@@ -103,28 +126,28 @@ _GATHERED = []
 
 
 def _table():
-    """PRESETS, holding the rows of every registered family (one registered after this module
+    """The table's rows, holding the rows of every registered family (one registered after this module
     was imported, `keras_vit.models.family.register_family`, too) and `register_preset`'s."""
     current = list(families())
     if current != _GATHERED:
         rows = [_preset(row) for family in current for row in family.preset_rows()]
-        PRESETS.clear()
+        _ROWS.clear()
         _BY_REPO_NAME.clear()
         for preset in rows:
-            PRESETS[preset.repo] = preset
+            _ROWS[preset.repo] = preset
             _BY_REPO_NAME[preset.upstream_name] = preset
         _GATHERED[:] = current
         for preset in _REGISTERED:
             _add(preset)
-    return PRESETS
+    return _ROWS
 
 
 def _add(preset):
-    for key, p in list(PRESETS.items()):
+    for key, p in list(_ROWS.items()):
         if (p.architecture, p.tag, p.resolution) == (preset.architecture, preset.tag, preset.resolution):
-            del PRESETS[key]
+            del _ROWS[key]
             _BY_REPO_NAME.pop(p.upstream_name, None)
-    PRESETS[preset.repo] = preset
+    _ROWS[preset.repo] = preset
     _BY_REPO_NAME[preset.upstream_name] = preset
 
 
@@ -181,11 +204,7 @@ def tags(architecture):
 
 
 def _side(image_size):
-    if image_size is None:
-        return None
-    if isinstance(image_size, int):
-        return image_size
-    return max(int(s) for s in image_size)
+    return None if image_size is None else max(as_pair(image_size))
 
 
 def _closest(rows, image_size):

@@ -65,3 +65,45 @@ def test_config_reloads_through_keras(tmp_path):
     model = keras_vit.VisionTransformer(**TINY, position_embedding="learned_2d", classifier_activation=None)
     model.save(tmp_path / "m.keras")
     assert keras.saving.load_model(tmp_path / "m.keras").config == model.config
+
+
+def test_a_config_is_a_read_only_mapping_of_its_fields():
+    """Code written for the plain dicts the checkpoint readers once returned keeps working on the
+    config objects: item access, `get`, `in`, `dict(...)`, `**config`; nothing can be set."""
+    import dataclasses
+
+    c = ViTConfig(**TINY)
+    names = [f.name for f in dataclasses.fields(ViTConfig)]  # ClassVar `family` is no field
+    assert list(c) == list(c.keys()) == names and len(c) == len(names) and "family" not in c
+    assert c["num_heads"] == c.num_heads == 3 and c["image_size"] == (32, 32)
+    assert c.get("resnet") is None and c.get("no_such_field", "default") == "default"
+    assert "mlp_dim" in c and "hiden_size" not in c
+    assert dict(c) == {f: getattr(c, f) for f in names} == {**c}
+    assert ViTConfig.from_dict(dict(c)) == c and keras_vit.family_of(c).name == "vit"
+    with pytest.raises(KeyError):
+        c["no_such_field"]
+    with pytest.raises(TypeError):
+        c["num_heads"] = 4
+    assert c != dict(c)  # a config equals configs, not dicts
+
+
+@pytest.mark.parametrize("size, pair", [(64, (64, 64)), ([48, 80], (48, 80)), (None, (None, None)),
+                                        ((None, 96), (None, 96))])
+def test_convolutional_families_normalise_any_size_to_a_pair(size, pair):
+    from keras_vit.models.bit_family import BiTConfig
+    from keras_vit.models.efficientnet_family import EfficientNetConfig
+
+    assert BiTConfig(image_size=size, block_units=[1]).image_size == pair
+    assert EfficientNetConfig(image_size=size).image_size == pair
+
+
+@pytest.mark.parametrize("size", [0, -32, 2.5, 32.0, True, "32", (32, 32, 3), (0, 32), [None, 0]])
+def test_bad_sizes_are_refused_by_every_family(size):
+    from keras_vit.models.axial_resnet_family import AxialResNetConfig
+    from keras_vit.models.bit_family import BiTConfig
+    from keras_vit.models.efficientnet_family import EfficientNetConfig
+
+    for make in (lambda: BiTConfig(image_size=size, block_units=[1]), lambda: EfficientNetConfig(image_size=size),
+                 lambda: AxialResNetConfig(image_size=size, block_units=[1], width_multiplier=0.25)):
+        with pytest.raises(ValueError, match="image_size must be"):
+            make()

@@ -64,6 +64,12 @@ def test_the_convention_by_hand():
     assert keras_vit.flops("ViTB16", 384) > 3 * keras_vit.flops("ViTB16")
     model = keras_vit.ViTTi16(weights=None, include_top=False, input_shape=(64, 64, 3))
     assert keras_vit.flops(model) == keras_vit.flops("ViTTi16", 64, classes=0)
+    # Its config object (what the readers return) counts as the model does; a dict is refused.
+    assert keras_vit.flops(model.config) == keras_vit.flops(model)
+    assert keras_vit.flops(keras_vit.ViTTi16(weights=None, input_shape=(64, 64, 3), classes=7).config) == (
+        keras_vit.flops("ViTTi16", 64, classes=7))
+    with pytest.raises(TypeError, match="its config object"):
+        keras_vit.flops(dict(model.config))
     with pytest.raises(ValueError, match="stride"):
         keras_vit.flops("ViTB16", 200)
     with pytest.raises(TypeError, match="constructor name"):

@@ -783,6 +783,52 @@ def test_valid_files_still_read_exactly(sandbox, valid):
                 assert math.isfinite(float(np.abs(np.asarray(model(x))).sum())), label
 
 
+#: The config class of what each registered format's samples hold (the `valid` fixture's models).
+CONFIG_CLASSES = {"npz": "ViTConfig", "big_vision": "ViTConfig", "timm": "ViTConfig", "transformers": "ViTConfig",
+                  "keras_preset": "ViTConfig", "keras_weights": "ViTConfig", "keras": "ViTConfig",
+                  "bit_npz": "BiTConfig", "timm_bit": "BiTConfig", "axial_deeplab": "AxialResNetConfig",
+                  "timm_efficientnet": "EfficientNetConfig"}
+
+
+def test_every_format_reads_its_familys_config_object(sandbox, valid):
+    """Every registered format's reader, its `read_at` and `read_checkpoint` give the family's config
+    object (sizes as pairs), which still answers the dict reads code wrote for the readers' old dicts."""
+    from keras_vit.checkpoints.registry import detect_format, formats
+
+    for name in formats():
+        assert name in CONFIG_CLASSES, f"add the config class of the format {name!r} to CONFIG_CLASSES"
+        for label, sample in _samples(name).items():
+            path = os.path.join(_write(sandbox, valid["files"][sample.files]), sample.entry)
+            fmt = detect_format(path)
+            assert fmt.name == name, label
+            _, config = fmt.read_at(os.path.normpath(path))
+            assert type(config).__name__ == CONFIG_CLASSES[name], label
+            assert type(fmt.read(os.path.normpath(path))[1]) is type(config), label  # the module's own reader
+            _, public = read_checkpoint(path)
+            assert public == config, label
+            assert len(config.image_size) == 2 and all(isinstance(s, int) for s in config.image_size), label
+            assert dict(config)["image_size"] == config["image_size"] == config.image_size, label
+            if CONFIG_CLASSES[name] == "ViTConfig":
+                assert public["num_heads"] == public.num_heads == SMALL["num_heads"], label
+                assert public["hidden_size"] == SMALL["hidden_size"] and public.image_size == (32, 32), label
+            if name in ("bit_npz", "timm_bit"):
+                assert public["block_units"] == BIT_SMALL["block_units"], label
+                assert public.image_size == (32, 32) or name == "bit_npz", label  # an .npz states no size
+
+
+def test_a_checkpoint_without_a_head_reads_as_a_headless_config(sandbox, valid):
+    """A file without `head/` reads as `include_top=False` with `classes` None, as the readers' dicts said."""
+    tree = {k: v for k, v in valid["tree"].items() if not k.startswith("head/")}
+    folder = tempfile.mkdtemp(dir=sandbox)
+    write_npz(tree, os.path.join(folder, "features.npz"))
+    _, config = read_checkpoint(os.path.join(folder, "features.npz"))
+    assert config.include_top is False and config.classes is None and config["classes"] is None
+    _, with_head = read_checkpoint(os.path.join(_write(sandbox, valid["files"]["npz"]), "m.npz"))
+    assert with_head.include_top is True and with_head["classes"] == SMALL["classes"]
+    model = keras_vit.load_checkpoint(os.path.join(folder, "features.npz"), include_top=None)
+    assert model.include_top is False and model.output_shape == (None, SMALL["hidden_size"])
+
+
 def test_keras_archive_member_reads_like_zipfile_and_checks_its_crc(sandbox, valid):
     """A .keras file's weights are read in place through a memory map (keras_format.open_member):
     every read at every position gives zipfile's bytes, and a flipped byte inside the stored

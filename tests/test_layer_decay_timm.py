@@ -8,7 +8,8 @@ matrix feeds query, key and value; a hybrid's ResNet stem feeds conv_root, gn_ro
 units). The mapping from canonical keys to timm names is written here, from timm's module
 names. ViT-B/16 (a head: the head is a group of its own) and DINOv2-S/14 at 518 px (no head: the
 final norm and the last block are the last group) at full size; tiny models for the distillation
-token, registers, norm_pre, fc_norm, a MAP head and a hybrid stem.
+token, registers, norm_pre, fc_norm, a MAP head, a hybrid stem and RoPE-Mixed's learned rotary
+frequencies (Eva's `rope.freqs`, in the last group).
 
 timm's weight-decay rule (`param_groups_weight_decay` with the model's `no_weight_decay()`)
 against `training.timm_weight_decay`: timm's decayed parameters are saved as ones, the others as
@@ -55,6 +56,7 @@ _TIMM_NAMES = [
     (r"^Transformer/encoderblock_(\d+)/MultiHeadDotProductAttention_1/out/", lambda m: f"blocks.{m[1]}.attn.proj."),
     (r"^Transformer/encoderblock_(\d+)/MlpBlock_3/Dense_0/", lambda m: f"blocks.{m[1]}.mlp.fc1."),
     (r"^Transformer/encoderblock_(\d+)/MlpBlock_3/Dense_1/", lambda m: f"blocks.{m[1]}.mlp.fc2."),
+    (r"^Transformer/encoderblock_(\d+)/MultiHeadDotProductAttention_1/rope_frequencies$", "rope.freqs"),
     (r"^Transformer/encoderblock_(\d+)/LayerScale_0/", lambda m: f"blocks.{m[1]}.ls1."),
     (r"^Transformer/encoderblock_(\d+)/LayerScale_1/", lambda m: f"blocks.{m[1]}.ls2."),
     (r"^Transformer/encoder_norm/", "norm."),
@@ -66,8 +68,15 @@ _TIMM_NAMES = [
 ]
 
 
-def timm_prefix(key):
-    for pattern, name in _TIMM_NAMES:
+# timm's Eva names its layer scales gamma_1 / gamma_2.
+_EVA_NAMES = [
+    (r"^Transformer/encoderblock_(\d+)/LayerScale_0/", lambda m: f"blocks.{m[1]}.gamma_1"),
+    (r"^Transformer/encoderblock_(\d+)/LayerScale_1/", lambda m: f"blocks.{m[1]}.gamma_2"),
+]
+
+
+def timm_prefix(key, names=()):
+    for pattern, name in [*names, *_TIMM_NAMES]:
         m = re.match(pattern, key)
         if m:
             return name(m) if callable(name) else name
@@ -81,14 +90,14 @@ def timm_scales(model, decay, min_scale=0.0):
     return {name: by_id[id(p)] for name, p in model.named_parameters()}
 
 
-def compare(keras_model, timm_model, decay, min_scale=0.0):
+def compare(keras_model, timm_model, decay, min_scale=0.0, timm_names=()):
     """Every keras_vit variable's scale equals its timm parameter's; every timm parameter is
     matched. Returns the number of distinct scales."""
     want = timm_scales(timm_model, decay, min_scale)
     got = training.layer_decay_scales(keras_model, decay, min_scale=min_scale)
     matched = set()
     for key, var in weight_variables(keras_model).items():
-        prefix = timm_prefix(key)
+        prefix = timm_prefix(key, timm_names)
         names = [n for n in want if n == prefix or (prefix.endswith(".") and n.startswith(prefix))]
         assert names, (key, prefix)
         for name in names:
@@ -136,6 +145,19 @@ def test_variant_scales_equal_timm(tmp_path, arch, args):
     compare(_load(tmp_path, timm_model), timm_model, 0.7)
 
 
+def test_rope_mixed_scales_equal_timm(tmp_path):
+    # RoPE-Mixed's rotary frequencies (timm's one `rope.freqs`, every block's here) are in no group
+    # of Eva's group_matcher: timm's layer decay gives them the last group's rate, as the head's.
+    timm_model = _save(tmp_path, "vit_small_patch16_rope_mixed_224", img_size=(32, 48), depth=3, embed_dim=32,
+                       num_heads=2, num_classes=3)
+    keras_model = _load(tmp_path, timm_model)
+    assert keras_model.config.rope_learned_frequencies
+    assert compare(keras_model, timm_model, 0.7, timm_names=_EVA_NAMES) == 5  # stem, 3 blocks, head and rope.freqs
+    scales = training.layer_decay_scales(keras_model, 0.7)
+    frequencies = [v.path for v in keras_model.weights if v.path.endswith("rope_frequencies")]
+    assert len(frequencies) == 3 and {scales[p] for p in frequencies} == {1.0}
+
+
 def test_families_without_grouping_refuse():
     model = keras_vit.BiTResNet(image_size=64, block_units=(1,), width_factor=0.5, classes=3)
     with pytest.raises(ValueError, match="BiT.*no layer grouping.*without layer_decay"):
@@ -168,7 +190,8 @@ def timm_decayed_keys(tmp_path, arch, args):
     ("deit_small_distilled_patch16_224", dict(img_size=32, depth=2)),  # dist_token, head_dist
     ("vit_small_patch14_reg4_dinov2", dict(img_size=28, depth=2)),  # reg_token, layer scale
     ("vit_base_patch16_siglip_224", dict(img_size=32, depth=2, embed_dim=64, num_heads=4)),  # MAP head
-], ids=["vit_b16", "deit_distilled", "registers", "map_head"])
+    ("vit_small_patch16_rope_mixed_224", dict(img_size=32, depth=2, embed_dim=32, num_heads=2)),  # rope.freqs
+], ids=["vit_b16", "deit_distilled", "registers", "map_head", "rope_mixed"])
 def test_weight_decay_rule_equals_timm(tmp_path, arch, args):
     keras_model, want = timm_decayed_keys(tmp_path, arch, args)
     variables = weight_variables(keras_model)

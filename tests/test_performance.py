@@ -162,3 +162,96 @@ def test_layers_dot_product_attention_is_softmax_attention(dtype):
     # bfloat16: the scaled queries and the weights are rounded to 8 significant bits on the way.
     tol = 3e-2 if dtype == "bfloat16" else 1e-5
     np.testing.assert_allclose(as64(out), expected, rtol=tol, atol=tol)
+
+
+def test_dot_product_attention_in_query_chunks_is_softmax_attention(monkeypatch):
+    """Past CHUNK_QUERIES_ABOVE query tokens, JAX's CPU attention takes QUERY_CHUNK queries at a
+    time (whole chunks in a loop, then the rest): still softmax(q k^T * scale) v per batch item and
+    head, in NumPy float64, every query row in its place (11 queries: two chunks of 4 and 3 left)."""
+    import keras_vit.layers.matmul as m
+
+    monkeypatch.setattr(m, "CHUNK_QUERIES_ABOVE", 8)
+    monkeypatch.setattr(m, "QUERY_CHUNK", 4)
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.normal(size=(2, n, 3, 8)).astype("float32") for n in (11, 13, 13))
+    logits = np.einsum("bqhd,bkhd->bhqk", q.astype("float64"), k.astype("float64")) * 0.4
+    weights = np.exp(logits - logits.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    expected = np.einsum("bhqk,bkhd->bqhd", weights, v.astype("float64"))
+    out = keras.ops.convert_to_numpy(m.dot_product_attention(q, k, v, 0.4))
+    np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
+
+
+def _timm_dinov2(tmp_path):
+    """A tiny random timm DINOv2 (layer scale, LayerNorm eps 1e-6) saved with timm's Hub saver,
+    and the timm model."""
+    pytest.importorskip("timm")
+    import timm
+    from test_timm_zoo import randomize_torch
+    from timm.models._hub import save_for_hf
+
+    args = dict(depth=2, img_size=28, embed_dim=64, num_heads=4)
+    model = randomize_torch(timm.create_model("vit_small_patch14_dinov2", pretrained=False, **args))
+    save_for_hf(model, tmp_path, safe_serialization=True, model_args=args)
+    return model
+
+
+def test_bfloat16_inference_is_the_mixed_bfloat16_model_with_bfloat16_weights(tmp_path):
+    """performance.bfloat16_inference: the same outputs as the mixed_bfloat16 model to bfloat16
+    rounding, as far from timm's float64 output as timm's own bfloat16 autocast is; matmul kernels
+    stored in bfloat16, norm parameters in float32; not trainable; a snapshot of the weights."""
+    import torch
+
+    import keras_vit
+
+    ref = _timm_dinov2(tmp_path)
+    x = np.random.default_rng(1).uniform(-1, 1, (2, 28, 28, 3)).astype("float32")
+    images = torch.from_numpy(x.transpose(0, 3, 1, 2).copy())
+    with torch.no_grad():
+        exact = ref.double()(images.double()).numpy()
+        ref.float()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            autocast = ref(images).float().double().numpy()
+    model = keras_vit.load_checkpoint(tmp_path, include_top=False, pooling="token")
+    fast = perf.bfloat16_inference(model)
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        mixed = keras_vit.load_checkpoint(tmp_path, include_top=False, pooling="token")
+    finally:
+        keras.config.set_dtype_policy("float32")
+    outputs = {name: np.asarray(m.predict_on_batch(x), "float64") for name, m in
+               (("float32", model), ("mixed", mixed), ("fast", fast))}
+    scale = np.abs(exact).max()
+    error = {name: np.abs(out - exact).max() / scale for name, out in outputs.items()}
+    timm_error = np.abs(autocast - exact).max() / scale
+    assert error["float32"] < 1e-5 and 1e-3 < error["mixed"] < 3e-2, error  # bfloat16 compute, not float32
+    # Norms and softmax as under mixed_bfloat16: the same rounding, to a few bfloat16 ulps of the output.
+    assert np.abs(outputs["fast"] - outputs["mixed"]).max() / scale <= 2.0**-7, (error, timm_error)
+    # timm's autocast keeps the residual stream in float32 (a bfloat16 branch added to a float32
+    # input) where a Keras mixed_bfloat16 model keeps it in bfloat16: 1.9x timm's error here.
+    assert error["fast"] <= 3 * timm_error, (error, timm_error)
+
+    dtypes = {w.path.split("/", 1)[1]: keras.backend.standardize_dtype(w.dtype) for w in fast.weights}
+    kernels = [p for p in dtypes if p.endswith("kernel")]
+    norms = [p for p in dtypes if "norm" in p.lower() and p.endswith(("gamma", "beta"))]
+    assert kernels and all(dtypes[p] == "bfloat16" for p in kernels), dtypes
+    assert norms and all(dtypes[p] == "float32" for p in norms), dtypes
+    assert not fast.trainable and not fast.trainable_weights
+    # A snapshot: changing the float32 model afterwards leaves the copy as it was.
+    model.weights[0].assign(keras.ops.zeros(model.weights[0].shape))
+    np.testing.assert_array_equal(np.asarray(fast.predict_on_batch(x), "float64"), outputs["fast"])
+
+
+def test_bfloat16_inference_refuses_what_it_cannot_convert():
+    import keras_vit
+    from conftest import TINY
+
+    with pytest.raises(TypeError, match="keras_vit models"):
+        perf.bfloat16_inference(keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)]))
+    model = keras_vit.VisionTransformer(**TINY)
+    model.quantize("int8")
+    with pytest.raises(ValueError, match="quantized"):
+        perf.bfloat16_inference(model)
+    batch_norm = keras_vit.EfficientNetB0(weights=None, input_shape=(32, 32, 3), classes=3)
+    with pytest.raises(ValueError, match="BatchNormalization"):
+        perf.bfloat16_inference(batch_norm)

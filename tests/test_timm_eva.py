@@ -126,10 +126,53 @@ def test_eva_keras_round_trip(saved, tmp_path, case, fields):
     np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))
 
 
-def test_rotary_grid_fixed_at_run_time():
-    with pytest.raises(ValueError, match="rotary_position_embedding=True"):
+# timm's Eva with dynamic_img_size: the rotary embedding (EVA-02's, rescaled to its reference grid;
+# RoPE-Mixed's learned frequencies; DINOv3's centred one) and the absolute position embedding are
+# computed for each batch's grid.
+DYNAMIC = [("eva02_tiny_patch14_224", 14), ("vit_small_patch16_rope_mixed_224", 16), ("vit_small_patch16_dinov3", 16)]
+
+
+@pytest.mark.parametrize("arch, patch", DYNAMIC, ids=["eva02", "rope_mixed", "dinov3"])
+def test_rotary_models_follow_the_input_size_as_timm(tmp_path, arch, patch):
+    from timm.models._hub import save_for_hf
+
+    args = dict(depth=2, embed_dim=32, num_heads=2, img_size=2 * patch, dynamic_img_size=True, num_classes=5)
+    ref = randomize_torch(timm.create_model(arch, pretrained=False, **args), seed=5)
+    save_for_hf(ref, tmp_path, safe_serialization=True, model_args=args)
+    model = keras_vit.load_checkpoint(tmp_path, dynamic_image_size=True, classifier_activation=None)
+    assert model.input_shape == (None, None, None, 3) and model.config.rotary_position_embedding
+    for size in [(3 * patch, 3 * patch), (2 * patch, 4 * patch)]:  # a larger grid, and a non-square one
+        x = np.random.default_rng(1).uniform(-1, 1, (2, *size, 3)).astype("float32")
+        _assert_equal(model.predict(x, verbose=0), ref, x, f"{arch} at {size}")
+    if arch.startswith("eva02"):  # the .keras file keeps the run-time grid
+        path = str(tmp_path / "dynamic.keras")
+        model.save(path)
+        np.testing.assert_array_equal(keras.saving.load_model(path).predict(x, verbose=0), model.predict(x, verbose=0))
+        # The attention analysis runs the blocks on each batch's grid: the fixed-size model's weights.
+        fixed = keras_vit.load_checkpoint(tmp_path, image_size=x.shape[1:3], classifier_activation=None)
+        np.testing.assert_allclose(np.asarray(keras_vit.analysis.attention_weights(model, x)),
+                                   np.asarray(keras_vit.analysis.attention_weights(fixed, x)), atol=1e-6)
+
+
+@pytest.mark.backend_independent
+@pytest.mark.parametrize("grid, head_dim, temperature, reference, offset, indexing, coordinates, rotate_half", [
+    ((2, 3), 16, 10000.0, (16, 16), 0.0, "ij", "index", False), ((3, 2), 8, 10000.0, (5, 7), 1.0, "xy", "index", True),
+    ((3, 5), 8, 100.0, None, 1.0, "xy", "centered", False)])
+def test_run_time_rotary_tables_equal_the_numpy_ones(grid, head_dim, temperature, reference, offset, indexing,
+                                                     coordinates, rotate_half):
+    from keras_vit.layers.position import (rotary_embedding_tensors, rotary_positions, rotary_positions_tensor)
+
+    args = (grid, head_dim, temperature, reference, offset, indexing, coordinates, rotate_half)
+    for ours, numpy in zip(rotary_embedding_tensors(*args), rotary_embedding_tables(*args)):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(ours), numpy, atol=2e-6)  # XLA's sin: 1.6e-6
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(rotary_positions_tensor(grid, indexing)),
+                                  rotary_positions(grid, indexing))
+
+
+def test_rotary_refusals():
+    with pytest.raises(ValueError, match="patch_drop_rate=0.5 drops patch tokens"):
         keras_vit.VisionTransformer(image_size=32, patch_size=16, hidden_size=8, num_layers=1, num_heads=2, mlp_dim=8,
-                                    rotary_position_embedding=True, dynamic_image_size=True)
+                                    rotary_position_embedding=True, patch_drop_rate=0.5)
     with pytest.raises(ValueError, match="multiple of 4"):
         keras_vit.VisionTransformer(image_size=32, patch_size=16, hidden_size=12, num_layers=1, num_heads=2,
                                     mlp_dim=8, rotary_position_embedding=True)

@@ -1,5 +1,5 @@
-"""The named presets and constructors of timm's ViT zoo (DINOv2, CLIP, SigLIP, DeiT, DeiT III, MAE)
-against timm itself: each preset row against timm's live pretrained_cfg (resolution, head size,
+"""The named presets and constructors of timm's ViT zoo (DINOv2, CLIP, SigLIP, DeiT, DeiT III, MAE,
+BEiT, BEiT v2, EVA-02) against timm itself: each preset row against timm's live pretrained_cfg (resolution, head size,
 mean/std, licence, Hub repository), each constructor's parameter count against timm's model built
 on PyTorch's meta device, FLOPs against torch's flop counter, and the licence column of
 `keras-vit presets`."""

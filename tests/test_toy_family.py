@@ -218,6 +218,7 @@ def toy(tmp_path_factory):
 
         with pytest.raises(AttributeError, match="has no attribute 'ToyNetS'"):
             keras_vit.ToyNetS
+        assert not [p for p in presets.PRESETS.values() if p.architecture == "ToyNetS"]
 
 
 def _numpy(x):
@@ -307,6 +308,7 @@ def test_keras_file_and_preset_folder_round_trip(toy, tmp_path):
 
 def test_presets_describe_and_flops_ask_the_record(toy):
     (row,) = presets.list_presets("ToyNetS")
+    assert presets.PRESETS[row.repo] is row  # the table is current however keras_vit was imported
     assert (row.tag, row.resolution, row.repo, row.source) == ("toy_in1k", 32, "keras-vit-tests/toynet_s.toy_in1k",
                                                                 "keras")
     for name, kw in (("ToyNetS.toy_in1k", {}), ("toy_in1k", {"architecture": "ToyNetS"}),

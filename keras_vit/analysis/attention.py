@@ -141,33 +141,50 @@ class _AttentionProbe(keras.layers.Layer):
         super().__init__(name=f"{block.name}_attention", dtype=block.dtype_policy, **kwargs)
         self.block = block
 
-    def call(self, tokens):
+    def call(self, tokens, images=None):
+        if images is not None:  # a rotary block that reads each batch's grid off the images
+            return self.block(tokens, images, training=False, return_attention_weights=True)
         return self.block(tokens, training=False, return_attention_weights=True)
 
-    def compute_output_spec(self, tokens):
+    def compute_output_spec(self, tokens, images=None):
         batch, length, _ = tokens.shape
         weights = keras.KerasTensor((batch, self.block.num_heads, length, length), dtype=tokens.dtype)
         return keras.KerasTensor(tokens.shape, dtype=tokens.dtype), weights
 
 
-def _single_input_tensor(layer, parent):
+def _input_tensors(layer, parent):
     nodes = [node for node in layer._inbound_nodes if node.operation is layer]
     if len(nodes) != 1:
         raise ValueError(
             f"Layer {layer.name!r} is called {len(nodes)} times inside {parent.name!r}; the attention "
             "sub-model needs a single call path from the images to the encoder blocks."
         )
-    tensors = nodes[0].input_tensors
+    return nodes[0].input_tensors
+
+
+def _single_input_tensor(layer, parent):
+    tensors = _input_tensors(layer, parent)
     if len(tensors) != 1:
         raise ValueError(f"Layer {layer.name!r} takes {len(tensors)} inputs; expected one tensor.")
     return tensors[0]
+
+
+def _block_inputs(block, parent):
+    """(tokens, whether the block also reads the images): a rotary block of a dynamic_image_size
+    model takes the model's images as its second input, to read each batch's grid."""
+    tensors = _input_tensors(block, parent)
+    if len(tensors) == 2 and tensors[1] is parent.inputs[0]:
+        return tensors[0], True
+    if len(tensors) != 1:
+        raise ValueError(f"Layer {block.name!r} takes {len(tensors)} inputs; expected one tensor.")
+    return tensors[0], False
 
 
 def _build_attention_model(info):
     blocks = info.blocks
     # Blocks must follow one another directly (as VisionTransformer builds them).
     for previous, block in zip(blocks, blocks[1:]):
-        if _single_input_tensor(block, info.owner) is not previous.output:
+        if _block_inputs(block, info.owner)[0] is not previous.output:
             raise ValueError(
                 f"{block.name!r} does not take {previous.name!r}'s output directly; cannot trace attention."
             )
@@ -179,11 +196,13 @@ def _build_attention_model(info):
         child_input = _single_input_tensor(child, parent)
         if child_input is not parent.inputs[0]:
             x = keras.Model(parent.inputs, child_input, name=f"{parent.name}_to_{child.name}")(x)
-    tokens = _single_input_tensor(blocks[0], info.owner)
+    tokens, _ = _block_inputs(blocks[0], info.owner)
+    owner_images = x
     x = keras.Model(info.owner.inputs, tokens, name=f"{info.owner.name}_embed")(x)
     weights = []
     for block in blocks:
-        x, w = _AttentionProbe(block)(x)
+        reads_images = _block_inputs(block, info.owner)[1]
+        x, w = _AttentionProbe(block)(x, owner_images) if reads_images else _AttentionProbe(block)(x)
         weights.append(w)
     return keras.Model(images, weights, name=f"{outer.name}_attention")
 

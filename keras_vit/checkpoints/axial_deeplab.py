@@ -26,7 +26,7 @@ import re
 
 import numpy as np
 
-from keras_vit.checkpoints.registry import CheckpointFormat
+from keras_vit.checkpoints.registry import CheckpointFormat, reads_config_object
 from keras_vit.errors import CheckpointError
 from keras_vit.models.axial_resnet_family import BATCH_NORM_EPSILON, axial_spans
 from keras_vit.storage.files import describe_keys, reading
@@ -164,10 +164,11 @@ def infer_axial_config(tree, *, source="checkpoint"):
     )
 
 
+@reads_config_object
 def read_axial_deeplab(path, lazy=False):
     """Read an axial-deeplab checkpoint (`.pth.tar` of its training script, or a bare state dict).
 
-    Returns (AxialResNet weight tree, AxialResNet kwargs).
+    Returns (AxialResNet weight tree, AxialResNetConfig).
 
     Example:
         >>> tree, config = read_axial_deeplab("axial50s/model_best.pth.tar")   # doctest: +SKIP

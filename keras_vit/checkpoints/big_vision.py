@@ -32,7 +32,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from keras_vit.checkpoints.npz import _single_npz, lazy_member, open_members
-from keras_vit.checkpoints.registry import CheckpointFormat
+from keras_vit.checkpoints.registry import CheckpointFormat, reads_config_object
 from keras_vit.errors import CheckpointError
 from keras_vit.geometry import as_pair
 from keras_vit.models.config import NUMERICS
@@ -246,9 +246,10 @@ def position_layout(tree, position_key, image_size, source="checkpoint"):
     )
 
 
+@reads_config_object
 def read_big_vision(path, image_size=None):
     """Read a big_vision ViT .npz (or a folder holding one) into (lazy canonical tree,
-    VisionTransformer kwargs with big_vision's numerics).
+    ViTConfig with big_vision's numerics).
 
     The tree's values are LazyArrays (read, and for scanned files sliced per layer, when the
     model assigns them). A file without `pos_embedding` used big_vision's "sincos2d"
@@ -316,12 +317,8 @@ def write_big_vision_npz(tree, path, *, config=None, prefix="", scan=False):
 
         config = getattr(tree, "config", None)
         tree = get_weight_tree(tree)
-    if config is None:
-        class_token_pe = True
-    elif isinstance(config, Mapping):
-        class_token_pe = config.get("class_token_position_embedding", True)
-    else:
-        class_token_pe = getattr(config, "class_token_position_embedding", True)
+    # A get_config() dict or a config object (a mapping of its fields).
+    class_token_pe = True if config is None else config.get("class_token_position_embedding", True)
     out, layers = {}, {}
     for key, value in tree.items():
         value = np.asarray(value, dtype=np.float32)

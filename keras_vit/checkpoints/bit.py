@@ -31,7 +31,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from keras_vit.checkpoints.npz import _single_npz, lazy_member, open_members
-from keras_vit.checkpoints.registry import CheckpointFormat
+from keras_vit.checkpoints.registry import CheckpointFormat, reads_config_object
 from keras_vit.errors import CheckpointError
 from keras_vit.models.bit_family import BIT_NUMERICS, count_units, width_factor
 from keras_vit.storage.files import describe_keys, endings, reading
@@ -65,8 +65,6 @@ def infer_bit_config(tree, *, source="checkpoint", image_size=None):
     if not units or sorted(units) != list(range(1, len(units) + 1)):
         raise CheckpointError(f"{source}: BiT stages {sorted(units)} are not numbered block1..blockN.")
     head = tree.get(PREFIX + "head/conv2d/kernel")
-    if image_size is not None and not isinstance(image_size, int):
-        image_size = tuple(image_size)
     config = dict(
         image_size=image_size if image_size is not None else (224, 224),
         block_units=tuple(units[s] for s in sorted(units)),
@@ -176,11 +174,12 @@ def timm_bit_state_to_tree(files, *, source="checkpoint"):
     return tree
 
 
+@reads_config_object
 def read_timm_bit(path, lazy=False):
     """Read a timm resnetv2_*_bit Hub folder (model.safetensors or pytorch_model.bin + config.json),
     .safetensors or PyTorch state dict.
 
-    Returns (canonical BiT tree, BiTResNet kwargs with timm's numerics); the resolution is the
+    Returns (canonical BiT tree, BiTConfig with timm's numerics); the resolution is the
     repository's `pretrained_cfg.input_size` (224 for a bare file). With `lazy=True` the tree holds
     LazyArrays, read from the file when converted with np.asarray.
 
@@ -249,9 +248,10 @@ def detect_bit_npz(path):
         return False
 
 
+@reads_config_object
 def read_bit_npz(path):
     """Read an original BiT .npz (google-research/big_transfer, e.g. BiT-M-R50x1.npz), or a folder
-    holding one (a Hub snapshot), into (lazy canonical tree, BiTResNet kwargs with big_transfer's
+    holding one (a Hub snapshot), into (lazy canonical tree, BiTConfig with big_transfer's
     numerics). GroupNorm parameters stored as (1, 1, 1, C) are flattened.
 
     Every member's .npy header is checked before anything is read (a declared size must fit the

@@ -13,7 +13,7 @@ import os
 
 import numpy as np
 
-from keras_vit.checkpoints.registry import CheckpointFormat
+from keras_vit.checkpoints.registry import CheckpointFormat, reads_config_object
 from keras_vit.errors import CheckpointError
 from keras_vit.storage.files import corrupt_file_error, file_kind, reading
 from keras_vit.storage.json_files import read_json_object
@@ -186,6 +186,7 @@ class KerasWeights:
         return materialize(self.bind(model))
 
 
+@reads_config_object
 def read_weights_h5(path, config_path=None):
     """A .weights.h5 (Keras' save_weights) with the VisionTransformer config.json beside it ->
     (KerasWeights, checkpoint config)."""
@@ -215,6 +216,7 @@ def read_keras_preset(folder):
     return read_weights_h5(weights, os.path.join(folder, CONFIG_FILE))
 
 
+@reads_config_object
 def read_keras_file(path):
     """A .keras file holding a keras_vit VisionTransformer -> (KerasWeights, checkpoint config).
 
@@ -337,7 +339,7 @@ def _model_card(model, metadata, folder):
     """The README.md of a preset folder: the family's text and table rows, then the shared ones."""
     from keras_vit.models.family import family_of
 
-    c = model.get_config()
+    c = model.config  # the config object: sizes are (height, width) pairs
     tags, introduction, rows = family_of(model).model_card(c)
     extra = "".join(
         f"| {k} | {v} |\n" for k, v in metadata.items() if isinstance(v, (str, int, float)) and k != "description"

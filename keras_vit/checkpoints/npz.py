@@ -14,7 +14,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from keras_vit.checkpoints.registry import CheckpointFormat
+from keras_vit.checkpoints.registry import CheckpointFormat, reads_config_object
 from keras_vit.errors import CheckpointError
 from keras_vit.models.config import NUMERICS
 from keras_vit.models.vit_family import infer_config
@@ -72,9 +72,10 @@ def detect(path):
     return path.endswith(".npz") or (not path.endswith(".keras") and _is_zip(path))
 
 
+@reads_config_object
 def read_npz(path):
-    """Read an original .npz (or a folder holding one) into (canonical tree, VisionTransformer
-    kwargs with the original numerics).
+    """Read an original .npz (or a folder holding one) into (canonical tree,
+    ViTConfig with the original numerics).
 
     Example:
         >>> tree, config = read_npz("ViT-B_16.npz")   # doctest: +SKIP

@@ -9,16 +9,18 @@ format with a narrower test (e.g. timm's BiT ResNets) is listed before a broader
 ViTs).
 
     fmt = detect_format("vit_base_patch16_224/")          # -> the "timm" record
-    tree, config = fmt.read("vit_base_patch16_224/")       # lazy canonical tree + model config
+    tree, config = fmt.read_at("vit_base_patch16_224/")    # lazy canonical tree + ViTConfig
 """
 
 import dataclasses
+import functools
 import importlib
 import os
 from typing import Callable, Optional
 
 from keras_vit.errors import CheckpointError
 from keras_vit.models.config import NUMERICS
+from keras_vit.models.family import config_object
 from keras_vit.storage.files import check_file_name, endings
 from keras_vit.storage.json_files import read_json_object
 from keras_vit.storage.lazy import materialize
@@ -50,8 +52,9 @@ class CheckpointFormat:
         description: what the user would call it, for error messages.
         detect: path -> bool, cheap (file names, magic bytes, a config.json), never raising for
             a file of another format.
-        read: path -> (canonical tree, model config). Tree values may be lazy (read from the
-            file when assigned), or the tree may be bound to the model being built (`bind`).
+        read: path -> (canonical tree, checkpoint config dict). Tree values may be lazy (read from
+            the file when assigned), or the tree may be bound to the model being built (`bind`).
+            `read_at` gives the config as the family's config object.
         write: (tree, path) -> path, where the format has a writer.
         numerics: the row of keras_vit.models.config.NUMERICS its framework computes with
             (None where the file states its own, as Keras-native files do).
@@ -64,7 +67,7 @@ class CheckpointFormat:
             format's framework does it; None: timm's rule, the default of `load_checkpoint`.
         torch_zip: whether its files are PyTorch zip files (`.pth`, `.pth.tar`, `.bin`, ...), read
             by storage.torch_zip; only such formats are asked about one.
-        read_sized: (path, image_size) -> (tree, config), for formats whose grid the load's
+        read_sized: (path, image_size) -> (tree, config dict), for formats whose grid the load's
             `image_size` may have to decide (see `read_at`).
         license: path -> the licence the file's own metadata names (timm's config.json
             `pretrained_cfg.license`), or None.
@@ -84,17 +87,45 @@ class CheckpointFormat:
     license: Optional[Callable] = None
 
     def read_at(self, path, image_size=None):
-        """`read(path)`, or for a format whose files may not tell their own grid (a big_vision
-        position embedding that is not square), `read_sized(path, image_size)`: the resolution
-        the load asks for decides it where the file's shape fits it."""
+        """(canonical tree, the family's config object: `ViTConfig`, `BiTConfig`, ...) of the
+        checkpoint at `path`: `read(path)`, or for a format whose files may not tell their own grid
+        (a big_vision position embedding that is not square), `read_sized(path, image_size)`: the
+        resolution the load asks for decides it where the file's shape fits it.
+
+        Raises:
+            CheckpointError also when the config the reader infers is no valid config of its family.
+        """
         if self.read_sized is not None:
-            return self.read_sized(path, image_size)
-        return self.read(path)
+            tree, config = self.read_sized(path, image_size)
+        else:
+            tree, config = self.read(path)
+        return tree, _config_object(config, path)
 
     @property
     def resize_rule(self):
         """The position-embedding resize rule of the format's framework (None: stated per file)."""
         return NUMERICS[self.numerics]["position_embedding_resize"] if self.numerics else None
+
+
+def _config_object(config, path):
+    """The family's config object of a reader's config (a dict, or one already), or a CheckpointError."""
+    try:
+        return config_object(config)
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{path}: the checkpoint's configuration is not valid: {err}") from None
+
+
+def reads_config_object(read):
+    """A reader `read(path, ...) -> (tree, config dict)` made to give the family's config object
+    (`ViTConfig`, `BiTConfig`, ...) instead of the dict: the public `read_*` functions of the
+    format modules, as `CheckpointFormat.read_at` does for every format."""
+
+    @functools.wraps(read)
+    def reader(path, *args, **kwargs):
+        tree, config = read(path, *args, **kwargs)
+        return tree, _config_object(config, os.fspath(path))
+
+    return reader
 
 
 _REGISTRY = {}
@@ -222,18 +253,20 @@ def detect_format(path):
 
 
 def read_checkpoint(path, image_size=None):
-    """Read a local checkpoint into (canonical weight tree, VisionTransformer kwargs).
+    """Read a local checkpoint into (canonical weight tree, the family's config object).
 
-    The kwargs hold the architecture inferred from the checkpoint itself (shapes and its own
-    config file) and the numerics of its source framework; the tree's values are float32 numpy
-    arrays (use `keras_vit.load_checkpoint` to load into a model without this full copy).
-    `image_size` is needed only where the file cannot tell its position-embedding grid (a
-    big_vision file whose grid is not square; the error says so).
+    The config object (`ViTConfig`, `BiTConfig`, ...) holds the architecture inferred from the
+    checkpoint itself (shapes and its own config file) and the numerics of its source framework;
+    a checkpoint without a head has `include_top=False` and `classes=None`. Read its fields as
+    attributes; it is also a read-only mapping (`config["num_heads"]`, `dict(config)`). The
+    tree's values are float32 numpy arrays (use `keras_vit.load_checkpoint` to load into a model
+    without this full copy). `image_size` is needed only where the file cannot tell its
+    position-embedding grid (a big_vision file whose grid is not square; the error says so).
 
     Example:
         >>> tree, config = keras_vit.read_checkpoint("vit_tiny_patch16_224/")   # doctest: +SKIP
-        >>> config["num_heads"], config["gelu_approximate"]
-        (3, False)
+        >>> config.num_heads, config.gelu_approximate, config.image_size
+        (3, False, (224, 224))
     """
     tree, config = detect_format(path).read_at(os.fspath(path), image_size)
     if hasattr(tree, "bind"):

@@ -18,8 +18,9 @@ import re
 
 import numpy as np
 
-from keras_vit.checkpoints.registry import CheckpointFormat, safetensors_flavour
+from keras_vit.checkpoints.registry import CheckpointFormat, reads_config_object, safetensors_flavour
 from keras_vit.errors import CheckpointError
+from keras_vit.geometry import positive_pair
 from keras_vit.models.config import NUMERICS
 from keras_vit.models.vit_family import VIT, heads_from_table, infer_config, infer_resnet, timm_zoo_table
 from keras_vit.storage.files import describe_keys, looks_like_safetensors, reading
@@ -272,7 +273,7 @@ _VARIANT_DEFAULTS = dict(
     class_token=None, register_tokens=0, distillation_token=False, class_token_position_embedding=True,
     patch_embedding_norm=False, pre_norm=False, layer_scale=None, final_norm=True, fc_norm=False, norm="layer_norm",
     mlp_activation=None, glu=False, position_embedding="learned", dynamic_image_size=False, qkv_bias=True,
-    projection_bias=True, patch_embedding_bias=True, relative_position_bias=False, rotary_position_embedding=False,
+    key_bias=True, projection_bias=True, patch_embedding_bias=True, relative_position_bias=False, rotary_position_embedding=False,
     rope_temperature=10000.0, rope_reference_grid=None, rope_grid_offset=0.0, rope_grid_indexing="ij",
     rope_coordinates="index", rope_rotate_half=False, rope_learned_frequencies=False, post_norm=False, map_heads=None, map_mlp_dim=None,
     map_include_prefix=False,
@@ -388,10 +389,8 @@ def _attention_to_tree(r, src, dst, tree, hidden, num_heads):
             weight = r.get(f"{src}{proj}.weight")
             width = int(weight.shape[0])  # Sapiens2's key/value: fewer heads (grouped-query attention)
             tree[f"{dst}{name}/kernel"] = _linear(weight).reshape(hidden, width // hd, hd)
-            if r.has(f"{src}q_proj.bias"):
-                bias = (r.get(f"{src}{proj}.bias") if r.has(f"{src}{proj}.bias")
-                        else LazyArray(lambda width=width: np.zeros(width, np.float32), (width,)))
-                tree[f"{dst}{name}/bias"] = bias.reshape(width // hd, hd)
+            if r.has(f"{src}{proj}.bias"):  # the key's has none: a key bias the softmax would cancel
+                tree[f"{dst}{name}/bias"] = r.get(f"{src}{proj}.bias").reshape(width // hd, hd)
         _attention_out_to_tree(r, src, dst, tree, hidden, num_heads)
         return
     qkv_w = r.get(src + "qkv.weight")
@@ -402,13 +401,12 @@ def _attention_to_tree(r, src, dst, tree, hidden, num_heads):
         qkv_b = r.get(src + "qkv.bias")
         biases = [qkv_b[j * hidden : (j + 1) * hidden] for j in range(3)]
     elif r.has(src + "q_bias"):
-        # BEiT's layout: q and v biases, the key's a constant zero (a key bias adds the same
-        # q . b to every logit of a query, which the softmax cancels, so zero is exact).
-        zero = LazyArray(lambda: np.zeros(hidden, np.float32), (hidden,))
-        biases = [r.get(src + "q_bias"), zero, r.get(src + "v_bias")]
+        # BEiT's layout: q and v biases, the key's a constant zero buffer (a key bias adds the same
+        # q . b to every logit of a query, which the softmax cancels): none here (key_bias=False).
+        biases = [r.get(src + "q_bias"), None, r.get(src + "v_bias")]
     for j, name in enumerate(("query", "key", "value")):
         tree[f"{dst}{name}/kernel"] = _linear(qkv_w[j * hidden : (j + 1) * hidden]).reshape(hidden, num_heads, hd)
-        if biases is not None:
+        if biases is not None and biases[j] is not None:
             tree[f"{dst}{name}/bias"] = biases[j].reshape(num_heads, hd)
     if r.has(src + "relative_position_bias_table"):  # BEiT's, per block
         tree[f"{dst}relative_position_bias_table"] = r.get(src + "relative_position_bias_table")
@@ -639,17 +637,18 @@ def _image_size(config, source):
         size = list(size[1:])
         if None in size:
             return None
-    pair = [size, size] if not isinstance(size, (list, tuple)) else list(size)
-    if len(pair) != 2:
+    try:
+        return positive_pair(size, name)
+    except ValueError:
         raise CheckpointError(f"{source}: config.json {name} is {str(size)[:40]!r}; expected an image size "
-                              "(an int or [height, width]).")
-    return tuple(_positive_int(v, name, source) for v in pair)
+                              "(a positive int or [height, width] of positive ints).") from None
 
 
+@reads_config_object
 def read_timm(path, lazy=False):
     """Read a timm Hub folder (model.safetensors + config.json) or a bare timm .safetensors.
 
-    Returns (canonical tree, VisionTransformer kwargs with timm's numerics). With `lazy=True` the
+    Returns (canonical tree, ViTConfig with timm's numerics). With `lazy=True` the
     tree holds LazyArrays, read from the file only when converted with np.asarray.
 
     Example:
@@ -744,6 +743,8 @@ def _read_timm_zoo(weights, config, args, config_path, lazy, module):
     elif size is None:
         size = (224 // patch * patch,) * 2
     variant["qkv_bias"] = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/query/bias" in tree
+    variant["key_bias"] = not variant["qkv_bias"] or (
+        "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/key/bias" in tree)
     variant["projection_bias"] = "Transformer/encoderblock_0/MultiHeadDotProductAttention_1/out/bias" in tree
     variant["patch_embedding_bias"] = "embedding/bias" in tree
     layers = len({k.split("/")[1] for k in tree if k.startswith("Transformer/encoderblock_")})

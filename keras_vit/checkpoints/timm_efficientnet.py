@@ -36,7 +36,7 @@ import re
 
 import numpy as np
 
-from keras_vit.checkpoints.registry import CheckpointFormat
+from keras_vit.checkpoints.registry import CheckpointFormat, reads_config_object
 from keras_vit.errors import CheckpointError
 from keras_vit.geometry import as_pair
 from keras_vit.models.efficientnet_family import (
@@ -301,10 +301,11 @@ def _config_fields(config, config_path):
     return base, image_size, (float(eps) if eps is not None else None)
 
 
+@reads_config_object
 def read_timm_efficientnet(path, lazy=False):
     """Read a timm tf_efficientnet folder, .safetensors or PyTorch state dict.
 
-    Returns (EfficientNet weight tree, EfficientNet kwargs). With `lazy=True` the tree holds
+    Returns (EfficientNet weight tree, EfficientNetConfig). With `lazy=True` the tree holds
     LazyArrays, read from the file when the model assigns them.
 
     Example:

@@ -10,7 +10,7 @@ import os
 
 import numpy as np
 
-from keras_vit.checkpoints.registry import CheckpointFormat, safetensors_flavour
+from keras_vit.checkpoints.registry import CheckpointFormat, reads_config_object, safetensors_flavour
 from keras_vit.errors import CheckpointError
 from keras_vit.geometry import as_pair
 from keras_vit.models.config import NUMERICS
@@ -29,10 +29,11 @@ def _linear(w):
     return w.T  # a view; copied once, when assigned to the model
 
 
+@reads_config_object
 def read_transformers(path, lazy=False):
     """Read a transformers ViT folder (config.json + model.safetensors [or a sharded index]).
 
-    Returns (canonical tree, VisionTransformer kwargs with transformers' numerics, the LayerNorm
+    Returns (canonical tree, ViTConfig with transformers' numerics, the LayerNorm
     epsilon and GELU form taken from config.json). With `lazy=True` the tree holds LazyArrays.
 
     Example:

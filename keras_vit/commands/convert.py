@@ -99,11 +99,11 @@ def run(args):
     resolved = loading.resolve(args.source, image_size=args.image_size)
     _step(f"reading {resolved.path} ({resolved.format.description})", start)
     model = loading.load(resolved, image_size=args.image_size, include_top=None)
-    c = model.get_config()
-    h, w = c["image_size"] if not isinstance(c["image_size"], int) else (c["image_size"],) * 2
+    c = model.config
+    h, w = c.image_size
     _step(
         f"built {loading._describe(c)} at {h}x{w}, {model.count_params():,} parameters, "
-        f"classes: {c['classes'] if c['include_top'] else 'none'}",
+        f"classes: {c.classes if c.include_top else 'none'}",
         start,
     )
     from keras_vit.models.family import family_of

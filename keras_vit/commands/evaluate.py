@@ -65,9 +65,9 @@ def evaluate(args):
     ema = model is not None
     if model is None:
         model = resolution.load_trained_model(args)
-    if args.image_size is not None and tuple(model.image_size) != arguments.image_hw(args.image_size):
+    if args.image_size is not None and model.image_size != arguments.image_hw(args.image_size):
         raise ValueError(
-            f"The model runs at {arguments.format_image_size(tuple(model.image_size))}, not --image-size "
+            f"The model runs at {arguments.format_image_size(model.image_size)}, not --image-size "
             f"{arguments.format_image_size(args.image_size)}: evaluate at the model's resolution (omit --image-size) or "
             "fine-tune it at the new one first."
         )

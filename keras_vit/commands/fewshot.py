@@ -120,7 +120,7 @@ def fewshot(args):
     from keras_vit import training as api
     shots = args.shots  # sorted positive counts (checked while parsing)
     model = resolution.load_model(args, image_size=args.image_size, include_top=False, fresh_classes=1)
-    image_size = tuple(model.image_size)
+    image_size = model.image_size
     from keras_vit.models.family import input_normalization_of
 
     common = dict(image_size=image_size, batch_size=args.batch_size, classes=args.classes, data_dir=args.data_dir,

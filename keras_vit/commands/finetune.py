@@ -192,9 +192,9 @@ def finetune(args):
         raise ValueError(f"Cannot tell how many classes {args.data!r} has: pass --classes.")
     model, base = resolution.model_for_task(args, args.image_size, classes,
                                             data_size=None if args.image_size else _first_image_size(source))
-    image_size = tuple(model.image_size)
+    image_size = model.image_size
     print(f"model: {model.name}, {model.count_params():,} parameters, input {image_size[0]}x{image_size[1]}, "
-          f"{classes} classes" + (f" (from {base.name} at {tuple(base.image_size)})" if base is not None else ""))
+          f"{classes} classes" + (f" (from {base.name} at {base.image_size})" if base is not None else ""))
 
     # With --distribute each process reads its rows of every global batch (the same batches as one process).
     from keras_vit.models.family import input_normalization_of

@@ -195,7 +195,7 @@ def model_for_task(args, image_size, classes, data_size=None):
     base = load_model(args, include_top=False)  # for_finetuning attaches the new head
     if image_size is None:
         image_size = family_of(base).transfer.default_resolution(base.get_config(), data_size)
-    image_size = image_size or tuple(base.image_size)
+    image_size = image_size or base.image_size
     from keras_vit.training import for_finetuning
 
     return for_finetuning(base, image_size=image_size, classes=classes), base

@@ -297,6 +297,56 @@ def rotary_embedding_tables(grid_size, head_dim, temperature=10000.0, reference_
     return np.sin(angles).astype(f32), np.cos(angles).astype(f32)
 
 
+def _grid_axes(rows, cols):
+    """(row index, col index) of each patch of a (rows, cols) grid in row-major order, float32
+    tensors of rows * cols values; `rows` and `cols` may be scalar tensors (a run-time grid)."""
+    row = ops.cast(ops.arange(rows), "float32")[:, None] + ops.zeros((1, cols), "float32")
+    col = ops.cast(ops.arange(cols), "float32")[None, :] + ops.zeros((rows, 1), "float32")
+    return ops.reshape(row, (-1,)), ops.reshape(col, (-1,))
+
+
+def rotary_embedding_tensors(grid_size, head_dim, temperature=10000.0, reference_grid=None, offset=0.0,
+                             indexing="ij", coordinates="index", rotate_half=False):
+    """`rotary_embedding_tables` computed with keras.ops for a grid known at run time (`grid_size`:
+    ints or scalar tensors): (sin, cos), each (rows * cols, head_dim) float32 tensors, the same
+    values in the same float32 steps.
+
+    Example:
+        >>> sin, cos = rotary_embedding_tensors((2, 3), 8)
+        >>> tuple(sin.shape)
+        (6, 8)
+    """
+    rows, cols = grid_size
+    bands = int(head_dim) // 4
+    sizes = [ops.cast(n, "float32") for n in (rows, cols)]
+    axes = list(_grid_axes(rows, cols))
+    if coordinates == "centered":
+        axes = [2.0 * ((a + np.float32(0.5) + np.float32(offset)) / n) - 1.0 for a, n in zip(axes, sizes)]
+        periods = ops.convert_to_tensor(np.float32(temperature) ** (
+            np.float32(2.0) * np.arange(bands, dtype=np.float32) / np.float32(int(head_dim) // 2)))
+    else:
+        axes = [a + np.float32(offset) for a in axes]
+        frequencies = ops.convert_to_tensor(np.float32(1.0) / (
+            np.float32(temperature) ** (np.arange(bands, dtype=np.float32) / np.float32(bands))))
+    if reference_grid is not None:
+        axes = [a / n * np.float32(r) for a, n, r in zip(axes, sizes, reference_grid)]
+    if indexing == "xy":
+        axes = axes[::-1]
+    if coordinates == "centered":  # 2 pi coordinate / period, grouped as the NumPy form groups it
+        angles = [a[:, None] * np.float32(2 * np.pi) / periods for a in axes]
+    else:
+        angles = [a[:, None] * frequencies for a in axes]
+    angles = ops.concatenate(angles, axis=-1)
+    angles = ops.concatenate([angles, angles], axis=-1) if rotate_half else ops.repeat(angles, 2, axis=-1)
+    return ops.sin(angles), ops.cos(angles)
+
+
+def rotary_positions_tensor(grid_size, indexing="ij"):
+    """`rotary_positions` with keras.ops, for a grid known at run time: (rows * cols, 2) float32."""
+    row, col = _grid_axes(*grid_size)
+    return ops.stack([col, row] if indexing == "xy" else [row, col], axis=-1)
+
+
 def rotary_positions(grid_size, indexing="ij"):
     """(rows * cols, 2) float32 patch indices in row-major order, (row, col) for "ij" and (col, row)
     for "xy": the positions the learned ("mixed") rotary embedding multiplies by its frequencies.

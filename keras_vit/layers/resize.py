@@ -14,7 +14,7 @@ import math
 
 import numpy as np
 
-from keras_vit.geometry import RESIZE_RULES  # noqa: F401  (re-exported)
+from keras_vit.geometry import RESIZE_RULES, positive_pair  # noqa: F401  (RESIZE_RULES re-exported)
 
 # === Rules ===
 
@@ -165,18 +165,80 @@ def resize_position_embedding(
     return out[0] if squeeze else out
 
 
-def _pair(size, what):
-    if isinstance(size, bool):
-        raise ValueError(f"{what} must be a positive int or (height, width); got {size!r}.")
-    if isinstance(size, (int, np.integer)):
-        size = (size, size)
-    try:
-        pair = tuple(int(s) for s in size)
-    except (TypeError, ValueError):
-        raise ValueError(f"{what} must be a positive int or (height, width); got {size!r}.") from None
-    if len(pair) != 2 or min(pair) < 1 or any(int(s) != s for s in size):
-        raise ValueError(f"{what} must be a positive int or (height, width); got {size!r}.")
-    return pair
+def _geometric_offsets(source, target):
+    """Where BEiT's resize places the `source` offsets of one axis (-source // 2 ... source // 2)
+    among the `target` ones: the offset k > 0 at 1 + q + ... + q^(k-1), with the ratio q in [1.01,
+    1.5] found by bisection (to 1e-6) so that the largest lands near target // 2; mirrored for
+    k < 0. Near offsets keep their spacing, far ones are spread (BEiT's run_class_finetuning.py)."""
+    half_source, half_target = source // 2, target // 2
+    left, right = 1.01, 1.5
+    while right - left > 1e-6:
+        ratio = (left + right) / 2.0
+        if (1.0 - ratio**half_source) / (1.0 - ratio) > half_target:
+            right = ratio
+        else:
+            left = ratio
+    positions, current = [], 1.0
+    for k in range(half_source):  # the last ratio tried, as BEiT's code keeps it
+        positions.append(current)
+        current += ratio ** (k + 1)
+    return np.array([-p for p in reversed(positions)] + [0.0] + positions)
+
+
+def resize_relative_position_bias(table, target_grid, *, source_grid=None, extra_tokens=3):
+    """Resample BEiT's relative position bias table to another patch grid, as BEiT's fine-tuning
+    code and timm's `resize_rel_pos_bias_table` (without SciPy) do.
+
+    The table holds one row per 2-D offset of a (rows, cols) grid, (2 rows - 1) x (2 cols - 1) in
+    row-major order (see `layers.position.relative_position_index`), then `extra_tokens` rows of
+    the class token, kept as they are. Each head's offset grid is placed on geometric positions
+    that reach the target's largest offset (`_geometric_offsets`) and sampled at the target's
+    integer offsets by linear interpolation along each axis, holding the edge values beyond it.
+
+    Args:
+        table: array ((2 rows - 1) (2 cols - 1) + extra_tokens, heads).
+        target_grid: (rows, cols) of the new patch grid.
+        source_grid: (rows, cols) of the stored table; inferred as a square when None.
+        extra_tokens: rows after the offsets (BEiT's: class-to-patch, patch-to-class, class-to-class).
+
+    Returns:
+        float32 array ((2 R - 1) (2 C - 1) + extra_tokens, heads) for the target (R, C).
+
+    Example:
+        >>> table = np.random.rand(7 * 7 + 3, 2).astype("float32")
+        >>> resize_relative_position_bias(table, (6, 6)).shape
+        (124, 2)
+    """
+    table = np.asarray(table)
+    if table.ndim != 2 or table.shape[0] <= extra_tokens:
+        raise ValueError(f"Expected a relative position bias table (offsets + {extra_tokens}, heads); got "
+                         f"{table.shape}.")
+    offsets = table.shape[0] - extra_tokens
+    if source_grid is None:
+        side = int(round(math.sqrt(offsets)))
+        if side * side != offsets or side % 2 == 0:
+            raise ValueError(f"Cannot infer the grid of a relative position bias table of {offsets} offsets: it is "
+                             "not a square of an odd side. Pass `source_grid=(rows, cols)` explicitly.")
+        source = (side, side)
+    else:
+        source = tuple(2 * int(g) - 1 for g in source_grid)
+        if source[0] * source[1] != offsets:
+            raise ValueError(f"The relative position bias table holds {offsets} offsets, not the "
+                             f"{source[0]} x {source[1]} of a {tuple(source_grid)} grid.")
+    target = tuple(2 * int(g) - 1 for g in target_grid)
+    if source == target:
+        return table.astype(np.float32)
+    rows_at, cols_at = (_geometric_offsets(s, t) for s, t in zip(source, target))
+    rows_to, cols_to = (np.arange(t, dtype=np.float64) - t // 2 for t in target)
+    grid = table[:offsets].astype(np.float64).reshape(source[0], source[1], -1)
+    heads = grid.shape[-1]
+    # Linear along the columns, then along the rows: the bilinear interpolation of a rectilinear grid.
+    by_cols = np.stack([[np.interp(cols_to, cols_at, grid[r, :, h]) for h in range(heads)]
+                        for r in range(source[0])])  # (source rows, heads, target cols)
+    out = np.stack([[np.interp(rows_to, rows_at, by_cols[:, h, c]) for c in range(target[1])]
+                    for h in range(heads)])  # (heads, target cols, target rows)
+    out = out.transpose(2, 1, 0).reshape(target[0] * target[1], heads)
+    return np.concatenate([out, table[offsets:].astype(np.float64)]).astype(np.float32)
 
 
 def resize_patch_embedding(kernel, new_patch_size, *, rule="bicubic_antialias"):
@@ -213,7 +275,7 @@ def resize_patch_embedding(kernel, new_patch_size, *, rule="bicubic_antialias"):
         )
     if rule not in PATCH_RESIZE_RULES:
         raise ValueError(f"Unknown patch-embedding resize rule {rule!r}; expected one of {PATCH_RESIZE_RULES}.")
-    new = _pair(new_patch_size, "new_patch_size")
+    new = positive_pair(new_patch_size, "new_patch_size")
     old = tuple(kernel.shape[:2])
     if old == new:
         return kernel.astype(np.float32)

@@ -21,10 +21,12 @@ from keras_vit.layers.position import (
     relative_position_entries,
     relative_position_index,
     rotary_embedding_tables,
+    rotary_embedding_tensors,
     rotary_positions,
+    rotary_positions_tensor,
 )
 from keras_vit.layers.quantized import Dense, Int8AttentionMixin
-from keras_vit.layers.resize import resize_patch_embedding
+from keras_vit.layers.resize import resize_patch_embedding, resize_relative_position_bias
 
 register = keras.saving.register_keras_serializable(package="keras_vit")
 
@@ -257,7 +259,22 @@ class RMSNorm(keras.layers.Layer):
 
 
 def make_norm(kind, epsilon, dtype, name):
-    """A LayerNormalization or RMSNorm layer (`kind` one of NORMS) with `epsilon`."""
+    """A LayerNormalization or RMSNorm layer (`kind` one of NORMS) with `epsilon`.
+
+    Under a half-precision policy whose variables are half precision too ("bfloat16",
+    "float16") the norm takes the mixed policy of the same compute dtype instead: float32 scale
+    and bias, statistics in float32 (keras.ops.layer_normalization's rule), the output in the
+    compute dtype. A "bfloat16" model then normalises as a "mixed_bfloat16" one does; the
+    parameters that matter for speed, the matmul kernels, stay bfloat16
+    (`keras_vit.performance.bfloat16_inference`).
+
+    Example:
+        >>> make_norm("layer_norm", 1e-6, "bfloat16", "norm").dtype_policy.name
+        'mixed_bfloat16'
+    """
+    policy = keras.dtype_policies.get(dtype)
+    if policy.quantization_mode is None and policy.variable_dtype in ("bfloat16", "float16"):
+        dtype = f"mixed_{policy.compute_dtype}"
     if kind == "rms_norm":
         return RMSNorm(epsilon, dtype=dtype, name=name)
     return keras.layers.LayerNormalization(epsilon=epsilon, dtype=dtype, name=name)
@@ -373,7 +390,7 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
 
     def __init__(self, num_heads, attention_dropout_rate=0.0, relative_positions=None, use_bias=True, out_bias=True,
                  relative_position_bias=None, rotary=None, output_norm=False, norm="layer_norm", norm_epsilon=1e-6,
-                 differential=None, qk_norm=False, num_kv_heads=None, **kwargs):
+                 differential=None, qk_norm=False, num_kv_heads=None, key_bias=True, **kwargs):
         super().__init__(**kwargs)
         self.qk_norm = bool(qk_norm)
         self.num_kv_heads = int(num_heads if num_kv_heads is None else num_kv_heads)
@@ -392,6 +409,8 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
             None if relative_position_bias is None else tuple(int(g) for g in relative_position_bias)
         )
         self.use_bias = bool(use_bias)  # query/key/value biases (timm's qkv_bias)
+        # False: query and value biases only (BEiT's and EVA's; the softmax cancels a key bias)
+        self.key_bias_enabled = bool(key_bias)
         self.out_bias_enabled = bool(out_bias)  # the out projection's bias (timm's proj_bias)
         self.num_heads = int(num_heads)
         self.attention_dropout_rate = float(attention_dropout_rate)
@@ -422,7 +441,7 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
                 )
                 setattr(self, f"{name}_kernel", kernel)
             bias = None
-            if self.use_bias:
+            if self.use_bias and (name != "key" or self.key_bias_enabled):
                 bias = self.add_weight(name=f"{name}_bias", shape=(heads, head_dim), initializer="zeros")
             setattr(self, f"{name}_bias", bias)
         for norm in (self.query_norm, self.key_norm):
@@ -503,7 +522,7 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         kernel = ops.reshape(self.out_kernel, (-1, hidden))
         return matmul(y2d, kernel) if self.out_bias is None else matmul_add(y2d, kernel, self.out_bias)
 
-    def call(self, x, training=None, return_attention_weights=False, dropout_seed=None):
+    def call(self, x, training=None, return_attention_weights=False, dropout_seed=None, grid=None):
         shape = ops.shape(x)
         batch, tokens, hidden = shape[0], shape[1], x.shape[-1]
         heads_shape = (batch, tokens, self.num_heads, self.head_dim)
@@ -511,7 +530,7 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         x2d = ops.reshape(x, (-1, hidden))
         q = ops.reshape(self._project(x2d, "query"), heads_shape)
         k, v = (ops.reshape(self._project(x2d, n), kv_shape) for n in ("key", "value"))
-        y, weights = self._attend(q, k, v, training, return_attention_weights, dropout_seed)
+        y, weights = self._attend(q, k, v, training, return_attention_weights, dropout_seed, grid)
         out = ops.reshape(self._out(y, hidden), (batch, tokens, hidden))
         return (out, weights) if return_attention_weights else out
 
@@ -530,10 +549,11 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         y, _ = self._attend(q, k, v, training, False)
         return ops.reshape(self._out(y, hidden), (q_shape[0], q_shape[1], hidden))
 
-    def _attend(self, q, k, v, training, return_attention_weights, dropout_seed=None):
+    def _attend(self, q, k, v, training, return_attention_weights, dropout_seed=None, grid=None):
         """Scaled dot-product attention of (batch, tokens, heads, head_dim) q/k/v; returns the
         heads concatenated as (batch * tokens, heads * head_dim) and the weights (or None). The
-        attention-weight dropout draws its mask from `dropout_seed` when one is given."""
+        attention-weight dropout draws its mask from `dropout_seed` when one is given; `grid` is
+        the run-time patch grid the rotary embedding follows (None: the layer's own)."""
         if self.query_norm is not None:
             q, k = self.query_norm(q), self.key_norm(k)
         if self.num_kv_heads != self.num_heads:  # grouped-query attention: each key/value head serves a group
@@ -541,7 +561,7 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         if self.differential is not None:
             return self._differential_attend(q, k, v, training, dropout_seed)
         if self.rotary is not None:
-            q, k = self._rotate(q), self._rotate(k)
+            q, k = self._rotate(q, grid), self._rotate(k, grid)
         scale = 1.0 / float(self.head_dim) ** 0.5
         use_dropout = training and self.attention_dropout_rate > 0
         # float16: the explicit path keeps the softmax in float32 (and JAX's fused CPU kernel
@@ -586,20 +606,26 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         y = ops.reshape(y, (-1, self.num_heads * self.head_dim))
         return y if self.output_norm is None else self.output_norm(y)
 
-    def _rotate(self, x):
+    def _rotate(self, x, grid=None):
         """The (batch, tokens, heads, head_dim) queries or keys with the patch tokens rotated by
-        their rotary position embedding (in float32, as timm), the prefix tokens unchanged."""
-        n = self.rotary["prefix_tokens"]
-        if self.rotary["learned"]:
+        their rotary position embedding (in float32, as timm), the prefix tokens unchanged; for the
+        (rows, cols) `grid` of the batch when given (dynamic_image_size), else the layer's grid."""
+        n, r = self.rotary["prefix_tokens"], self.rotary
+        if r["learned"]:
             # (tokens, heads, head_dim / 2) angles of each head's own frequencies, channel pairs interleaved.
-            positions = ops.convert_to_tensor(self._rotary_positions)
+            positions = (ops.convert_to_tensor(self._rotary_positions) if grid is None
+                         else rotary_positions_tensor(grid, r["indexing"]))
             frequencies = ops.cast(self.rope_frequencies, "float32")
             angles = (positions[:, 0, None, None] * frequencies[0][None] + positions[:, 1, None, None]
                       * frequencies[1][None])
             angles = ops.repeat(angles, 2, axis=-1)[None]
             sin, cos = ops.sin(angles), ops.cos(angles)
-        else:
+        elif grid is None:
             sin, cos = (ops.convert_to_tensor(t[None, :, None, :]) for t in self._rotary_tables)
+        else:
+            sin, cos = (t[None, :, None, :] for t in rotary_embedding_tensors(
+                grid, self.head_dim, r["temperature"], r["reference_grid"], r["offset"], r["indexing"],
+                r["coordinates"], r["rotate_half"]))
         patches = ops.cast(x[:, n:], "float32")
         shape = ops.shape(patches)
         if self.rotary["rotate_half"]:  # channel j pairs with j + head_dim / 2: (x1, x2) -> (-x2, x1)
@@ -631,7 +657,7 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return input_shape
 
-    def compute_output_spec(self, x, training=None, return_attention_weights=False, dropout_seed=None):
+    def compute_output_spec(self, x, training=None, return_attention_weights=False, dropout_seed=None, grid=None):
         return _output_spec(x, self.num_heads, self.compute_dtype, return_attention_weights)
 
     def weight_tree_variables(self):
@@ -675,6 +701,8 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
             config.update(num_kv_heads=self.num_kv_heads)
         if not self.use_bias:
             config.update(use_bias=False)
+        if not self.key_bias_enabled:
+            config.update(key_bias=False)
         if not self.out_bias_enabled:
             config.update(out_bias=False)
         return config
@@ -692,7 +720,9 @@ def _rotary_config(rotary):
             "reference_grid": None if reference is None else [int(g) for g in reference],
             "offset": float(rotary.get("offset", 0.0)), "indexing": str(rotary.get("indexing", "ij")),
             "coordinates": str(rotary.get("coordinates", "index")), "rotate_half": bool(rotary.get("rotate_half")),
-            "learned": bool(rotary.get("learned"))}
+            "learned": bool(rotary.get("learned")),
+            # dynamic_image_size: input pixels per token, the block reading each batch's grid off the images
+            **({"stride": int(rotary["stride"])} if rotary.get("stride") else {})}
 
 
 # === Encoder ===
@@ -820,6 +850,7 @@ class EncoderBlock(keras.layers.Layer):
         qkv_bias=True,
         projection_bias=True,
         layer_scale=None,
+        key_bias=True,
         norm="layer_norm",
         mlp_activation=None,
         glu=False,
@@ -856,6 +887,7 @@ class EncoderBlock(keras.layers.Layer):
         )
         # timm's switches (VisionTransformer's fields of the same names say what each does).
         self.qkv_bias = bool(qkv_bias)
+        self.key_bias = bool(key_bias)
         self.projection_bias = bool(projection_bias)
         self.layer_scale = None if layer_scale is None else float(layer_scale)
         self.norm = norm
@@ -876,6 +908,7 @@ class EncoderBlock(keras.layers.Layer):
             self.attention_dropout_rate,
             self.relative_positions,
             use_bias=self.qkv_bias,
+            key_bias=self.key_bias,
             out_bias=self.projection_bias,
             relative_position_bias=self.relative_position_bias,
             rotary=self.rotary,
@@ -901,19 +934,34 @@ class EncoderBlock(keras.layers.Layer):
                 LayerScale(self.layer_scale, dtype=policy, name=f"LayerScale_{i}") for i in range(1 if self.parallel or self.attention_only_layer_scale else 2)
             )
 
-    def build(self, input_shape):
+    def build(self, x_shape, images_shape=None):
         for sub in (self.norm_0, self.attention, self.norm_2, self.mlp, *(self.layer_scales or ())):
             if sub is not None:
-                sub.build(input_shape)
+                sub.build(x_shape)
 
-    def call(self, x, training=None, return_attention_weights=False):
+    def call(self, x, images=None, training=None, return_attention_weights=False):
+        """`images`: the model's input, from which a rotary block built for dynamic_image_size
+        (`rotary["stride"]`) reads the batch's patch grid."""
         seeds = self._dropout_seeds(training)
+        grid = self._runtime_grid(images)
         if self.remat and not return_attention_weights:
             # Only the tensor is an argument of the recomputed function: the flags stay Python
             # values (jax.checkpoint would trace them), the variables and the dropout seeds (drawn
             # outside it, so that the recomputation reuses them) are read inside it.
-            return keras.remat(lambda tokens: self._block(tokens, training, seeds=seeds))(x)
-        return self._block(x, training, return_attention_weights, seeds)
+            return keras.remat(lambda tokens: self._block(tokens, training, seeds=seeds, grid=grid))(x)
+        return self._block(x, training, return_attention_weights, seeds, grid)
+
+    def _runtime_grid(self, images):
+        """(rows, cols) of the batch's patch grid for a rotary block that follows the input size
+        (ints when the size is known while tracing, scalar tensors otherwise), else None."""
+        stride = (self.rotary or {}).get("stride")
+        if stride is None:
+            return None
+        if images is None:
+            raise ValueError(f"{self.name} follows the input size at run time (rotary stride {stride}): call it as "
+                             "block(tokens, images).")
+        shape = ops.shape(images)
+        return shape[1] // stride, shape[2] // stride
 
     def _dropout_seeds(self, training):
         """The seeds of the block's four dropout masks (attention weights, attention output, the
@@ -931,14 +979,14 @@ class EncoderBlock(keras.layers.Layer):
 
         return draw(self.attention.dropout), draw(self.dropout), draw(self.mlp.dropout), draw(self.mlp.dropout)
 
-    def _block(self, x, training=None, return_attention_weights=False, seeds=None):
+    def _block(self, x, training=None, return_attention_weights=False, seeds=None, grid=None):
         attention_seed, residual_seed, *mlp_seeds = seeds or (None,) * 4
         if self.parallel:
-            return self._parallel_block(x, training, return_attention_weights, seeds or (None,) * 4)
+            return self._parallel_block(x, training, return_attention_weights, seeds or (None,) * 4, grid)
         # post_norm (EVA-02 enormous): the norms follow the branches, x + LN(MHA(x)), y + LN(MLP(y)).
         pre, post = (_identity, self.norm_0) if self.post_norm else (self.norm_0, _identity)
         y = self.attention(pre(x), training=training, return_attention_weights=return_attention_weights,
-                           dropout_seed=attention_seed)
+                           dropout_seed=attention_seed, grid=grid)
         if return_attention_weights:
             y, weights = y
         y = post(y)
@@ -954,11 +1002,11 @@ class EncoderBlock(keras.layers.Layer):
         x = x + y
         return (x, weights) if return_attention_weights else x
 
-    def _parallel_block(self, x, training, return_attention_weights, seeds):
+    def _parallel_block(self, x, training, return_attention_weights, seeds, grid=None):
         attention_seed, residual_seed, *mlp_seeds = seeds
         h = self.norm_0(x)
         y = self.attention(h, training=training, return_attention_weights=return_attention_weights,
-                           dropout_seed=attention_seed)
+                           dropout_seed=attention_seed, grid=grid)
         if return_attention_weights:
             y, weights = y
         y = _dropout(self.dropout, y, training, residual_seed)
@@ -971,7 +1019,7 @@ class EncoderBlock(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return input_shape
 
-    def compute_output_spec(self, x, training=None, return_attention_weights=False):
+    def compute_output_spec(self, x, images=None, training=None, return_attention_weights=False):
         return _output_spec(x, self.num_heads, self.compute_dtype, return_attention_weights)
 
     def weight_tree_variables(self):
@@ -1009,23 +1057,23 @@ class EncoderBlock(keras.layers.Layer):
             config.update(differential=self.differential)
         if self.remat:
             config.update(remat=True)
-        defaults = dict(qkv_bias=True, projection_bias=True, layer_scale=None, norm="layer_norm", mlp_activation=None,
+        defaults = dict(qkv_bias=True, key_bias=True, projection_bias=True, layer_scale=None, norm="layer_norm", mlp_activation=None,
                         glu=False)
         config.update({k: getattr(self, k) for k, v in defaults.items() if getattr(self, k) != v})
         return config
 
     def resized_weight(self, key, value, source_grid=None, rule=None):
         """Relative embeddings index offsets in the flattened token sequence: no resize exists.
-        BEiT's relative position bias tables are laid out for one patch grid: refused on another."""
+        BEiT's relative position bias table is resampled to the model's grid as BEiT's fine-tuning
+        code resamples it (`layers.resize.resize_relative_position_bias`)."""
         if key.endswith("relative_position_bias_table"):
-            rows, cols = self.relative_position_bias
-            raise ValueError(
-                f"{self.name}: the checkpoint's relative position bias table has {tuple(value.shape)[0]} entries "
-                + (f"(a {source_grid[0]}x{source_grid[1]} patch grid) " if source_grid is not None else "")
-                + f"and the model's {relative_position_entries((rows, cols))} (a {rows}x{cols} grid). BEiT's table "
-                "is learned per 2-D offset of its own grid and keras_vit does not resample it: load the checkpoint "
-                "at its own image size (image_size=None), or fine-tune at the new size from a model built at it"
-            )
+            try:
+                return resize_relative_position_bias(value, self.relative_position_bias, source_grid=source_grid)
+            except ValueError as err:
+                rows, cols = self.relative_position_bias
+                raise ValueError(
+                    f"{self.name}: the checkpoint's relative position bias table ({tuple(value.shape)[0]} entries) "
+                    f"cannot be resampled to the model's {rows}x{cols} grid: {err}") from None
         if key.endswith("relative_embedding"):
             raise ValueError(
                 relative_resize_error(f"checkpoint {tuple(value.shape)}, model {tuple(self.attention.relative_embedding.shape)}")

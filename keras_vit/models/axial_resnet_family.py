@@ -15,6 +15,7 @@ import dataclasses
 import math
 from typing import ClassVar
 
+from keras_vit.geometry import input_size
 from keras_vit.models.config import FieldGroupConfig
 from keras_vit.models.transfer import Transfer
 
@@ -61,9 +62,8 @@ def stem_grid(size):
 def axial_spans(image_size, block_units):
     """[(span, stride) for each block] of an AxialResNet at `image_size`, or a ValueError that
     says why the size cannot work and which sizes do."""
-    if isinstance(image_size, int):
-        image_size = (image_size, image_size)
-    if image_size is None or None in tuple(image_size):
+    image_size = input_size(image_size)
+    if None in image_size:
         raise ValueError(
             "AxialResNet needs a fixed image size: the attention's relative embeddings have one entry per offset of "
             "a fixed span (input_shape=(None, None, 3) cannot be built). Pass image_size=224, the size of the "
@@ -135,12 +135,7 @@ class AxialResNetConfig(FieldGroupConfig):
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
-        size = self.image_size
-        if isinstance(size, int) and not isinstance(size, bool):
-            size = (size, size)
-        elif size is not None and not isinstance(size, str):
-            size = tuple(None if n is None else _positive_int(n, "image_size") for n in size)
-        set_("image_size", size)
+        set_("image_size", input_size(self.image_size))
         units = self.block_units
         if isinstance(units, (str, bytes)) or not hasattr(units, "__iter__") or not tuple(units) or any(
             isinstance(u, bool) or not hasattr(u, "__index__") or int(u) < 1 for u in units
@@ -190,13 +185,13 @@ def axial_resnet_flops(config, image_size=None, classes=None):
     """Forward FLOPs (one multiply-add = 2) of an AxialResNet: convolutions, the attention's
     projections, similarities (q.k, q.r, k.r), weighted sums (values and value embeddings) and
     the head; norms, softmax and pooling are not counted (the Table-6 convention)."""
-    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    get = config.get  # a dict or a config object (a mapping of its fields)
     size = image_size if image_size is not None else get("image_size", (224, 224))
     units = tuple(get("block_units"))
     s = get("width_multiplier")
     groups = get("groups", 8) or 8
     classes = classes if classes is not None else get("classes", 1000)
-    side = size if isinstance(size, int) else size[0]
+    side = input_size(size)[0]
     stem = int(64 * s)
     conv1 = ((side - 1) // 2 + 1) ** 2 * 7 * 7 * get("num_channels", 3) * stem
     macs = conv1
@@ -324,7 +319,7 @@ def _card(config):
     intro = ("AxialResNet weights for keras_vit (Keras 3: JAX, TensorFlow, PyTorch): the axial-attention ResNet of\n"
              "\"Axial-DeepLab\" (Wang et al., ECCV 2020), a baseline of \"An Image is Worth 16x16 Words\"\n"
              "(Dosovitskiy et al., ICLR 2021, Appendix D.6), as csrhddlam/axial-deeplab builds it.")
-    size = config["image_size"][0] if not isinstance(config["image_size"], int) else config["image_size"]
+    size = config["image_size"][0]
     rows = [("architecture", _describe(config)),
             ("input size", f"{size}x{size} px only (attention spans fixed per stage)"),
             ("numerics", f"BatchNorm eps {config.get('batch_norm_epsilon', BATCH_NORM_EPSILON):g}")]

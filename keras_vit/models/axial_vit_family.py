@@ -222,9 +222,8 @@ def _describe(config):
 
 
 def _to_checkpoint(model_config):
-    config = {k: model_config[k] for k in AxialViTConfig.architecture_fields() if k in model_config}
-    size = config["image_size"]
-    config["image_size"] = (size, size) if isinstance(size, int) else tuple(size)
+    normalised = AxialViTConfig.from_dict(model_config)  # sizes as pairs
+    config = {k: normalised[k] for k in AxialViTConfig.architecture_fields() if k in model_config}
     config["attention_axes"] = tuple(config.get("attention_axes", AXES))
     include_top = model_config.get("include_top", True)
     if not include_top:
@@ -243,7 +242,7 @@ def _from_checkpoint(config):
 
 
 def _source_grid(config):
-    h, w = as_pair(config["image_size"])
+    h, w = config["image_size"]  # a config object's: always (height, width)
     return h // config["patch_size"], w // config["patch_size"]
 
 

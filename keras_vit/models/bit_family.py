@@ -5,6 +5,7 @@ sharding rules and family record."""
 import dataclasses
 from typing import ClassVar
 
+from keras_vit.geometry import input_size
 from keras_vit.models.config import NUMERICS, FieldGroupConfig, config_field
 from keras_vit.models.family import ModelFamily, ShardingRules
 from keras_vit.models.transfer import Transfer
@@ -55,22 +56,6 @@ BIT_ARCHITECTURES = {
 # === The BiT ResNet's configuration ===
 
 
-def _bit_image_size(size):
-    if size is None:
-        return None, None
-    if isinstance(size, bool):
-        raise ValueError(f"image_size must be an int, (height, width) or None; got {size!r}.")
-    if isinstance(size, int):
-        return size, size
-    try:
-        pair = tuple(None if s is None else int(s) for s in size)
-    except (TypeError, ValueError):
-        raise ValueError(f"image_size must be an int, (height, width) or None; got {size!r}.") from None
-    if len(pair) != 2 or any(s is not None and s < 1 for s in pair):
-        raise ValueError(f"image_size must be an int, (height, width) or None; got {size!r}.")
-    return pair
-
-
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class BiTConfig(FieldGroupConfig):
     """Every argument of `keras_vit.models.BiTResNet`, normalised and validated once (as
@@ -98,7 +83,7 @@ class BiTConfig(FieldGroupConfig):
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
-        set_("image_size", _bit_image_size(self.image_size))
+        set_("image_size", input_size(self.image_size))
         try:
             units = tuple(int(u) for u in self.block_units)
         except (TypeError, ValueError):

@@ -4,6 +4,8 @@ names come from `keras_vit.geometry`). Each family's own config class and archit
 family file (`keras_vit.models.<family>_family`)."""
 
 import dataclasses
+import functools
+from collections.abc import Mapping
 
 from keras_vit.geometry import RESIZE_RULES, as_pair  # noqa: F401  (re-exported)
 
@@ -88,10 +90,41 @@ def check_keywords(given, known, what):
         )
 
 
-class FieldGroupConfig:
+@functools.lru_cache(maxsize=None)
+def _field_names(config_class):
+    """{field name: None} of a config class, in declaration order (its ClassVars are no fields)."""
+    return dict.fromkeys(f.name for f in dataclasses.fields(config_class))
+
+
+class FieldGroupConfig(Mapping):
     """What every model's frozen config dataclass shares: its fields grouped by each field's
     `metadata["group"]` ("architecture", "numerics", ...), built from a dict and copied with
-    changes, unknown names refused with a suggestion."""
+    changes, unknown names refused with a suggestion.
+
+    Read a config's fields as attributes (`config.num_heads`). A config is also a read-only
+    mapping of its fields (`config["num_heads"]`, `config.get("resnet")`, `dict(config)`), so code
+    written for the plain dicts checkpoint readers once returned keeps working. Sizes
+    (`image_size` and other (rows, cols) fields) are normalised to pairs when the config is made.
+
+    Example:
+        >>> from keras_vit.models.bit_family import BiTConfig
+        >>> config = BiTConfig(image_size=64, block_units=[1, 1], width_factor=0.5)
+        >>> config.image_size, config["block_units"], "width_factor" in config
+        ((64, 64), (1, 1), True)
+    """
+
+    # --- the read-only mapping of the fields -------------------------------------------------------
+
+    def __getitem__(self, key):
+        if not isinstance(key, str) or key not in _field_names(type(self)):
+            raise KeyError(key)
+        return getattr(self, key)
+
+    def __iter__(self):
+        return iter(_field_names(type(self)))
+
+    def __len__(self):
+        return len(_field_names(type(self)))
 
     @classmethod
     def fields(cls, *groups):

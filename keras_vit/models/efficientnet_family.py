@@ -26,7 +26,7 @@ import dataclasses
 import math
 from typing import ClassVar
 
-from keras_vit.geometry import as_pair
+from keras_vit.geometry import as_pair, input_size
 from keras_vit.models.config import FieldGroupConfig
 from keras_vit.models.family import IMAGENET_NORMALIZATION
 from keras_vit.models.transfer import Transfer
@@ -190,7 +190,7 @@ def efficientnet_flops(config, image_size=None, classes=None):
     at k * k per output value, the squeeze-excitation's 1x1 convolutions on the pooled vector)
     and the classifier; norms, activations, pooling, the gating product and additions are not
     counted (the convention of `keras_vit.flops`)."""
-    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    get = config.get  # a dict or a config object (a mapping of its fields)
     size = image_size if image_size is not None else get("image_size", (224, 224))
     h, w = as_pair(size)
     s, d = get("width_multiplier"), get("depth_multiplier")
@@ -393,14 +393,7 @@ class EfficientNetConfig(FieldGroupConfig):
 
     def __post_init__(self):
         set_ = lambda k, v: object.__setattr__(self, k, v)  # noqa: E731  (frozen dataclass)
-        size = self.image_size
-        if size is None:
-            size = (None, None)
-        elif isinstance(size, int) and not isinstance(size, bool):
-            size = (size, size)
-        if isinstance(size, (str, bytes)) or not hasattr(size, "__len__") or len(size) != 2:
-            raise ValueError(f"image_size must be an int, (height, width) or None (any size); got {self.image_size!r}.")
-        set_("image_size", tuple(None if n is None else _positive_int(n, "image_size") for n in size))
+        set_("image_size", input_size(self.image_size))
         set_("width_multiplier", _multiplier(self.width_multiplier, "width_multiplier"))
         set_("depth_multiplier", _multiplier(self.depth_multiplier, "depth_multiplier"))
         set_("num_channels", _positive_int(self.num_channels, "num_channels"))

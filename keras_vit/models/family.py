@@ -178,9 +178,10 @@ class ModelFamily:
         default_architecture: the constructor that stands for the family where a model is needed
             and none is named (the default family's is what `keras-vit explain` inspects without
             --arch and weights); None: the first of `architectures`.
-        no_weight_decay: canonical keys (or prefixes ending in "/") of the weights timm's
-            `no_weight_decay()` names (a ViT's class, register and distillation tokens and position
-            embedding), which its weight-decay rule leaves undecayed besides biases and norms.
+        no_weight_decay: canonical keys (or prefixes ending in "/", or suffixes starting with
+            "/": a weight of every block) of the weights timm's `no_weight_decay()` names (a ViT's
+            class, register and distillation tokens and position embedding, RoPE-Mixed's rotary
+            frequencies), which its weight-decay rule leaves undecayed besides biases and norms.
     """
 
     name: str
@@ -263,10 +264,8 @@ class ModelFamily:
         `get_config()`: `classes` None when the model has no head."""
         if self.to_checkpoint is not None:
             return _resolve(self.to_checkpoint)(model_config)
-        config = {k: _as_tuple(model_config[k]) for k in self.checkpoint_fields if k in model_config}
-        size = config.get("image_size")
-        if size is not None:
-            config["image_size"] = (size, size) if isinstance(size, int) else tuple(size)
+        normalised = self.config_class.from_dict(model_config)  # sizes as pairs
+        config = {k: _as_tuple(normalised[k]) for k in self.checkpoint_fields if k in model_config}
         if not model_config.get("include_top", True):
             config["classes"] = None
         return config
@@ -280,6 +279,23 @@ class ModelFamily:
         kwargs["classes"] = config.get("classes") or 1000
         kwargs["pooling"] = None
         return kwargs
+
+    def config_object(self, config):
+        """The family's config object of a checkpoint config (a reader's dict: architecture and
+        numerics, `classes` None or absent when the weights have no head), or `config` itself
+        when it is one already. A headless checkpoint's object has `include_top=False` and
+        `classes` None, as the dict said.
+
+        Example:
+            >>> get_family("bit").config_object({"block_units": [1], "width_factor": 1, "classes": None}).include_top
+            False
+        """
+        if isinstance(config, self.config_class):
+            return config
+        kwargs = dict(config)
+        if kwargs.get("classes") is None:
+            kwargs.update(classes=None, include_top=False)
+        return self.config_class.from_dict(kwargs)
 
     def validate(self, config):
         """Raise (ValueError / TypeError) when `config` is not a valid config of this family."""
@@ -456,6 +472,12 @@ def guess_family(config):
     raise ValueError("The config matches no keras_vit model family.")
 
 
+def config_object(config):
+    """The config object (`ViTConfig`, `BiTConfig`, ...) of a checkpoint config dict of any family,
+    or `config` itself when it is one already (see `ModelFamily.config_object`)."""
+    return family_of(config).config_object(config)
+
+
 def family_of(thing):
     """The `ModelFamily` of a model, a config, an architecture row or a name.
 
@@ -485,6 +507,9 @@ def family_of(thing):
         close = difflib.get_close_matches(thing, known, n=3)
         hint = f" Did you mean {', '.join(close)}?" if close else ""
         raise ValueError(f"{thing!r} names no model family, constructor or model class.{hint}")
+    for family in families():  # a config object (also a Mapping of its fields)
+        if isinstance(thing, family.config_class):
+            return family
     if isinstance(thing, Mapping):
         if isinstance(thing.get("class_name"), str) and isinstance(thing.get("config"), Mapping):
             for family in families():
@@ -506,8 +531,6 @@ def family_of(thing):
         return guess_family(thing)
     for family in families():
         if isinstance(thing, type) and thing.__name__ in (family.class_name, family.config_class.__name__):
-            return family
-        if isinstance(thing, family.config_class):
             return family
         if any(type(thing) is type(row) for row in family.all_architectures().values()):
             return family

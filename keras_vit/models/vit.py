@@ -103,6 +103,7 @@ def _graph(config, dtype):
             relative_positions=relative,
             remat=c.remat,
             qkv_bias=c.qkv_bias,
+            key_bias=c.key_bias,
             projection_bias=c.projection_bias,
             layer_scale=c.layer_scale,
             norm=c.norm,
@@ -112,7 +113,7 @@ def _graph(config, dtype):
             rotary=dict(grid=c.grid_size, prefix_tokens=c.num_prefix_tokens, temperature=c.rope_temperature,
                         reference_grid=c.rope_reference_grid, offset=c.rope_grid_offset,
                         indexing=c.rope_grid_indexing, coordinates=c.rope_coordinates,
-                        rotate_half=c.rope_rotate_half, learned=c.rope_learned_frequencies)
+                        rotate_half=c.rope_rotate_half, learned=c.rope_learned_frequencies, stride=stride)
             if c.rotary_position_embedding else None,
             attention_norm=c.attention_norm,
             mlp_norm=c.mlp_norm,
@@ -125,7 +126,7 @@ def _graph(config, dtype):
             attention_only_layer_scale=c.attention_only_layer_scale,
             dtype=dtype,
             name=f"encoderblock_{i}",
-        )(x)
+        )(*((x, images) if stride and c.rotary_position_embedding else (x,)))
     if c.final_norm and not c.fc_norm:
         x = make_norm(c.norm, c.layer_norm_epsilon, dtype, "encoder_norm")(x)
     mode = {None: c.classifier, "avg": "gap"}.get(c.pooling, c.pooling)
@@ -264,8 +265,9 @@ class VisionTransformer(
         dynamic_image_size: take images of any size the stride divides, known only at run time
             (input shape (None, None, channels)): the position embeddings are resampled inside
             the graph to each batch's grid with `position_embedding_resize`, the rule
-            `resize_position_embedding` applies at load time ("relative" ones cannot follow a
-            grid and are refused). A size the stride does not divide raises a ValueError when
+            `resize_position_embedding` applies at load time, and the rotary embedding
+            (`rotary_position_embedding`) is computed for that grid ("relative" position
+            embeddings and BEiT's relative position bias cannot follow a grid and are refused). A size the stride does not divide raises a ValueError when
             the size is known as the graph is traced (eager, jit on JAX, TensorFlow functions
             traced for that shape).
         name, dtype, trainable: as for any keras.Model.

@@ -17,6 +17,7 @@ from typing import ClassVar
 from keras_vit.choices import MLP_ACTIVATIONS, NORMS
 from keras_vit.errors import CheckpointError
 from keras_vit.models.bit_family import conv_flops, count_units, resnet_flops, width_factor
+from keras_vit.geometry import positive_pair
 from keras_vit.models.config import NUMERICS, RESIZE_RULES, FieldGroupConfig, as_pair, config_field, suggest
 from keras_vit.models.family import IMAGENET_NORMALIZATION, ModelFamily, ShardingRules, stem_block_head_groups
 from keras_vit.models.transfer import Transfer
@@ -166,7 +167,23 @@ _CLIP = ("CLIP's image tower (Radford et al., 2021: \"Learning Transferable Visu
 _SIGLIP = "SigLIP's image tower (Zhai et al., 2023: \"Sigmoid Loss for Language Image Pre-Training\")"
 _DEIT = "DeiT (Touvron et al., 2021: \"Training data-efficient image transformers & distillation through attention\")"
 _DEIT3 = "DeiT III (Touvron et al., 2022: \"DeiT III: Revenge of the ViT\")"
+_BEIT = "BEiT (Bao et al., 2022: \"BEiT: BERT Pre-Training of Image Transformers\")"
+_BEITV2 = ("BEiT v2 (Peng et al., 2022: \"BEiT v2: Masked Image Modeling with Vector-Quantized Visual "
+           "Tokenizers\")")
+_EVA02 = "EVA-02 (Fang et al., 2024: \"EVA-02: A Visual Representation for Neon Genesis\")"
 _IN = dict(input_normalization=IMAGENET_NORMALIZATION)
+#: timm's Beit: a class token, no absolute position embedding, a relative position bias per block,
+#: layer scale, and the patches' mean through fc_norm.
+_BEIT_ARGS = dict(classifier="gap", class_token=True, position_embedding="none", relative_position_bias=True,
+                  fc_norm=True, key_bias=False)
+#: timm's EVA-02 (Eva): a class token with the absolute embedding, EVA-02's rotary embedding laid out
+#: for a 16 x 16 reference grid, SwiGLU (B and L with its sub-LN), the patches' mean through fc_norm.
+_EVA02_ARGS = dict(classifier="gap", class_token=True, fc_norm=True, glu=True, mlp_activation="silu", key_bias=False,
+                   rotary_position_embedding=True, rope_reference_grid=(16, 16), input_normalization=CLIP_NORMALIZATION)
+_EVA02_TI = dict(hidden_size=192, mlp_dim=512, num_heads=3, num_layers=12)  # mlp_ratio 4 * 2 / 3
+_EVA02_S = dict(hidden_size=384, mlp_dim=1024, num_heads=6, num_layers=12)
+_EVA02_B = dict(hidden_size=768, mlp_dim=2048, num_heads=12, num_layers=12)
+_EVA02_L = dict(hidden_size=1024, mlp_dim=2730, num_heads=16, num_layers=24)  # int(1024 * 8 / 3)
 _CLIP_ARGS = dict(pre_norm=True, patch_embedding_bias=False, layer_norm_epsilon=1e-5,
                   input_normalization=CLIP_NORMALIZATION)
 
@@ -211,6 +228,23 @@ ZOO_ARCHITECTURES = {
                      default_weights="fb_in22k_ft_in1k", dims=dims, patch_size=16, layer_scale=1e-6,
                      class_token_position_embedding=False, **_IN)
             for s, size, dims in (("S", "small", _S), ("B", "base", _B), ("L", "large", _L))
+        ),
+        *(
+            _zoo_row(f"BEiT{v}{s}16", f"BEiT{' v2' if v else ''} ViT-{s}/16", f"beit{v}_{size}_patch16_224", 224,
+                     reference=_BEITV2 if v else _BEIT, default_weights=default, dims=dims, patch_size=16,
+                     layer_scale=0.1 if (v, s) == ("", "B") else 1e-5, **_BEIT_ARGS,
+                     **(_IN if v else {}))
+            for v, default in (("", "in22k_ft_in22k_in1k"), ("v2", "in1k_ft_in22k_in1k"))
+            for s, size, dims in (("B", "base", _B), ("L", "large", _L))
+        ),
+        *(
+            _zoo_row(f"EVA02{s}14", f"EVA-02 ViT-{s}/14", f"eva02_{size}_patch14_{res}", res, reference=_EVA02,
+                     default_weights=default, dims=dims, patch_size=14, **_EVA02_ARGS,
+                     **(dict(mlp_norm=True) if s in ("B", "L") else {}))
+            for s, size, res, dims, default in (
+                ("Ti", "tiny", 336, _EVA02_TI, "mim_in22k_ft_in1k"), ("S", "small", 336, _EVA02_S, "mim_in22k_ft_in1k"),
+                ("B", "base", 448, _EVA02_B, "mim_in22k_ft_in22k_in1k"),
+                ("L", "large", 448, _EVA02_L, "mim_in22k_ft_in22k_in1k"))
         ),
     ]
 }
@@ -325,6 +359,9 @@ class ViTConfig(FieldGroupConfig):
     patch_embedding_norm: bool = config_field("architecture", False, doc="a norm on the patch tokens (AIMv2's)")
     pre_norm: bool = config_field("architecture", False, doc="a norm `norm_pre` before the blocks (CLIP's)")
     qkv_bias: bool = config_field("architecture", True, doc="whether query, key and value have biases")
+    key_bias: bool = config_field(
+        "architecture", True,
+        doc="with qkv_bias, whether the key has one too (False: BEiT's and EVA's q and v biases; the softmax cancels it)")
     projection_bias: bool = config_field("architecture", True, doc="biases of the attention output and the MLP")
     layer_scale: float = config_field("architecture", None, doc="init value of per-channel layer scale; None: none")
     final_norm: bool = config_field("architecture", True, doc="a final norm (before pooling, or after it with fc_norm)")
@@ -459,12 +496,11 @@ class ViTConfig(FieldGroupConfig):
                 + " changes the patch grid at run time, but relative_position_bias=True (BEiT's) learns one bias per "
                 "2-D offset of the fixed grid of image_size. Use a fixed image_size and patch_drop_rate=0."
             )
-        if self.rotary_position_embedding and (self.dynamic_image_size or self.patch_drop_rate):
+        if self.rotary_position_embedding and self.patch_drop_rate:
             raise ValueError(
-                ("dynamic_image_size=True" if self.dynamic_image_size else f"patch_drop_rate={self.patch_drop_rate}")
-                + " changes the patch grid at run time; keras_vit lays the rotary position embedding "
-                "(rotary_position_embedding=True) out for the grid of image_size. Use a fixed image_size (any size: "
-                "the rotary positions follow it) and patch_drop_rate=0."
+                f"patch_drop_rate={self.patch_drop_rate} drops patch tokens at run time; keras_vit rotates the "
+                "queries and keys of the whole patch grid (rotary_position_embedding=True). Set patch_drop_rate=0 "
+                "(dynamic_image_size=True and any fixed image_size are supported: the rotary positions follow them)."
             )
         if self.dynamic_image_size and self.position_embedding == "relative":
             raise ValueError(
@@ -518,7 +554,7 @@ class ViTConfig(FieldGroupConfig):
         if self.class_token is not None:
             set_("class_token", bool(self.class_token))
         for key in ("distillation_token", "patch_embedding_bias", "patch_embedding_norm", "pre_norm",
-                    "qkv_bias", "projection_bias", "final_norm", "fc_norm", "glu", "relative_position_bias",
+                    "qkv_bias", "key_bias", "projection_bias", "final_norm", "fc_norm", "glu", "relative_position_bias",
                     "rotary_position_embedding", "attention_norm", "mlp_norm", "rope_rotate_half", "post_norm",
                     "map_include_prefix", "rope_learned_frequencies", "parallel_blocks", "differential_attention", "qk_norm", "attention_only_layer_scale"):
             set_(key, bool(getattr(self, key)))
@@ -834,7 +870,7 @@ def infer_config(tree, numerics, *, source="checkpoint", image_size=None, num_he
 def source_grid(config):
     """The (rows, cols) position-embedding grid of a checkpoint config."""
     stride = config["patch_size"] * resnet_stride(config.get("resnet"))
-    h, w = config["image_size"] if not isinstance(config["image_size"], int) else (config["image_size"],) * 2
+    h, w = config["image_size"]  # a config object's: always (height, width)
     return h // stride, w // stride
 
 
@@ -1008,6 +1044,24 @@ _ZOO_TAGS = [
     *((f"DeiT3{s}16", tag, f"deit3_{size}_patch16_{res}")
       for s, size in (("S", "small"), ("B", "base"), ("L", "large"))
       for tag in ("fb_in22k_ft_in1k", "fb_in1k") for res in (224, 384)),
+    *((f"BEiT{s}16", tag, f"beit_{size}_patch16_{res}")
+      for s, size, tag, res in (("B", "base", "in22k_ft_in22k", 224), ("B", "base", "in22k_ft_in22k_in1k", 224),
+                                ("B", "base", "in22k_ft_in22k_in1k", 384), ("L", "large", "in22k_ft_in22k", 224),
+                                ("L", "large", "in22k_ft_in22k_in1k", 224), ("L", "large", "in22k_ft_in22k_in1k", 384),
+                                ("L", "large", "in22k_ft_in22k_in1k", 512))),
+    *((f"BEiTv2{s}16", tag, f"beitv2_{size}_patch16_224")
+      for s, size in (("B", "base"), ("L", "large"))
+      for tag in ("in1k_ft_in1k", "in1k_ft_in22k", "in1k_ft_in22k_in1k")),
+    *((f"EVA02{s}14", tag, f"eva02_{size}_patch14_{res}")
+      for s, size, tag, res in (
+          ("Ti", "tiny", "mim_in22k", 224), ("Ti", "tiny", "mim_in22k_ft_in1k", 336),
+          ("S", "small", "mim_in22k", 224), ("S", "small", "mim_in22k_ft_in1k", 336),
+          *(("B", "base", tag, res) for tag, res in (("mim_in22k", 224), ("mim_in22k_ft_in1k", 448),
+                                                     ("mim_in22k_ft_in22k", 448), ("mim_in22k_ft_in22k_in1k", 448))),
+          *(("L", "large", tag, res) for tag, res in (
+              ("mim_in22k", 224), ("mim_m38m", 224), ("mim_in22k_ft_in1k", 448), ("mim_in22k_ft_in22k", 448),
+              ("mim_in22k_ft_in22k_in1k", 448), ("mim_m38m_ft_in1k", 448), ("mim_m38m_ft_in22k", 448),
+              ("mim_m38m_ft_in22k_in1k", 448))))),
     # MAE (He et al., 2022): pre-trained encoders of the original architectures, no head.
     ("ViTB16", "mae", "vit_base_patch16_224"),
     ("ViTL16", "mae", "vit_large_patch16_224"),
@@ -1185,17 +1239,24 @@ _STEM = re.compile(r"^(embedding|embedding_norm|cls|dist_token|reg_tokens|norm_p
                    r"conv_root|gn_root|block\d+/unit\d+)(/|$)")
 
 
+#: RoPE-Mixed's rotary frequencies, stored per block here, are one parameter `rope.freqs` in timm,
+#: which no group of its `group_matcher` names: timm's layer decay puts it in the last group.
+_ROPE_FREQUENCIES = "/MultiHeadDotProductAttention_1/rope_frequencies"
+
+
 def layer_groups(keys):
     """{canonical key: ordinal} as timm's VisionTransformer `group_matcher(coarse=False)` groups
     its parameters: the stem first, then encoder block i, the final norm with the last block
     (timm's `^norm` joins the previous group), then everything else (head, head_dist, fc_norm,
-    a MAP head, pre_logits) after the blocks.
+    a MAP head, pre_logits, and RoPE-Mixed's rotary frequencies, timm's `rope.freqs`) after the
+    blocks.
 
     Example:
         >>> layer_groups(["cls", "Transformer/encoderblock_1/LayerNorm_0/scale", "head/bias"])
         {'cls': (0,), 'Transformer/encoderblock_1/LayerNorm_0/scale': (1, 1), 'head/bias': (2,)}
     """
-    return stem_block_head_groups(keys, _STEM, _BLOCK, "Transformer/encoder_norm/")
+    groups = stem_block_head_groups(keys, _STEM, _BLOCK, "Transformer/encoder_norm/")
+    return {key: (2,) if key.endswith(_ROPE_FREQUENCIES) else group for key, group in groups.items()}
 
 
 def _vit_describe(config):
@@ -1215,13 +1276,10 @@ def _patch_resize_refusal(config):
 
 
 def _vit_to_checkpoint(model_config):
-    config = {k: model_config[k] for k in ARCHITECTURE_FIELDS if k in model_config}
-    if model_config.get("input_normalization") is not None:  # the weights' own input (timm's zoo)
-        config["input_normalization"] = tuple(tuple(part) for part in model_config["input_normalization"])
-    size = config["image_size"]
-    config["image_size"] = (size, size) if isinstance(size, int) else tuple(size)
-    if config.get("resnet") is not None:
-        config["resnet"] = (tuple(config["resnet"][0]), config["resnet"][1])
+    normalised = ViTConfig.from_dict(model_config)  # sizes as pairs, the ResNet as tuples
+    config = {k: normalised[k] for k in ARCHITECTURE_FIELDS if k in model_config}
+    if normalised.input_normalization is not None:  # the weights' own input (timm's zoo)
+        config["input_normalization"] = normalised.input_normalization
     include_top = model_config.get("include_top", True)
     if not include_top:
         config["classes"] = None
@@ -1328,12 +1386,11 @@ def _vit_weights_lower_bound(config, source):
                                   for k in ("hidden_size", "num_layers", "mlp_dim", "patch_size"))
     _positive_int(config, "num_heads", source)
     channels = _positive_int(config, "num_channels", source, default=3)
-    size = config.get("image_size", 224)
-    size = [size, size] if isinstance(size, int) and not isinstance(size, bool) else size
-    if not isinstance(size, (list, tuple)) or len(size) != 2 or not all(
-        isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in size
-    ):
-        raise CheckpointError(f"{source}: image_size is {str(size)[:40]!r}; expected a positive int or [height, width].")
+    try:
+        size = positive_pair(config.get("image_size", 224))
+    except ValueError:
+        raise CheckpointError(f"{source}: image_size is {str(config.get('image_size'))[:40]!r}; expected a positive "
+                              "int or [height, width].") from None
     resnet = config.get("resnet")
     if resnet is not None:
         if not (isinstance(resnet, (list, tuple)) and len(resnet) == 2 and isinstance(resnet[0], (list, tuple))
@@ -1384,8 +1441,9 @@ VIT = ModelFamily(
     patch_resize_refusal=_patch_resize_refusal,
     layer_groups=layer_groups,
     default_architecture="ViTB16",  # the paper's base model
-    # timm's VisionTransformer.no_weight_decay(): pos_embed, cls_token, reg_token, dist_token
-    no_weight_decay=("cls", "reg_tokens", "dist_token", "Transformer/posembed_input/"),
+    # timm's VisionTransformer.no_weight_decay(): pos_embed, cls_token, reg_token, dist_token; and
+    # Eva's: rope.freqs of RoPE-Mixed (every block's rotary frequencies here)
+    no_weight_decay=("cls", "reg_tokens", "dist_token", "Transformer/posembed_input/", _ROPE_FREQUENCIES),
     # dropout 0, the model's remat; position embeddings follow any input size
     transfer=Transfer(settings="keras_vit.models.transfer:dropout_free_settings",
                       options=("dropout_rate", "attention_dropout_rate", "patch_drop_rate", "remat")),

@@ -234,7 +234,8 @@ def timm_weight_decay(model):
     timm's `create_optimizer_v2` and of its layer-decay fine-tuning): every weight of 2 or more
     dimensions in timm's layout that is no bias (the query/key/value biases, 2-D here, are 1-D in
     timm), and not one of the family's `no_weight_decay` weights (a ViT's class, register and
-    distillation tokens and its position embedding, timm's `no_weight_decay()`). Norm scales,
+    distillation tokens and its position embedding, RoPE-Mixed's rotary frequencies: timm's
+    `no_weight_decay()`). Norm scales,
     biases and layer scales are not decayed; kernels and a MAP head's probe are.
 
     Example:
@@ -252,7 +253,8 @@ def timm_weight_decay(model):
     for key, var in weight_variables(model).items():
         if len(var.shape) < 2 or key.endswith("/bias"):
             continue
-        if any(key == name or (name.endswith("/") and key.startswith(name)) for name in excluded):
+        if any(key == name or (name.endswith("/") and key.startswith(name))
+               or (name.startswith("/") and key.endswith(name)) for name in excluded):
             continue
         decayed.append(_variable_path(var))
     return sorted(decayed)

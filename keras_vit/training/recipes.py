@@ -5,7 +5,7 @@ import os
 import keras
 from keras import ops
 
-from keras_vit.geometry import optional_pair
+from keras_vit.geometry import as_pair
 from keras_vit.models.vit import VisionTransformer  # noqa: F401  (the docstring's example)
 from keras_vit.models.weight_tree import get_weight_tree
 
@@ -95,7 +95,7 @@ def for_finetuning(
                 "Load checkpoints with keras_vit.load_checkpoint() or a constructor such as keras_vit.ViTB16()."
             )
         source_config = model.get_config()
-        config = checkpoint_config(source_config)
+        config = family.config_object(checkpoint_config(source_config))
         tree, source = get_weight_tree(model), None
         activation = source_config["classifier_activation"] if classifier_activation is _KEEP else classifier_activation
         extra = dict(name=name or f"{model.name}_finetune", dtype=source_config.get("dtype"))
@@ -108,8 +108,8 @@ def for_finetuning(
             f"{family.title} models have no {', '.join(refused)} to set for fine-tuning (what they take: {allowed}): "
             f"leave {' and '.join(refused)} unset."
         )
-    own = optional_pair(config.get("image_size"))
-    if image_size is not None and not transfer.resizable and own is not None and optional_pair(image_size) != own:
+    own = config.image_size  # the config object's (height, width)
+    if image_size is not None and not transfer.resizable and None not in own and as_pair(image_size) != own:
         raise ValueError(
             f"{family.title} models fine-tune at their checkpoint's resolution {own[0]}x{own[1]} only (their weights "
             f"are laid out for that size), not {image_size}: pass image_size={own[0]} or leave it unset."
