@@ -93,7 +93,9 @@ def _forward_backward(model, x, probe):
         with tf.GradientTape() as tape:
             out = model(x, training=True)
             loss = tf.reduce_sum(out * probe)
-        return out.numpy(), [g.numpy() for g in tape.gradient(loss, [v.value for v in model.trainable_variables])]
+        grads = tape.gradient(loss, [v.value for v in model.trainable_variables])
+        # a gathered table (BEiT's relative position bias) has a sparse gradient: IndexedSlices
+        return out.numpy(), [tf.convert_to_tensor(g).numpy() for g in grads]
     out = model(x, training=True)
     (out * keras.ops.convert_to_tensor(probe)).sum().backward()
     return out.detach().cpu().numpy(), [v.value.grad.detach().cpu().numpy() for v in model.trainable_variables]
