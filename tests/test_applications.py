@@ -34,6 +34,7 @@ def test_finetune_then_fewshot_programs(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.optimized_xla
 @pytest.mark.skipif(BACKEND != "jax", reason="the training claim is measured on JAX; the TensorFlow pass runs the "
                     "program briefly")
 def test_segment_shapes_program(tmp_path, capsys):

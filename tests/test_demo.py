@@ -18,6 +18,7 @@ RUN_FILES = {"config.json", "metrics.json", "metrics.csv", "history.csv", "curve
 
 
 @pytest.mark.slow
+@pytest.mark.optimized_xla
 @pytest.mark.skipif(BACKEND != "jax", reason="`make demo` runs on JAX; the other passes run its --quick form")
 def test_demo_transfer_beats_training_from_scratch(tmp_path, capsys):
     fine_tuned, scratch = demo.main(["--out", str(tmp_path), "--verbose", "0", "--seed", "0"])
