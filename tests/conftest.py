@@ -10,9 +10,10 @@ os.environ.setdefault("KERAS_BACKEND", "jax")
 # The suite compiles about 5,000 small JAX programs and runs most of them a few times, so XLA's
 # machine-code optimisation (LLVM -O2 and its expensive passes) costs more than it saves: with an
 # empty compilation cache, four model modules in one process took 93 s instead of 137 s (a quiet
-# 2-core AMD EPYC), and the JAX pass 747-796 s instead of 889 s. The HLO passes (fusion, simplification) still run, and tests that train for a minute turn
-# the optimisation back on (marker `optimized_xla`). Set before JAX is imported, and inherited by
-# the fresh processes tests start; JAX_DISABLE_MOST_OPTIMIZATIONS=0 runs the suite optimised.
+# 2-core AMD EPYC), and the JAX pass 747-796 s instead of 889 s. The HLO passes (fusion,
+# simplification) still run, and tests that train for a minute turn the optimisation back on
+# (marker `optimized_xla`). Set before JAX is imported, and inherited by the fresh processes tests
+# start; JAX_DISABLE_MOST_OPTIMIZATIONS=0 runs the suite optimised.
 os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
 
 import numpy as np  # noqa: E402
