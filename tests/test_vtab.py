@@ -45,7 +45,7 @@ def _objects_as_dataset(self, split, **kwargs):
                                  "pixel_coords": rng.uniform(7, 11, (n, 3)).astype(np.float32)}} for n in counts]
         spec = {"size": tf.TensorSpec((None,), tf.int64), "pixel_coords": tf.TensorSpec((None, 3), tf.float32)}
     return tf.data.Dataset.from_generator(lambda: iter(examples), output_signature={
-        "image": tf.TensorSpec((None, None, 3), tf.uint8), "objects": spec})
+        "image": tf.TensorSpec((None, None, 3), tf.uint8), "objects": spec}).cache()
 
 
 def test_the_papers_setting():
@@ -216,7 +216,7 @@ def _dtd_as_dataset(train_labels, test_labels):
                      "file_name": f"{i}.jpg"} for i, label in enumerate(labels)]
         return tf.data.Dataset.from_generator(lambda: iter(examples), output_signature={
             "image": tf.TensorSpec((None, None, 3), tf.uint8), "label": tf.TensorSpec((), tf.int64),
-            "file_name": tf.TensorSpec((), tf.string)})
+            "file_name": tf.TensorSpec((), tf.string)}).cache()
 
     return tfds.testing.mock_data(as_dataset_fn=as_dataset, policy=tfds.testing.MockPolicy.USE_CODE)
 
