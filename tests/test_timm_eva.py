@@ -170,9 +170,6 @@ def test_run_time_rotary_tables_equal_the_numpy_ones(grid, head_dim, temperature
 
 
 def test_rotary_refusals():
-    with pytest.raises(ValueError, match="patch_drop_rate=0.5 drops patch tokens"):
-        keras_vit.VisionTransformer(image_size=32, patch_size=16, hidden_size=8, num_layers=1, num_heads=2, mlp_dim=8,
-                                    rotary_position_embedding=True, patch_drop_rate=0.5)
     with pytest.raises(ValueError, match="multiple of 4"):
         keras_vit.VisionTransformer(image_size=32, patch_size=16, hidden_size=12, num_layers=1, num_heads=2,
                                     mlp_dim=8, rotary_position_embedding=True)
@@ -222,3 +219,73 @@ def test_grouped_query_attention_refuses_int8(saved):
     model = _load(folder, ref)
     with pytest.raises(NotImplementedError, match="grouped-query attention .* is not quantized"):
         model.quantize("int8")
+
+
+class _FixedPatchDrop(torch.nn.Module):
+    """timm's `PatchDropoutWithIndices` with the kept patches given: (tokens, keep indices), or
+    with other `positions` reported for them."""
+
+    def __init__(self, keep, prefix, positions=None):
+        super().__init__()
+        self.keep, self.prefix = torch.from_numpy(keep).long(), prefix
+        self.positions = self.keep if positions is None else torch.from_numpy(positions).long()
+
+    def forward(self, x):
+        patches = x[:, self.prefix:]
+        index = self.keep[:, :, None].expand(-1, -1, x.shape[-1])
+        return torch.cat([x[:, :self.prefix], torch.gather(patches, 1, index)], dim=1), self.positions
+
+
+@pytest.mark.parametrize("arch, size", [("eva02_tiny_patch14_224", 42), ("vit_small_patch16_rope_mixed_224", 48),
+                                        ("vit_small_patch16_dinov3", 48)], ids=["eva02", "rope_mixed", "dinov3"])
+def test_patch_dropout_rotates_the_kept_patches_as_timm(tmp_path, arch, size):
+    """In training, a rotary model rotates each patch that patch dropout kept by its own grid
+    position (timm's EVA: `apply_keep_indices_nlc`). Both sides keep the same patches (a fixed
+    draw, in a shuffled order) and their logits agree; a fit step and the .keras round trip
+    keep the layer's indices."""
+    from timm.models._hub import save_for_hf
+
+    args = dict(depth=2, embed_dim=32, num_heads=2, img_size=size, num_classes=5, patch_drop_rate=0.5)
+    ref = randomize_torch(timm.create_model(arch, pretrained=False, **args), seed=7)
+    save_for_hf(ref, tmp_path, safe_serialization=True, model_args=args)
+    model = keras_vit.load_checkpoint(tmp_path, classifier_activation=None, patch_drop_rate=0.5)
+    layer = model.get_layer("patch_dropout")
+    prefix, patches = layer.num_prefix_tokens, int(np.prod(model.config.grid_size))
+    assert layer.return_indices and prefix == ref.num_prefix_tokens
+    rng = np.random.default_rng(3)
+    x = rng.uniform(-1, 1, (2, size, size, 3)).astype("float32")
+    keep = np.stack([rng.permutation(patches)[:layer.kept(patches)] for _ in range(2)]).astype("int32")
+    assert keep.shape[1] < patches and (keep[0] != keep[1]).any()
+
+    # The kept patches of a random draw, as timm's PatchDropoutWithIndices returns them.
+    def fixed(tokens, training=None):
+        ids = keras.ops.convert_to_tensor(keep)
+        kept = keras.ops.take_along_axis(tokens[:, prefix:], ids[:, :, None], axis=1)
+        return keras.ops.concatenate([tokens[:, :prefix], kept], axis=1), ids
+
+    ref.patch_drop = _FixedPatchDrop(keep, prefix)
+    drawn = layer.call
+    layer.call = fixed
+    try:
+        ours = keras.ops.convert_to_numpy(model(x, training=True))
+    finally:
+        layer.call = drawn
+    _assert_equal(ours, ref, x, f"{arch} with patch dropout")
+    # The same patches rotated as if they were the first of the grid: the logits move.
+    ref.patch_drop = _FixedPatchDrop(keep, prefix, np.broadcast_to(np.arange(keep.shape[1]), keep.shape).copy())
+    moved = np.abs(_timm_outputs(ref, x)[1] - ours).max()
+    assert moved > 1e-4 * np.abs(ours).max()
+    # At inference nothing is dropped: the logits of the model without patch dropout.
+    plain = keras_vit.load_checkpoint(tmp_path, classifier_activation=None)
+    np.testing.assert_allclose(model.predict(x, verbose=0), plain.predict(x, verbose=0), rtol=1e-6, atol=1e-6)
+    # The attention analysis runs at inference, past the layer's indices.
+    np.testing.assert_allclose(np.asarray(keras_vit.analysis.attention_weights(model, x)),
+                               np.asarray(keras_vit.analysis.attention_weights(plain, x)), atol=1e-6)
+    model.compile(optimizer=keras.optimizers.SGD(0.01),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    assert np.isfinite(model.fit(x, np.arange(2), epochs=1, verbose=0).history["loss"]).all()
+    path = str(tmp_path / "dropped.keras")
+    model.save(path)
+    loaded = keras.saving.load_model(path)
+    assert loaded.get_layer("patch_dropout").return_indices
+    np.testing.assert_array_equal(loaded.predict(x, verbose=0), model.predict(x, verbose=0))

@@ -171,13 +171,22 @@ def _single_input_tensor(layer, parent):
 
 def _block_inputs(block, parent):
     """(tokens, whether the block also reads the images): a rotary block of a dynamic_image_size
-    model takes the model's images as its second input, to read each batch's grid."""
-    tensors = _input_tensors(block, parent)
+    model takes the model's images as its second input, to read each batch's grid. The kept
+    patches' positions that a rotary block takes from patch dropout matter in training only, so
+    the probe, which runs at inference, leaves them out."""
+    tensors = [t for t in _input_tensors(block, parent) if not _is_patch_dropout_indices(t)]
     if len(tensors) == 2 and tensors[1] is parent.inputs[0]:
         return tensors[0], True
     if len(tensors) != 1:
         raise ValueError(f"Layer {block.name!r} takes {len(tensors)} inputs; expected one tensor.")
     return tensors[0], False
+
+
+def _is_patch_dropout_indices(tensor):
+    from keras_vit.layers import PatchDropout
+
+    history = getattr(tensor, "_keras_history", None)
+    return history is not None and isinstance(history[0], PatchDropout) and history[2] == 1
 
 
 def _build_attention_model(info):

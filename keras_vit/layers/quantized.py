@@ -173,7 +173,7 @@ class Int8AttentionMixin:
     def _int8_matmul(self, x2d, kernel, kernel_scale):
         return int8_matmul(x2d, kernel, kernel_scale, self.inputs_quantizer, self.compute_dtype)
 
-    def _int8_call(self, x, training=None, return_attention_weights=False, dropout_seed=None, grid=None):
+    def _int8_call(self, x, training=None, return_attention_weights=False, dropout_seed=None, grid=None, keep=None):
         shape = ops.shape(x)
         batch, tokens, hidden = shape[0], shape[1], x.shape[-1]
         width = self.num_heads * self.head_dim
@@ -186,7 +186,7 @@ class Int8AttentionMixin:
             qkv = qkv + ops.cast(biases, qkv.dtype)
         heads_shape = (batch, tokens, self.num_heads, self.head_dim)
         q, k, v = (ops.reshape(qkv[:, i * width : (i + 1) * width], heads_shape) for i in range(3))
-        y, weights = self._attend(q, k, v, training, return_attention_weights, dropout_seed, grid)
+        y, weights = self._attend(q, k, v, training, return_attention_weights, dropout_seed, grid, keep)
         out = self._int8_matmul(y, self.out_kernel, self.out_kernel_scale)
         if self.out_bias is not None:
             out = out + ops.cast(self.out_bias, y.dtype)

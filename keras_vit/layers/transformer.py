@@ -148,6 +148,11 @@ class PatchDropout(keras.layers.Layer):
     The token count after the layer is known only in training, so its output shape leaves it
     None when `rate` > 0.
 
+    With `return_indices=True` the layer also returns which patches each image kept, (batch,
+    kept) int32 indices into the patch grid (in training the random order, at inference every
+    patch in order), as timm's `PatchDropoutWithIndices`: a rotary position embedding follows
+    the kept patches with them (EVA-02, RoPE-Mixed).
+
     Example:
         >>> import numpy as np
         >>> layer = PatchDropout(0.5, num_prefix_tokens=1, seed=0)
@@ -156,8 +161,9 @@ class PatchDropout(keras.layers.Layer):
         ((2, 9, 8), (2, 17, 8))
     """
 
-    def __init__(self, rate, num_prefix_tokens=1, seed=None, **kwargs):
+    def __init__(self, rate, num_prefix_tokens=1, seed=None, return_indices=False, **kwargs):
         super().__init__(**kwargs)
+        self.return_indices = bool(return_indices)
         rate = float(rate)
         if not 0.0 <= rate < 1.0:
             raise ValueError(f"PatchDropout rate must be in [0, 1) (the fraction of patch tokens dropped); got {rate!r}.")
@@ -172,7 +178,11 @@ class PatchDropout(keras.layers.Layer):
 
     def call(self, tokens, training=None):
         if not training or not self.rate:
-            return tokens
+            if not self.return_indices:
+                return tokens
+            shape = ops.shape(tokens)
+            every = ops.arange(shape[1] - self.num_prefix_tokens, dtype="int32")
+            return tokens, ops.broadcast_to(every[None], (shape[0], shape[1] - self.num_prefix_tokens))
         n = self.num_prefix_tokens
         prefix, patches = tokens[:, :n], tokens[:, n:]
         count = patches.shape[1]
@@ -183,16 +193,29 @@ class PatchDropout(keras.layers.Layer):
         else:
             keep = self.kept(count)
             noise = keras.random.uniform((shape[0], count), seed=self.seed_generator)
-        order = ops.argsort(noise, axis=-1)[:, :keep]
+        order = ops.cast(ops.argsort(noise, axis=-1)[:, :keep], "int32")
         kept = ops.take_along_axis(patches, ops.expand_dims(order, -1), axis=1)
-        return ops.concatenate([prefix, ops.cast(kept, prefix.dtype)], axis=1) if n else kept
+        out = ops.concatenate([prefix, ops.cast(kept, prefix.dtype)], axis=1) if n else kept
+        return (out, order) if self.return_indices else out
 
     def compute_output_shape(self, input_shape):
-        return (input_shape[0], None if self.rate else input_shape[1], *input_shape[2:])
+        shape = (input_shape[0], None if self.rate else input_shape[1], *input_shape[2:])
+        if not self.return_indices:
+            return shape
+        patches = None if shape[1] is None else shape[1] - self.num_prefix_tokens
+        return shape, (input_shape[0], patches)
+
+    def compute_output_spec(self, tokens, training=None):
+        shape = self.compute_output_shape(tokens.shape)
+        if not self.return_indices:
+            return keras.KerasTensor(shape, dtype=tokens.dtype)
+        return keras.KerasTensor(shape[0], dtype=tokens.dtype), keras.KerasTensor(shape[1], dtype="int32")
 
     def get_config(self):
         config = super().get_config()
         config.update(rate=self.rate, num_prefix_tokens=self.num_prefix_tokens, seed=self.seed)
+        if self.return_indices:
+            config.update(return_indices=True)
         return config
 
 
@@ -522,7 +545,7 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         kernel = ops.reshape(self.out_kernel, (-1, hidden))
         return matmul(y2d, kernel) if self.out_bias is None else matmul_add(y2d, kernel, self.out_bias)
 
-    def call(self, x, training=None, return_attention_weights=False, dropout_seed=None, grid=None):
+    def call(self, x, training=None, return_attention_weights=False, dropout_seed=None, grid=None, keep=None):
         shape = ops.shape(x)
         batch, tokens, hidden = shape[0], shape[1], x.shape[-1]
         heads_shape = (batch, tokens, self.num_heads, self.head_dim)
@@ -530,7 +553,7 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         x2d = ops.reshape(x, (-1, hidden))
         q = ops.reshape(self._project(x2d, "query"), heads_shape)
         k, v = (ops.reshape(self._project(x2d, n), kv_shape) for n in ("key", "value"))
-        y, weights = self._attend(q, k, v, training, return_attention_weights, dropout_seed, grid)
+        y, weights = self._attend(q, k, v, training, return_attention_weights, dropout_seed, grid, keep)
         out = ops.reshape(self._out(y, hidden), (batch, tokens, hidden))
         return (out, weights) if return_attention_weights else out
 
@@ -549,11 +572,12 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         y, _ = self._attend(q, k, v, training, False)
         return ops.reshape(self._out(y, hidden), (q_shape[0], q_shape[1], hidden))
 
-    def _attend(self, q, k, v, training, return_attention_weights, dropout_seed=None, grid=None):
+    def _attend(self, q, k, v, training, return_attention_weights, dropout_seed=None, grid=None, keep=None):
         """Scaled dot-product attention of (batch, tokens, heads, head_dim) q/k/v; returns the
         heads concatenated as (batch * tokens, heads * head_dim) and the weights (or None). The
         attention-weight dropout draws its mask from `dropout_seed` when one is given; `grid` is
-        the run-time patch grid the rotary embedding follows (None: the layer's own)."""
+        the run-time patch grid the rotary embedding follows (None: the layer's own), and `keep`
+        the (batch, kept) patches left by patch dropout, whose positions it rotates (None: all)."""
         if self.query_norm is not None:
             q, k = self.query_norm(q), self.key_norm(k)
         if self.num_kv_heads != self.num_heads:  # grouped-query attention: each key/value head serves a group
@@ -561,7 +585,7 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         if self.differential is not None:
             return self._differential_attend(q, k, v, training, dropout_seed)
         if self.rotary is not None:
-            q, k = self._rotate(q, grid), self._rotate(k, grid)
+            q, k = self._rotate(q, grid, keep), self._rotate(k, grid, keep)
         scale = 1.0 / float(self.head_dim) ** 0.5
         use_dropout = training and self.attention_dropout_rate > 0
         # float16: the explicit path keeps the softmax in float32 (and JAX's fused CPU kernel
@@ -606,10 +630,12 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         y = ops.reshape(y, (-1, self.num_heads * self.head_dim))
         return y if self.output_norm is None else self.output_norm(y)
 
-    def _rotate(self, x, grid=None):
+    def _rotate(self, x, grid=None, keep=None):
         """The (batch, tokens, heads, head_dim) queries or keys with the patch tokens rotated by
         their rotary position embedding (in float32, as timm), the prefix tokens unchanged; for the
-        (rows, cols) `grid` of the batch when given (dynamic_image_size), else the layer's grid."""
+        (rows, cols) `grid` of the batch when given (dynamic_image_size), else the layer's grid.
+        `keep` (batch, kept): the grid positions of the patch tokens that patch dropout left, in
+        their order (timm's `apply_keep_indices_nlc`); None: every patch of the grid, in order."""
         n, r = self.rotary["prefix_tokens"], self.rotary
         if r["learned"]:
             # (tokens, heads, head_dim / 2) angles of each head's own frequencies, channel pairs interleaved.
@@ -626,6 +652,8 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
             sin, cos = (t[None, :, None, :] for t in rotary_embedding_tensors(
                 grid, self.head_dim, r["temperature"], r["reference_grid"], r["offset"], r["indexing"],
                 r["coordinates"], r["rotate_half"]))
+        if keep is not None:  # each image's kept positions: (batch, kept, heads or 1, head_dim)
+            sin, cos = (ops.take(t[0], keep, axis=0) for t in (sin, cos))
         patches = ops.cast(x[:, n:], "float32")
         shape = ops.shape(patches)
         if self.rotary["rotate_half"]:  # channel j pairs with j + head_dim / 2: (x1, x2) -> (-x2, x1)
@@ -657,7 +685,8 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return input_shape
 
-    def compute_output_spec(self, x, training=None, return_attention_weights=False, dropout_seed=None, grid=None):
+    def compute_output_spec(self, x, training=None, return_attention_weights=False, dropout_seed=None, grid=None,
+                            keep=None):
         return _output_spec(x, self.num_heads, self.compute_dtype, return_attention_weights)
 
     def weight_tree_variables(self):
@@ -939,17 +968,21 @@ class EncoderBlock(keras.layers.Layer):
             if sub is not None:
                 sub.build(x_shape)
 
-    def call(self, x, images=None, training=None, return_attention_weights=False):
+    def call(self, x, images=None, keep=None, training=None, return_attention_weights=False):
         """`images`: the model's input, from which a rotary block built for dynamic_image_size
-        (`rotary["stride"]`) reads the batch's patch grid."""
+        (`rotary["stride"]`) reads the batch's patch grid; `keep`: in training, the (batch, kept)
+        grid positions of the patch tokens that patch dropout left (`PatchDropout(...,
+        return_indices=True)`), which a rotary block rotates by their own positions."""
         seeds = self._dropout_seeds(training)
         grid = self._runtime_grid(images)
+        if not training or self.rotary is None:
+            keep = None  # at inference every patch is there, in grid order
         if self.remat and not return_attention_weights:
             # Only the tensor is an argument of the recomputed function: the flags stay Python
             # values (jax.checkpoint would trace them), the variables and the dropout seeds (drawn
             # outside it, so that the recomputation reuses them) are read inside it.
-            return keras.remat(lambda tokens: self._block(tokens, training, seeds=seeds, grid=grid))(x)
-        return self._block(x, training, return_attention_weights, seeds, grid)
+            return keras.remat(lambda tokens: self._block(tokens, training, seeds=seeds, grid=grid, keep=keep))(x)
+        return self._block(x, training, return_attention_weights, seeds, grid, keep)
 
     def _runtime_grid(self, images):
         """(rows, cols) of the batch's patch grid for a rotary block that follows the input size
@@ -979,14 +1012,14 @@ class EncoderBlock(keras.layers.Layer):
 
         return draw(self.attention.dropout), draw(self.dropout), draw(self.mlp.dropout), draw(self.mlp.dropout)
 
-    def _block(self, x, training=None, return_attention_weights=False, seeds=None, grid=None):
+    def _block(self, x, training=None, return_attention_weights=False, seeds=None, grid=None, keep=None):
         attention_seed, residual_seed, *mlp_seeds = seeds or (None,) * 4
         if self.parallel:
-            return self._parallel_block(x, training, return_attention_weights, seeds or (None,) * 4, grid)
+            return self._parallel_block(x, training, return_attention_weights, seeds or (None,) * 4, grid, keep)
         # post_norm (EVA-02 enormous): the norms follow the branches, x + LN(MHA(x)), y + LN(MLP(y)).
         pre, post = (_identity, self.norm_0) if self.post_norm else (self.norm_0, _identity)
         y = self.attention(pre(x), training=training, return_attention_weights=return_attention_weights,
-                           dropout_seed=attention_seed, grid=grid)
+                           dropout_seed=attention_seed, grid=grid, keep=keep)
         if return_attention_weights:
             y, weights = y
         y = post(y)
@@ -1002,11 +1035,11 @@ class EncoderBlock(keras.layers.Layer):
         x = x + y
         return (x, weights) if return_attention_weights else x
 
-    def _parallel_block(self, x, training, return_attention_weights, seeds, grid=None):
+    def _parallel_block(self, x, training, return_attention_weights, seeds, grid=None, keep=None):
         attention_seed, residual_seed, *mlp_seeds = seeds
         h = self.norm_0(x)
         y = self.attention(h, training=training, return_attention_weights=return_attention_weights,
-                           dropout_seed=attention_seed, grid=grid)
+                           dropout_seed=attention_seed, grid=grid, keep=keep)
         if return_attention_weights:
             y, weights = y
         y = _dropout(self.dropout, y, training, residual_seed)
@@ -1019,7 +1052,7 @@ class EncoderBlock(keras.layers.Layer):
     def compute_output_shape(self, input_shape):
         return input_shape
 
-    def compute_output_spec(self, x, images=None, training=None, return_attention_weights=False):
+    def compute_output_spec(self, x, images=None, keep=None, training=None, return_attention_weights=False):
         return _output_spec(x, self.num_heads, self.compute_dtype, return_attention_weights)
 
     def weight_tree_variables(self):

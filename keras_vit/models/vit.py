@@ -87,8 +87,12 @@ def _graph(config, dtype):
     if position is not None and c.class_token_position_embedding:
         x = add_position(x)
     x = keras.layers.Dropout(c.dropout_rate, dtype=dtype, name="dropout")(x)
+    keep = None
     if c.patch_drop_rate:  # timm's order: position dropout, patch dropout, norm_pre
-        x = PatchDropout(c.patch_drop_rate, c.num_prefix_tokens, dtype=dtype, name="patch_dropout")(x)
+        dropout = PatchDropout(c.patch_drop_rate, c.num_prefix_tokens, return_indices=c.rotary_position_embedding,
+                               dtype=dtype, name="patch_dropout")
+        # A rotary model's blocks rotate each kept patch by its own grid position (timm's EVA).
+        x, keep = dropout(x) if c.rotary_position_embedding else (dropout(x), None)
     if c.pre_norm:
         x = make_norm(c.norm, c.layer_norm_epsilon, dtype, "norm_pre")(x)
     relative = c.num_tokens if c.position_embedding == "relative" else None
@@ -126,7 +130,8 @@ def _graph(config, dtype):
             attention_only_layer_scale=c.attention_only_layer_scale,
             dtype=dtype,
             name=f"encoderblock_{i}",
-        )(*((x, images) if stride and c.rotary_position_embedding else (x,)))
+        )(*((x, images) if stride and c.rotary_position_embedding else (x,)),
+          **({} if keep is None else {"keep": keep}))
     if c.final_norm and not c.fc_norm:
         x = make_norm(c.norm, c.layer_norm_epsilon, dtype, "encoder_norm")(x)
     mode = {None: c.classifier, "avg": "gap"}.get(c.pooling, c.pooling)

@@ -496,12 +496,6 @@ class ViTConfig(FieldGroupConfig):
                 + " changes the patch grid at run time, but relative_position_bias=True (BEiT's) learns one bias per "
                 "2-D offset of the fixed grid of image_size. Use a fixed image_size and patch_drop_rate=0."
             )
-        if self.rotary_position_embedding and self.patch_drop_rate:
-            raise ValueError(
-                f"patch_drop_rate={self.patch_drop_rate} drops patch tokens at run time; keras_vit rotates the "
-                "queries and keys of the whole patch grid (rotary_position_embedding=True). Set patch_drop_rate=0 "
-                "(dynamic_image_size=True and any fixed image_size are supported: the rotary positions follow them)."
-            )
         if self.dynamic_image_size and self.position_embedding == "relative":
             raise ValueError(
                 "dynamic_image_size=True needs position embeddings that follow the patch grid; relative ones "
