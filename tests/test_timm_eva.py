@@ -89,6 +89,12 @@ def test_eva_equals_timm(saved, case):
     model = _load(folder, ref)
     x = np.random.default_rng(1).uniform(-1, 1, (2, *model.config.image_size, 3)).astype("float32")
     _assert_equal(model.predict(x, verbose=0), ref, x, case)
+    # timm's dynamic_img_size models (DINOv3) load as models that follow the input size, as in timm.
+    assert model.config.dynamic_image_size == ref.dynamic_img_size
+    if ref.dynamic_img_size:
+        patch = ref.patch_embed.patch_size[0]
+        x = np.random.default_rng(2).uniform(-1, 1, (1, 2 * patch, 5 * patch, 3)).astype("float32")
+        _assert_equal(model.predict(x, verbose=0), ref, x, f"{case} at {x.shape[1:3]}")
 
 
 def test_eva02_at_another_size_equals_timm(saved):

@@ -211,8 +211,8 @@ def _eva_variant(args, source):
     `args` (eva.py): EVA's ViT with q and v biases, and EVA-02's rotary position embedding
     (`use_rot_pos_emb`, RotaryEmbeddingCat; DINOv3's RotaryEmbeddingDinoV3), SwiGLU MLPs
     (`swiglu_mlp`: a packed GluMlp, or SwiGLU with `scale_mlp`'s norm) and sub-LNs
-    (`scale_attn_inner`, `scale_mlp`). timm's `dynamic_img_size` models are built for the weights'
-    image size (any other one with `image_size=`: the rotary positions follow it). The rotary
+    (`scale_attn_inner`, `scale_mlp`). timm's `dynamic_img_size` models (DINOv3) follow the input
+    size at run time, as in timm (`dynamic_image_size=False` builds one fixed size). The rotary
     coordinate augmentations (`rope_rescale_coords`, ...) act in training only and are not built."""
     _refuse_switches(args, _EVA_UNSUPPORTED, source, "Eva option", _EVA_SUPPORTED)
     pool = args.get("global_pool", "avg")  # Eva's default
@@ -244,7 +244,7 @@ def _eva_variant(args, source):
         final_norm=fc_norm or post_norm, fc_norm=fc_norm, norm=_NORMS[norm], mlp_activation="silu" if swiglu else None,
         glu=swiglu, layer_norm_epsilon=float(norm_args.get("eps", 1e-6 if norm == "LayerNorm" else 1e-5)),
         position_embedding="learned" if args.get("use_abs_pos_emb", True) else "none",
-        rotary_position_embedding=rope, rope_temperature=float(args.get("rope_temperature", 10000.0)),
+        dynamic_image_size=bool(args.get("dynamic_img_size", False)), rotary_position_embedding=rope, rope_temperature=float(args.get("rope_temperature", 10000.0)),
         rope_reference_grid=tuple(reference) if rope and reference is not None else None,
         rope_grid_offset=float(args.get("rope_grid_offset", 0.0) or 0.0) if rope else 0.0,
         rope_grid_indexing=args.get("rope_grid_indexing", "ij") if rope else "ij",

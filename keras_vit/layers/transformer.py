@@ -994,7 +994,12 @@ class EncoderBlock(keras.layers.Layer):
             raise ValueError(f"{self.name} follows the input size at run time (rotary stride {stride}): call it as "
                              "block(tokens, images).")
         shape = ops.shape(images)
-        return shape[1] // stride, shape[2] // stride
+        grid = (shape[1] // stride, shape[2] // stride)
+        if isinstance(grid[0], int) != isinstance(grid[1], int):
+            # One side known while tracing and one not (TensorFlow relaxes only the side that changed):
+            # both as tensors, since a layer's nested argument cannot mix tensors and Python ints.
+            grid = tuple(ops.convert_to_tensor(g, "int32") for g in grid)
+        return grid
 
     def _dropout_seeds(self, training):
         """The seeds of the block's four dropout masks (attention weights, attention output, the
