@@ -127,6 +127,10 @@ def main(argv=None):
                                                       warmup_steps=max(steps // 10, 1))
     model.compile(optimizer=keras.optimizers.AdamW(schedule, weight_decay=1e-4, global_clipnorm=1.0),
                   loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    # The optimizer's variables exist before the train step is traced: on TensorFlow a step that
+    # creates them is traced twice (keras_vit's own models do this in `fit`; this one is a plain
+    # keras.Model).
+    model.optimizer.build(model.trainable_variables)
     model.fit(keras_vit.preprocess_input(x_train), y_train[..., None], batch_size=args.batch_size,
               epochs=args.epochs, verbose=2)
 
