@@ -260,7 +260,8 @@ class VisionTransformer(
             attention weights.
         patch_drop_rate: in training, drop this fraction of each image's patch tokens after the
             position embedding (timm's `patch_drop_rate`; the class, distillation and register
-            tokens are kept); no effect on inference.
+            tokens are kept); no effect on inference. A rotary model rotates each kept patch by
+            its own grid position, as timm's EVA; BEiT's relative position bias refuses it.
         remat: recompute each encoder block in the backward pass instead of keeping its
             activations (`keras.remat`): the same gradients, the activation memory of one block
             instead of all of them, about a third more compute per step. For training big models
