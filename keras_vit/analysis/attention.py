@@ -185,8 +185,8 @@ def _block_inputs(block, parent):
 def _is_patch_dropout_indices(tensor):
     from keras_vit.layers import PatchDropout
 
-    history = getattr(tensor, "_keras_history", None)
-    return history is not None and isinstance(history[0], PatchDropout) and history[2] == 1
+    history = getattr(tensor, "_keras_history", None)  # the layer and output that made the tensor
+    return history is not None and isinstance(history.operation, PatchDropout) and history.tensor_index == 1
 
 
 def _build_attention_model(info):

@@ -180,9 +180,9 @@ class PatchDropout(keras.layers.Layer):
         if not training or not self.rate:
             if not self.return_indices:
                 return tokens
-            shape = ops.shape(tokens)
-            every = ops.arange(shape[1] - self.num_prefix_tokens, dtype="int32")
-            return tokens, ops.broadcast_to(every[None], (shape[0], shape[1] - self.num_prefix_tokens))
+            batch, length = ops.shape(tokens)[:2]
+            patches = length - self.num_prefix_tokens
+            return tokens, ops.broadcast_to(ops.arange(patches, dtype="int32")[None], (batch, patches))
         n = self.num_prefix_tokens
         prefix, patches = tokens[:, :n], tokens[:, n:]
         count = patches.shape[1]
@@ -585,7 +585,8 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         if self.differential is not None:
             return self._differential_attend(q, k, v, training, dropout_seed)
         if self.rotary is not None:
-            q, k = self._rotate(q, grid, keep), self._rotate(k, grid, keep)
+            sin, cos = self._rotary_sin_cos(grid, keep)
+            q, k = self._rotate(q, sin, cos), self._rotate(k, sin, cos)
         scale = 1.0 / float(self.head_dim) ** 0.5
         use_dropout = training and self.attention_dropout_rate > 0
         # float16: the explicit path keeps the softmax in float32 (and JAX's fused CPU kernel
@@ -630,13 +631,13 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
         y = ops.reshape(y, (-1, self.num_heads * self.head_dim))
         return y if self.output_norm is None else self.output_norm(y)
 
-    def _rotate(self, x, grid=None, keep=None):
-        """The (batch, tokens, heads, head_dim) queries or keys with the patch tokens rotated by
-        their rotary position embedding (in float32, as timm), the prefix tokens unchanged; for the
-        (rows, cols) `grid` of the batch when given (dynamic_image_size), else the layer's grid.
-        `keep` (batch, kept): the grid positions of the patch tokens that patch dropout left, in
-        their order (timm's `apply_keep_indices_nlc`); None: every patch of the grid, in order."""
-        n, r = self.rotary["prefix_tokens"], self.rotary
+    def _rotary_sin_cos(self, grid=None, keep=None):
+        """The float32 sines and cosines that rotate the patch tokens' queries and keys, (1 or
+        batch, patches, heads or 1, head_dim): for the (rows, cols) `grid` of the batch when given
+        (dynamic_image_size), else the layer's grid; `keep` (batch, kept): the grid positions of
+        the patch tokens that patch dropout left, in their order (timm's `apply_keep_indices_nlc`);
+        None: every patch of the grid, in order."""
+        r = self.rotary
         if r["learned"]:
             # (tokens, heads, head_dim / 2) angles of each head's own frequencies, channel pairs interleaved.
             positions = (ops.convert_to_tensor(self._rotary_positions) if grid is None
@@ -654,6 +655,13 @@ class MultiHeadDotProductAttention(Int8AttentionMixin, keras.layers.Layer):
                 r["coordinates"], r["rotate_half"]))
         if keep is not None:  # each image's kept positions: (batch, kept, heads or 1, head_dim)
             sin, cos = (ops.take(t[0], keep, axis=0) for t in (sin, cos))
+        return sin, cos
+
+    def _rotate(self, x, sin, cos):
+        """The (batch, tokens, heads, head_dim) queries or keys with the patch tokens rotated by
+        their rotary position embedding (`_rotary_sin_cos`; in float32, as timm), the prefix
+        tokens unchanged."""
+        n = self.rotary["prefix_tokens"]
         patches = ops.cast(x[:, n:], "float32")
         shape = ops.shape(patches)
         if self.rotary["rotate_half"]:  # channel j pairs with j + head_dim / 2: (x1, x2) -> (-x2, x1)
