@@ -7,8 +7,10 @@ about 10x below its AMX rate on a Sapphire Rapids); JAX always compiles with XLA
 the PyTorch backend is fastest under torch.compile (Keras' `jit_compile=True`): eager Keras
 spends ~30 ms of Python per ViT-B/16 call on a 2-core CPU, which compiling removes (ViT-B/16
 at batch 1: 0.65x of timm eager, 1.01x compiled). Compiling costs about a minute per input
-shape for predict and about 3 minutes for the train step on 2 cores; for a handful of calls,
-`jit_compile=False` finishes first.
+shape for predict and about 3 minutes for the train step on 2 cores, most of it Dynamo tracing
+Keras' Python (a 12-block ViT-Ti's predict: 30 of 36 s); keras_vit models compile their train
+step once (Keras alone compiles it again at the second step: ViT-Ti/16, 177 s then 84 s more).
+For a handful of calls, `jit_compile=False` finishes first.
 
     import keras_vit
     model = keras_vit.ViTB16(weights=None)

@@ -247,8 +247,10 @@ class _FixedPatchDrop(torch.nn.Module):
 def test_patch_dropout_rotates_the_kept_patches_as_timm(tmp_path, arch, size):
     """In training, a rotary model rotates each patch that patch dropout kept by its own grid
     position (timm's EVA: `apply_keep_indices_nlc`). Both sides keep the same patches (a fixed
-    draw, in a shuffled order) and their logits agree; a fit step and the .keras round trip
-    keep the layer's indices."""
+    draw, in a shuffled order) and their logits agree. For DINOv3 (a grid read from the input at
+    run time), inference equals the model without patch dropout, the attention analysis runs, and
+    a fit step and the .keras round trip keep the layer's indices: the same layer and code path as
+    for the other two, which leave out these compiled steps."""
     from timm.models._hub import save_for_hf
 
     args = dict(depth=2, embed_dim=32, num_heads=2, img_size=size, num_classes=5, patch_drop_rate=0.5)
@@ -281,6 +283,8 @@ def test_patch_dropout_rotates_the_kept_patches_as_timm(tmp_path, arch, size):
     ref.patch_drop = _FixedPatchDrop(keep, prefix, np.broadcast_to(np.arange(keep.shape[1]), keep.shape).copy())
     moved = np.abs(_timm_outputs(ref, x)[1] - ours).max()
     assert moved > 1e-4 * np.abs(ours).max()
+    if arch != "vit_small_patch16_dinov3":
+        return
     # At inference nothing is dropped: the logits of the model without patch dropout.
     plain = keras_vit.load_checkpoint(tmp_path, classifier_activation=None)
     np.testing.assert_allclose(model.predict(x, verbose=0), plain.predict(x, verbose=0), rtol=1e-6, atol=1e-6)
