@@ -58,6 +58,9 @@ class TraceTrainStepOnce:
     ViT: 23 s, then 12 s more at the second step). Here the trainable weights get zero
     gradients before the step is first compiled (the step sets them to None before its own
     backward pass, so nothing reads them), and it compiles once. Other backends: unchanged.
+
+    keras_vit's models and its trainers (`training.HardDistillation`,
+    `training.MaskedPatchPrediction`) take it.
     """
 
     def _builds_before_tracing(self):

@@ -295,6 +295,23 @@ def _deit_case(seed):
     return student, teacher, images, labels
 
 
+@pytest.mark.skipif(keras.backend.backend() != "tensorflow",
+                    reason="the second trace is TensorFlow's (variables created in a tf.function)")
+def test_hard_distillation_traces_its_train_step_once(monkeypatch):
+    # Adam's slots exist before the first trace (keras_vit.backend_workarounds.TraceTrainStepOnce);
+    # Keras alone traces this step twice.
+    from keras_vit.training import HardDistillation
+
+    traces = []
+    traced = HardDistillation.train_step
+    monkeypatch.setattr(HardDistillation, "train_step", lambda self, *a: traces.append(1) or traced(self, *a))
+    student, teacher, images, labels = _deit_case(seed=4)
+    trainer = HardDistillation(student, teacher)
+    trainer.compile(optimizer="adam", metrics=["accuracy"])
+    history = trainer.fit(images, labels, batch_size=8, epochs=2, verbose=0)
+    assert len(traces) == 1 and np.isfinite(history.history["loss"]).all()
+
+
 @pytest.mark.parametrize("mode", ["teacher", "stored_logits"])
 def test_hard_distillation_fit_equals_deit_loss_and_gradient(mode):
     """Three fit steps of plain SGD: each step's loss equals the NumPy reference at the weights

@@ -13,11 +13,12 @@ and predicts with the mean of the two heads' logits (the distilled model's own o
 import keras
 from keras import ops
 
+from keras_vit.backend_workarounds import TraceTrainStepOnce
 from keras_vit.training.recipes import ClassificationCrossentropy
 
 
 
-class HardDistillation(keras.Model):
+class HardDistillation(TraceTrainStepOnce, keras.Model):
     """Trains a distilled ViT's two heads as DeiT's hard distillation does, with `fit`.
 
     The model's outputs are the two heads' logits [class head, distillation head] (whatever the

@@ -18,6 +18,7 @@ part of the compiled train step on JAX, TensorFlow and PyTorch.
 import keras
 from keras import ops
 
+from keras_vit.backend_workarounds import TraceTrainStepOnce
 from keras_vit.models.vit import VisionTransformer
 from keras_vit.models.weight_tree import get_weight_tree, set_weight_tree
 
@@ -71,7 +72,7 @@ def _encoder_only(encoder):
 
 
 @register
-class MaskedPatchPrediction(keras.Model):
+class MaskedPatchPrediction(TraceTrainStepOnce, keras.Model):
     """A ViT encoder trained to predict the mean colour of corrupted patches.
 
     Args:
