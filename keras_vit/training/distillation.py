@@ -17,7 +17,6 @@ from keras_vit.backend_workarounds import TraceTrainStepOnce
 from keras_vit.training.recipes import ClassificationCrossentropy
 
 
-
 class HardDistillation(TraceTrainStepOnce, keras.Model):
     """Trains a distilled ViT's two heads as DeiT's hard distillation does, with `fit`.
 
