@@ -250,6 +250,14 @@ def randomize(model, seed=0, scale=0.5):
     return model
 
 
+def count_train_step_traces(monkeypatch, model_class):
+    """A list that grows by one each time `model_class.train_step` runs in Python: once per trace
+    under tf.function or jax.jit, once per step when eager."""
+    traces, traced = [], model_class.train_step
+    monkeypatch.setattr(model_class, "train_step", lambda self, *args: traces.append(1) or traced(self, *args))
+    return traces
+
+
 def _is_weight(name):
     return name.endswith("weight")
 

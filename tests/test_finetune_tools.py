@@ -301,10 +301,9 @@ def test_hard_distillation_traces_its_train_step_once(monkeypatch):
     # Adam's slots exist before the first trace (keras_vit.backend_workarounds.TraceTrainStepOnce);
     # Keras alone traces this step twice.
     from keras_vit.training import HardDistillation
+    from tests.conftest import count_train_step_traces
 
-    traces = []
-    traced = HardDistillation.train_step
-    monkeypatch.setattr(HardDistillation, "train_step", lambda self, *a: traces.append(1) or traced(self, *a))
+    traces = count_train_step_traces(monkeypatch, HardDistillation)
     student, teacher, images, labels = _deit_case(seed=4)
     trainer = HardDistillation(student, teacher)
     trainer.compile(optimizer="adam", metrics=["accuracy"])

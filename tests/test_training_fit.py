@@ -8,7 +8,7 @@ import pytest
 
 import keras_vit
 from keras_vit import training
-from tests.conftest import BACKEND, TINY, randomize
+from tests.conftest import BACKEND, TINY, count_train_step_traces, randomize
 
 
 def _data(n=16, size=32, classes=7, seed=0):
@@ -256,10 +256,7 @@ def test_tensorflow_traces_the_train_step_once(data, monkeypatch):
     # keras_vit.backend_workarounds.TraceTrainStepOnce); Keras alone traces this step twice.
     import tensorflow as tf
 
-    traces = []
-    step = keras_vit.VisionTransformer.train_step
-    monkeypatch.setattr(keras_vit.VisionTransformer, "train_step",
-                        lambda self, batch: traces.append(1) or step(self, batch))
+    traces = count_train_step_traces(monkeypatch, keras_vit.VisionTransformer)
     x, y = _data(16)
     model = _model()
     model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),

@@ -7,7 +7,7 @@ import pytest
 import keras_vit
 from keras_vit import training
 from keras_vit.training import pilot as pilot_module
-from tests.conftest import TINY, randomize
+from tests.conftest import TINY, count_train_step_traces, randomize
 
 
 def _pilot(seed=1, **kwargs):
@@ -78,10 +78,8 @@ def test_pilot_loss_counts_corrupted_positions_only(rng):
 
 
 def test_pilot_trains_and_transfers_to_finetuning(monkeypatch):
-    traces = []  # on TensorFlow, the train step is traced once (AdamW's slots exist before)
-    pilot_class = training.MaskedPatchPrediction
-    traced = pilot_class.train_step
-    monkeypatch.setattr(pilot_class, "train_step", lambda self, *a: traces.append(1) or traced(self, *a))
+    # On TensorFlow the train step is traced once (AdamW's slots exist before the trace).
+    traces = count_train_step_traces(monkeypatch, training.MaskedPatchPrediction)
     pilot = _pilot()
     pilot.compile(optimizer=training.pretrain_optimizer(3e-3, total_steps=24, warmup_steps=2))
     r = np.random.default_rng(1)
