@@ -9,7 +9,8 @@ spends ~30 ms of Python per ViT-B/16 call on a 2-core CPU, which compiling remov
 at batch 1: 0.65x of timm eager, 1.01x compiled). Compiling costs about a minute per input
 shape for predict and about 3 minutes for the train step on 2 cores, most of it Dynamo tracing
 Keras' Python (a 12-block ViT-Ti's predict: 30 of 36 s); keras_vit models compile their train
-step once (Keras alone compiles it again at the second step: ViT-Ti/16, 177 s then 84 s more).
+step once (Keras alone compiles it again at the second step: ViT-Ti/16 at 32 px took 173 s,
+then 84 s more; compiled once, 176 s).
 For a handful of calls, `jit_compile=False` finishes first.
 
     import keras_vit
