@@ -154,6 +154,7 @@ def _start():
 
 # The key bias adds the same term to every logit of a query: softmax ignores it, its gradient is 0.
 FROZEN_BY_SOFTMAX = ("MultiHeadDotProductAttention_1/key/bias",)
+KEY_KERNEL = ("MultiHeadDotProductAttention_1/key/kernel",)
 
 
 def run_keras_vit(tree, images, labels, optimizer, accum_steps=1):
@@ -342,8 +343,14 @@ def test_pretrain_updates_equal_optax_adamw(accum_steps):
     # The key biases' gradient is 0 up to rounding (see FROZEN_BY_SOFTMAX); Adam divides that
     # rounding noise by its own size, which makes steps of full size in a direction the noise
     # picks. They are left out; every other tensor must agree.
-    error, key = worst(*({k: v for k, v in t.items() if not k.endswith(FROZEN_BY_SOFTMAX)} for t in (got, want)))
+    error, key = worst(*({k: v for k, v in t.items() if not k.endswith(FROZEN_BY_SOFTMAX + KEY_KERNEL)}
+                         for t in (got, want)))
     assert error <= 1e-5, (key, error)
+    # The key kernels' gradients come from the same near-zero sums (the keys' gradients sum to 0
+    # over the tokens), so Adam magnifies their rounding too, though less: 3e-6 to 1.2e-5 on the
+    # three backends with one or two threads (the next tensor: 1.7e-6).
+    error, key = worst(*({k: v for k, v in t.items() if k.endswith(KEY_KERNEL)} for t in (got, want)))
+    assert error <= 3e-5, (key, error)
     # The decay matters at this size: optax without it ends far from the above (that the mask
     # is the kernels' is checked directly in tests/test_training.py).
     no_decay = run_reference(tree, images, labels, optax.chain(
