@@ -16,9 +16,9 @@ convolutions, bilinear upsampling to the input where the finest level is coarser
 classes per pixel. Reports the mean IoU over the classes on the test images and writes a picture
 of predictions (`--out`).
 
-With 500 training images and 8 epochs (tests/test_applications.py) the mean IoU is 0.372 on
-JAX: background everywhere scores 0.16, and a perfect figure-ground split with the shape classes at
-chance about 0.31.
+With 250 training images and 8 epochs (tests/test_applications.py) the mean IoU is 0.352 on JAX,
+with 500 it is 0.372: background everywhere scores 0.16, and a perfect figure-ground split with the
+shape classes at chance about 0.31.
 """
 
 import argparse

@@ -4,7 +4,11 @@ predict on the same inputs; int8 artefacts against the float model; the CLI; cle
 
 On JAX and PyTorch the artefacts come from a TensorFlow subprocess, so the three models'
 artefacts are written in one `export_many` call, and the CLI's artefact by the same process
-(conftest.OneExportProcess: one process, one rebuild each)."""
+(conftest.OneExportProcess: one process, one rebuild each). That process rebuilds each model from
+its .keras file and runs the writers the TensorFlow pass runs in its own process: the TensorFlow
+pass checks every format, and the JAX and PyTorch passes check the hand-off (each backend's
+weights and predict against an artefact TensorFlow wrote) through the ONNX artefacts, float and
+int8, with and without preprocessing."""
 
 import contextlib
 import io
@@ -28,6 +32,8 @@ litert = pytest.importorskip("ai_edge_litert.interpreter")
 # ONNX 1.4e-7, LiteRT 2.1e-7 (float32 rounding: a wrong resize or preprocessing moves them by 1e-2).
 SAVED_MODEL_BAR = 1e-7 if BACKEND == "tensorflow" else 2e-6
 BAR = 2e-6
+#: On JAX and PyTorch, ONNX artefacts only (the module docstring says why).
+ONNX_ONLY = BACKEND != "tensorflow"
 
 # The ViT: class token, pre_logits, logits out. The hybrid: ResNet stem + stages, gap.
 # Wide enough that every transformer kernel has over 1024 elements, the least the TFLite
@@ -84,7 +90,9 @@ def exports(tmp_path_factory, tiny_preset):
         "saved_model_int8": dict(path=str(out / "sm_int8"), format="saved_model", int8=True),
         "onnx_int8": dict(path=str(out / "vit_int8.onnx"), format="onnx", int8=True),
         "litert_int8": dict(path=str(out / "vit_int8.tflite"), format="litert", int8=True),
-        "litert_pre": dict(path=str(out / "vit_pre.tflite"), format="litert", with_preprocessing=True),
+        # LiteRT on TensorFlow; ONNX where only ONNX artefacts are written.
+        "with_preprocessing": (dict(path=str(out / "vit_pre.onnx"), format="onnx", with_preprocessing=True) if ONNX_ONLY
+                               else dict(path=str(out / "vit_pre.tflite"), format="litert", with_preprocessing=True)),
     }
     hybrid = randomize(keras_vit.VisionTransformer(**HYBRID), seed=2, scale=0.3)
     hybrid_jobs = {f: dict(path=str(out / p), format=f) for f, p in
@@ -96,6 +104,10 @@ def exports(tmp_path_factory, tiny_preset):
     dynamic_jobs = {"pre": dict(path=str(out / "pre.onnx"), format="onnx", with_preprocessing=True),
                     "plain": dict(path=str(out / "any.onnx"), format="onnx")}
     models = {"vit": (vit, vit_jobs), "hybrid": (hybrid, hybrid_jobs), "dynamic": (dynamic, dynamic_jobs)}
+    if ONNX_ONLY:
+        for jobs in (vit_jobs, hybrid_jobs):
+            for name in [name for name, job in jobs.items() if job["format"] != "onnx"]:
+                del jobs[name]
     cli_path, printed, errors = str(out / "tiny.onnx"), io.StringIO(), io.StringIO()
     with OneExportProcess():
         export_many([(model, list(jobs.values())) for model, jobs in models.values()])
@@ -127,9 +139,11 @@ def test_float_artefacts_match_keras_predict(which, vit_exports, hybrid_exports)
     images = float_images(4, model.image_size, seed=3)
     expected = model.predict(images, verbose=0)
 
+    assert relative_error(run_onnx(paths["onnx"], images), expected) <= BAR
+    if ONNX_ONLY:
+        return
     served, signature = run_saved_model(paths["saved_model"], images)
     assert relative_error(served, expected) <= SAVED_MODEL_BAR
-    assert relative_error(run_onnx(paths["onnx"], images), expected) <= BAR
     assert relative_error(run_litert(paths["litert"], images), expected) <= BAR
 
     # serving_default: probabilities (softmax of the ViT's logits; the hybrid's own softmax) and
@@ -146,17 +160,24 @@ def test_float_artefacts_match_keras_predict(which, vit_exports, hybrid_exports)
 
 def test_with_preprocessing_takes_uint8_images_of_any_size(vit_exports):
     model, paths = vit_exports
+    path = paths["with_preprocessing"]  # LiteRT on TensorFlow, ONNX on JAX and PyTorch
+    if path.endswith(".onnx"):
+        run = run_onnx
+        session = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        assert session.get_inputs()[0].type == "tensor(uint8)"
+    else:
+        run = run_litert
+        interpreter = litert.Interpreter(model_path=path)
+        assert interpreter.get_signature_runner("serve").get_input_details()["images"]["dtype"] == np.uint8
     pixels = np.random.default_rng(4).integers(0, 256, (3, 45, 37, 3)).astype("uint8")
     # The reference: keras_vit.data's evaluation resize (bilinear), preprocess_input, predict.
     resized = tf.image.resize(pixels.astype("float32"), model.image_size, method="bilinear").numpy()
     expected = model.predict(keras_vit.preprocess_input(resized), verbose=0)
-    interpreter = litert.Interpreter(model_path=paths["litert_pre"])
-    assert interpreter.get_signature_runner("serve").get_input_details()["images"]["dtype"] == np.uint8
-    assert relative_error(run_litert(paths["litert_pre"], pixels), expected) <= BAR  # measured 2.1e-7
+    assert relative_error(run(path, pixels), expected) <= BAR  # measured 2.1e-7 (LiteRT)
     other = np.random.default_rng(5).integers(0, 256, (1, 64, 80, 3)).astype("uint8")
     resized = tf.image.resize(other.astype("float32"), model.image_size, method="bilinear").numpy()
     expected = model.predict(keras_vit.preprocess_input(resized), verbose=0)
-    assert relative_error(run_litert(paths["litert_pre"], other), expected) <= BAR
+    assert relative_error(run(path, other), expected) <= BAR
 
 
 def test_dynamic_image_size_model_exports_with_and_without_preprocessing(exports):
@@ -179,20 +200,20 @@ def test_int8_artefacts(vit_exports):
     model, paths = vit_exports
     images = float_images(256, model.image_size, seed=6)  # the fixed synthetic set
     float_logits = model.predict(images, verbose=0, batch_size=64)
-    artefacts = {
-        "saved_model": run_saved_model(paths["saved_model_int8"], images)[0],
-        "onnx": run_onnx(paths["onnx_int8"], images),
-        "litert": run_litert(paths["litert_int8"], images),
-    }
-    # The SavedModel computes the int8 Keras model, to float32 rounding (largest per-image error,
-    # relative to the largest logit: 0 built on TensorFlow, 5.7e-7 from JAX, 1.1e-6 from PyTorch;
-    # an input element rounded to the neighbouring int8 step would move an image by about 1e-3).
-    quantized = keras_vit.VisionTransformer.from_config(model.get_config())
-    quantized.set_weights(model.get_weights())
-    quantized.quantize("int8")
-    int8_logits = quantized.predict(images, verbose=0, batch_size=64)
-    per_image = np.abs(artefacts["saved_model"] - int8_logits).max(-1) / np.abs(int8_logits).max()
-    assert np.median(per_image) <= 1e-6 and per_image.max() <= 1e-5
+    artefacts = {"onnx": run_onnx(paths["onnx_int8"], images)}
+    if not ONNX_ONLY:
+        artefacts["saved_model"] = run_saved_model(paths["saved_model_int8"], images)[0]
+        artefacts["litert"] = run_litert(paths["litert_int8"], images)
+        # The SavedModel computes the int8 Keras model, to float32 rounding (largest per-image
+        # error, relative to the largest logit: 0 built on TensorFlow, 5.7e-7 from JAX, 1.1e-6
+        # from PyTorch; an input element rounded to the neighbouring int8 step would move an
+        # image by about 1e-3).
+        quantized = keras_vit.VisionTransformer.from_config(model.get_config())
+        quantized.set_weights(model.get_weights())
+        quantized.quantize("int8")
+        int8_logits = quantized.predict(images, verbose=0, batch_size=64)
+        per_image = np.abs(artefacts["saved_model"] - int8_logits).max(-1) / np.abs(int8_logits).max()
+        assert np.median(per_image) <= 1e-6 and per_image.max() <= 1e-5
 
     # Every artefact keeps the float model's top-1 class on every image: the float logits' top-1
     # margins are at least 0.0103, and int8 moves a logit by at most 0.0015 (SavedModel), 0.0013
@@ -205,20 +226,21 @@ def test_int8_artefacts(vit_exports):
         print(f"int8 {name}: top-1 agreement {agreement:.3f}, largest logit change {change:.4f}")
         assert agreement == 1.0, name
         assert change <= 0.015, name
-    # LiteRT: the block kernels (q, k, v, out, Dense_0, Dense_1) and pre_logits are int8 (the
-    # head has under 1024 weights), in a smaller file. ONNX: every weight matmul (those and the
-    # head) runs as MatMulInteger on int8 weights (at this tiny size the scales and zero points
-    # outweigh the saving in bytes).
-    interpreter = litert.Interpreter(model_path=paths["litert_int8"])
-    int8_kernels = [t for t in interpreter.get_tensor_details() if t["dtype"] == np.int8 and len(t["shape"]) == 2]
-    assert len(int8_kernels) == 6 * VIT["num_layers"] + 1
-    assert os.path.getsize(paths["litert_int8"]) < 0.6 * os.path.getsize(paths["litert"])
+    # ONNX: every weight matmul (the block kernels q, k, v, out, Dense_0, Dense_1, pre_logits and
+    # the head) runs as MatMulInteger on int8 weights (at this tiny size the scales and zero points
+    # outweigh the saving in bytes). LiteRT: the block kernels and pre_logits are int8 (the head has
+    # under 1024 weights), in a smaller file.
     import onnx
 
     graph = onnx.load(paths["onnx_int8"]).graph
     assert sum(node.op_type == "MatMulInteger" for node in graph.node) == 6 * VIT["num_layers"] + 2
     int8_weights = [i for i in graph.initializer if i.data_type == onnx.TensorProto.INT8 and len(i.dims) == 2]
     assert len(int8_weights) == 6 * VIT["num_layers"] + 2
+    if not ONNX_ONLY:
+        interpreter = litert.Interpreter(model_path=paths["litert_int8"])
+        int8_kernels = [t for t in interpreter.get_tensor_details() if t["dtype"] == np.int8 and len(t["shape"]) == 2]
+        assert len(int8_kernels) == 6 * VIT["num_layers"] + 1
+        assert os.path.getsize(paths["litert_int8"]) < 0.6 * os.path.getsize(paths["litert"])
 
 
 # === CLI ===
