@@ -325,6 +325,14 @@ def run_python(code, env=None, timeout=600):
     return out.stdout
 
 
+#: The export tests write and check every format (SavedModel, ONNX, LiteRT) in the TensorFlow pass
+#: only. On JAX and PyTorch keras_vit.export hands the model to a TensorFlow process that rebuilds it
+#: from its .keras file and runs the same writers, so those passes write the ONNX artefacts only,
+#: float and int8, with and without preprocessing: they check the hand-off (each backend's weights
+#: and predict against an artefact TensorFlow wrote).
+ONNX_ONLY_EXPORTS = BACKEND != "tensorflow"
+
+
 class OneExportProcess:
     """Within `with OneExportProcess():`, the exports that keras_vit.export hands to a TensorFlow
     subprocess (on JAX and PyTorch) are collected, and one subprocess writes them all when the

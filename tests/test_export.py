@@ -4,11 +4,8 @@ predict on the same inputs; int8 artefacts against the float model; the CLI; cle
 
 On JAX and PyTorch the artefacts come from a TensorFlow subprocess, so the three models'
 artefacts are written in one `export_many` call, and the CLI's artefact by the same process
-(conftest.OneExportProcess: one process, one rebuild each). That process rebuilds each model from
-its .keras file and runs the writers the TensorFlow pass runs in its own process: the TensorFlow
-pass checks every format, and the JAX and PyTorch passes check the hand-off (each backend's
-weights and predict against an artefact TensorFlow wrote) through the ONNX artefacts, float and
-int8, with and without preprocessing."""
+(conftest.OneExportProcess: one process, one rebuild each); there only the ONNX artefacts are
+written and checked (conftest.ONNX_ONLY_EXPORTS says why)."""
 
 import contextlib
 import io
@@ -20,7 +17,7 @@ import pytest
 
 import keras_vit
 from keras_vit.export import ExportError, export_many, export_model
-from tests.conftest import BACKEND, TINY, TINY_HYBRID, OneExportProcess, randomize
+from tests.conftest import BACKEND, ONNX_ONLY_EXPORTS, TINY, TINY_HYBRID, OneExportProcess, randomize
 
 tf = pytest.importorskip("tensorflow")
 ort = pytest.importorskip("onnxruntime")
@@ -32,8 +29,6 @@ litert = pytest.importorskip("ai_edge_litert.interpreter")
 # ONNX 1.4e-7, LiteRT 2.1e-7 (float32 rounding: a wrong resize or preprocessing moves them by 1e-2).
 SAVED_MODEL_BAR = 1e-7 if BACKEND == "tensorflow" else 2e-6
 BAR = 2e-6
-#: On JAX and PyTorch, ONNX artefacts only (the module docstring says why).
-ONNX_ONLY = BACKEND != "tensorflow"
 
 # The ViT: class token, pre_logits, logits out. The hybrid: ResNet stem + stages, gap.
 # Wide enough that every transformer kernel has over 1024 elements, the least the TFLite
@@ -91,8 +86,9 @@ def exports(tmp_path_factory, tiny_preset):
         "onnx_int8": dict(path=str(out / "vit_int8.onnx"), format="onnx", int8=True),
         "litert_int8": dict(path=str(out / "vit_int8.tflite"), format="litert", int8=True),
         # LiteRT on TensorFlow; ONNX where only ONNX artefacts are written.
-        "with_preprocessing": (dict(path=str(out / "vit_pre.onnx"), format="onnx", with_preprocessing=True) if ONNX_ONLY
-                               else dict(path=str(out / "vit_pre.tflite"), format="litert", with_preprocessing=True)),
+        "with_preprocessing": (dict(path=str(out / "vit_pre.onnx"), format="onnx", with_preprocessing=True)
+                               if ONNX_ONLY_EXPORTS else
+                               dict(path=str(out / "vit_pre.tflite"), format="litert", with_preprocessing=True)),
     }
     hybrid = randomize(keras_vit.VisionTransformer(**HYBRID), seed=2, scale=0.3)
     hybrid_jobs = {f: dict(path=str(out / p), format=f) for f, p in
@@ -104,7 +100,7 @@ def exports(tmp_path_factory, tiny_preset):
     dynamic_jobs = {"pre": dict(path=str(out / "pre.onnx"), format="onnx", with_preprocessing=True),
                     "plain": dict(path=str(out / "any.onnx"), format="onnx")}
     models = {"vit": (vit, vit_jobs), "hybrid": (hybrid, hybrid_jobs), "dynamic": (dynamic, dynamic_jobs)}
-    if ONNX_ONLY:
+    if ONNX_ONLY_EXPORTS:
         for jobs in (vit_jobs, hybrid_jobs):
             for name in [name for name, job in jobs.items() if job["format"] != "onnx"]:
                 del jobs[name]
@@ -140,7 +136,7 @@ def test_float_artefacts_match_keras_predict(which, vit_exports, hybrid_exports)
     expected = model.predict(images, verbose=0)
 
     assert relative_error(run_onnx(paths["onnx"], images), expected) <= BAR
-    if ONNX_ONLY:
+    if ONNX_ONLY_EXPORTS:
         return
     served, signature = run_saved_model(paths["saved_model"], images)
     assert relative_error(served, expected) <= SAVED_MODEL_BAR
@@ -201,7 +197,7 @@ def test_int8_artefacts(vit_exports):
     images = float_images(256, model.image_size, seed=6)  # the fixed synthetic set
     float_logits = model.predict(images, verbose=0, batch_size=64)
     artefacts = {"onnx": run_onnx(paths["onnx_int8"], images)}
-    if not ONNX_ONLY:
+    if not ONNX_ONLY_EXPORTS:
         artefacts["saved_model"] = run_saved_model(paths["saved_model_int8"], images)[0]
         artefacts["litert"] = run_litert(paths["litert_int8"], images)
         # The SavedModel computes the int8 Keras model, to float32 rounding (largest per-image
@@ -236,7 +232,7 @@ def test_int8_artefacts(vit_exports):
     assert sum(node.op_type == "MatMulInteger" for node in graph.node) == 6 * VIT["num_layers"] + 2
     int8_weights = [i for i in graph.initializer if i.data_type == onnx.TensorProto.INT8 and len(i.dims) == 2]
     assert len(int8_weights) == 6 * VIT["num_layers"] + 2
-    if not ONNX_ONLY:
+    if not ONNX_ONLY_EXPORTS:
         interpreter = litert.Interpreter(model_path=paths["litert_int8"])
         int8_kernels = [t for t in interpreter.get_tensor_details() if t["dtype"] == np.int8 and len(t["shape"]) == 2]
         assert len(int8_kernels) == 6 * VIT["num_layers"] + 1

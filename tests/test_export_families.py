@@ -6,7 +6,8 @@ BiT exported at another size against the model built at that size; `model.export
 for a non-ViT model; what cannot be exported, refused up front.
 
 All four models' artefacts, `model.export`'s and the CLI's come from one TensorFlow process on JAX
-and PyTorch (conftest.OneExportProcess), shared by the tests."""
+and PyTorch (conftest.OneExportProcess), shared by the tests; there only the ONNX artefacts are
+written and checked (conftest.ONNX_ONLY_EXPORTS says why)."""
 
 import contextlib
 import io
@@ -19,7 +20,7 @@ import pytest
 import keras_vit
 from keras_vit.export import ExportError, export_many, export_model
 from keras_vit.models import AxialResNet, AxialVisionTransformer, BiTResNet, EfficientNet
-from tests.conftest import BACKEND, OneExportProcess
+from tests.conftest import BACKEND, ONNX_ONLY_EXPORTS, OneExportProcess
 
 tf = pytest.importorskip("tensorflow")
 ort = pytest.importorskip("onnxruntime")
@@ -56,12 +57,6 @@ GAIN = {"efficientnet": 2.0}
 # (measured up to 4.5e-6); its bar is 4x that.
 BAR_FOR = {"efficientnet": 2e-5}
 BIT_OTHER_SIZE = (48, 40)
-#: The JAX and PyTorch passes write the ONNX artefacts only: there the artefacts come from a
-#: TensorFlow process that rebuilds the model from its .keras file and runs the writers the
-#: TensorFlow pass runs in its own process, which writes and checks the SavedModel and LiteRT ones;
-#: what the other passes add (each family's weights and predict on that backend against an
-#: artefact TensorFlow wrote) the ONNX files check.
-ONNX_ONLY = BACKEND != "tensorflow"
 
 
 def tiny_model(family, seed):
@@ -156,7 +151,7 @@ def exports(tmp_path_factory):
         if family == "bit":  # a convolutional network at another size: the same weights
             paths["onnx_resized"] = str(out / "bit_resized.onnx")
             jobs["onnx_resized"] = dict(format="onnx", image_size=BIT_OTHER_SIZE)
-        if ONNX_ONLY:
+        if ONNX_ONLY_EXPORTS:
             paths = {k: v for k, v in paths.items() if k not in ("saved_model", "litert")}
         pairs.append((models[family], [dict(jobs[k], path=paths[k]) for k in paths]))
         models[family] = (models[family], paths)
@@ -199,7 +194,7 @@ def test_artefacts_match_keras_predict(family, exports):
     assert errors.get("saved_model", 0.0) <= (SAVED_MODEL_BAR if BACKEND == "tensorflow" else bar)
     assert errors["onnx"] <= bar
     assert errors.get("litert", 0.0) <= bar
-    if ONNX_ONLY:
+    if ONNX_ONLY_EXPORTS:
         return
     # serving_default: the probabilities (the softmax of the logits, computed here) and the top-5
     # classes.
