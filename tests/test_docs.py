@@ -1,13 +1,19 @@
 """Every code block of README.md, CONTRIBUTING.md and docs/*.md runs as written.
 
-- ```python blocks: the blocks of one file run in order in one namespace (like a notebook), on
-  the suite's backend, in a temporary working directory of their own; the files share one
-  fresh process, each from a clean Keras session (those in OWN_PROCESS get a process each).
+- ```python blocks: the blocks of one file run in order in one namespace (like a notebook), in a
+  temporary working directory of their own; the files share one fresh process, each from a clean
+  Keras session (those in OWN_PROCESS get a process each).
 - ```bash / ```sh blocks: each `keras-vit ...` command runs as the console script runs it, in
   order, in one temporary working directory per file (other shell lines, such as `make` or
   `pip install`, are not run); the commands of one file share one process.
 - A block preceded by `<!-- needs: REASON -->` is skipped for that reason; when the comment
   holds a code block of its own, that stand-in runs instead (the same steps, offline and small).
+
+Both kinds run once, in the JAX pass (marker backend_independent): what a block shows is the
+documentation's claim (names, arguments, outputs); how each API behaves on each backend is the
+claim of its own test module, which every pass runs (constructors, presets, training, features,
+quantization, bfloat16 inference, exports). The one block that uses a backend's own engine
+(docs/TPU.md: tf.distribute on logical CPU devices) does not use Keras' backend at all.
 
 New files under docs/ are picked up automatically.
 """
@@ -22,7 +28,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import BACKEND
+from conftest import INDEPENDENT_BACKEND
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PYTHON_LANGUAGES = {"python", "py", "python3"}
@@ -132,17 +138,12 @@ def shell_commands(block):
     return commands
 
 
-def _environment(backend):
-    env = dict(os.environ, KERAS_BACKEND=backend, PYTHONPATH=os.pathsep.join(
+def _environment():
+    env = dict(os.environ, KERAS_BACKEND=INDEPENDENT_BACKEND, PYTHONPATH=os.pathsep.join(
         p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
     env["PATH"] = os.pathsep.join((os.path.dirname(sys.executable), env.get("PATH", "")))
     env["HF_HUB_OFFLINE"] = "1"  # a block that downloads must be marked
     env["MPLBACKEND"] = "Agg"
-    if backend == "torch":
-        # The blocks that compile (`jit_compile=keras_vit.performance.recommended_jit_compile()`)
-        # run as eager PyTorch: README.md's blocks took 94 s with torch.compile, 23 s without.
-        # test_performance checks the compiled steps against eager ones.
-        env["TORCHDYNAMO_DISABLE"] = "1"
     return env
 
 
@@ -188,9 +189,6 @@ OWN_PROCESS = {"docs/TPU.md"}
 
 def _python_blocks(path):
     """(the blocks to run as _SESSION takes them, or None with the reason to skip)."""
-    if BACKEND == "torch" and path.endswith("TPU.md"):
-        return None, ("the TPU guide's blocks run tf.distribute and JAX, which the JAX and TensorFlow passes cover; "
-                      "TensorFlow imported beside PyTorch crashes the interpreter")
     blocks, skipped = runnable(parse_blocks(path), PYTHON_LANGUAGES)
     if not blocks:
         return None, (f"{path}: no python block to run ({len(skipped)} marked as needing: "
@@ -204,7 +202,7 @@ def _run_sessions(files, folder):
     for number in range(len(files)):
         os.makedirs(os.path.join(folder, str(number)), exist_ok=True)
     out = subprocess.run([sys.executable, "-c", _SESSION, str(folder)], input=json.dumps(files), capture_output=True,
-                         text=True, cwd=folder, env=_environment(BACKEND), timeout=900)
+                         text=True, cwd=folder, env=_environment(), timeout=900)
     reported = [line for line in out.stdout.splitlines() if line.startswith("RESULTS ")]
     results = json.loads(reported[-1][len("RESULTS "):]) if reported else {}
     output = f"{out.stdout[-3000:]}\n{out.stderr[-6000:]}"
@@ -225,6 +223,7 @@ def shared_sessions(tmp_path_factory):
     return _run_sessions(files, tmp_path_factory.mktemp("docs"))
 
 
+@pytest.mark.backend_independent
 @pytest.mark.parametrize("path", FILES)
 def test_python_blocks_run(path, tmp_path, request):
     blocks, reason = _python_blocks(path)
@@ -266,7 +265,7 @@ for where, command in json.loads(sys.stdin.read()):
 """
 
 
-@pytest.mark.skipif(BACKEND != "jax", reason="the commands do not depend on the backend; run once, in the JAX pass")
+@pytest.mark.backend_independent
 @pytest.mark.skipif(shutil.which("keras-vit", path=os.path.dirname(sys.executable)) is None,
                     reason="the keras-vit console script is not installed")
 @pytest.mark.parametrize("path", FILES)
@@ -278,7 +277,7 @@ def test_shell_commands_run(path, tmp_path):
     commands = [(f"{b.path}:{b.line}", c) for b in blocks for c in shell_commands(b)]
     if not commands:
         pytest.skip(f"{path}: no keras-vit command to run")
-    env = _environment("jax")
+    env = _environment()
     if len(commands) > 1 and all(_is_plain(command) for _, command in commands):
         out = subprocess.run([sys.executable, "-c", _COMMANDS], input=json.dumps(commands), capture_output=True,
                              text=True, cwd=tmp_path, env=env, timeout=900)
