@@ -323,3 +323,51 @@ def test_quantized_models_export_only_as_int8_at_their_size(tiny_model, tmp_path
         export_model(tiny_model, tmp_path / "m.onnx", format="onnx", image_size=64)
     with pytest.raises(ExportError, match="already int8-quantized in Keras"):
         tiny_model.export(str(tmp_path / "m.tflite"), format="litert", int8=True)
+
+
+@pytest.mark.backend_independent  # tf2onnx on a tf.function: no Keras backend involved
+@pytest.mark.parametrize("user_setting", [None, "TRUE"])
+def test_onnx_conversion_without_graph_copies_falls_back_to_tf2onnx_default(user_setting, tmp_path, monkeypatch):
+    """keras_vit converts with tf2onnx's optimizer working on the graph itself (no deep copy per
+    pass); a pass that fails then fails the conversion, and keras_vit converts again as tf2onnx
+    does by default (the failing pass dropped). A TF2ONNX_CATCH_ERRORS set by the user is left
+    alone, and the variable is as it was afterwards. The failing pass is a real tf2onnx optimizer
+    pass registered for this test."""
+    import tf2onnx
+    from tf2onnx import optimizer
+    from tf2onnx.optimizer.optimizer_base import GraphOptimizerBase
+
+    from keras_vit import export
+
+    seen = []  # TF2ONNX_CATCH_ERRORS as each run of the failing pass saw it
+
+    class FailingPass(GraphOptimizerBase):
+        def _optimize(self, graph):
+            seen.append(os.environ.get("TF2ONNX_CATCH_ERRORS"))
+            raise RuntimeError("this pass fails")
+
+    monkeypatch.setitem(optimizer._optimizers, "keras_vit_test_failing_pass", FailingPass)
+    if user_setting is None:
+        monkeypatch.delenv("TF2ONNX_CATCH_ERRORS", raising=False)
+    else:
+        monkeypatch.setenv("TF2ONNX_CATCH_ERRORS", user_setting)
+    spec = tf.TensorSpec((None, 3), tf.float32, name="x")
+    forward = tf.function(lambda x: tf.nn.relu(x) * 2.0 + 1.0, input_signature=[spec])
+    export._patch_tf2onnx_for_numpy2()
+    path = str(tmp_path / "m.onnx")
+    if user_setting is None:
+        export._convert_with_tf2onnx(tf2onnx, forward, spec, path)
+        # First without the copies (the failing pass ends that conversion), then tf2onnx's default,
+        # which runs each pass on a copy, drops the failing one and goes on (several rounds).
+        assert seen[0] == "FALSE" and len(seen) >= 2 and set(seen[1:]) == {None}
+        assert "TF2ONNX_CATCH_ERRORS" not in os.environ
+        x = np.array([[-1.0, 0.5, 2.0]], "float32")
+        (y,) = ort.InferenceSession(path, providers=["CPUExecutionProvider"]).run(None, {"x": x})
+        np.testing.assert_allclose(y, np.maximum(x, 0) * 2 + 1)
+    else:
+        # Whether the conversion then fails is tf2onnx's to decide (1.17 reads any value as "no
+        # copies", so the failing pass fails it): keras_vit neither changes the variable nor retries.
+        with contextlib.suppress(RuntimeError):
+            export._convert_with_tf2onnx(tf2onnx, forward, spec, path)
+        assert seen and set(seen) == {user_setting}
+        assert os.environ["TF2ONNX_CATCH_ERRORS"] == user_setting
