@@ -508,14 +508,12 @@ def _write_saved_model(model, path, with_preprocessing, for_litert=False):
 
 def _write_onnx(model, path, with_preprocessing, int8=False):
     import tensorflow as tf
-    import tf2onnx
 
     spec = _input_spec(model, with_preprocessing)
     forward = tf.function(_forward(model, with_preprocessing), input_signature=[spec])
-    _patch_tf2onnx_for_numpy2()
     with tempfile.TemporaryDirectory(prefix="keras_vit_onnx_") as tmp:
         float_path = os.path.join(tmp, "float.onnx") if int8 else path
-        _convert_with_tf2onnx(tf2onnx, forward, spec, float_path)
+        _convert_with_tf2onnx(forward, spec, float_path)
         _name_onnx_output(float_path)
         if int8:
             from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -531,8 +529,9 @@ def _write_onnx(model, path, with_preprocessing, int8=False):
 _TF2ONNX_CATCH_ERRORS = "TF2ONNX_CATCH_ERRORS"
 
 
-def _convert_with_tf2onnx(tf2onnx, forward, spec, path):
-    """tf2onnx's conversion of `forward`, its graph optimizer working on the graph itself.
+def _convert_with_tf2onnx(forward, spec, path):
+    """tf2onnx's conversion of `forward` (NumPy 2 patched: _patch_tf2onnx_for_numpy2), its graph
+    optimizer working on the graph itself.
 
     By default tf2onnx's optimizer deep-copies the whole ONNX graph before each of its passes (about
     20 passes, repeated until none changes the graph), so that a pass that fails can be dropped;
@@ -541,6 +540,9 @@ def _convert_with_tf2onnx(tf2onnx, forward, spec, path):
     without the copies (tf2onnx 1.17 turns them off whenever TF2ONNX_CATCH_ERRORS is set, whatever
     its value; "FALSE" also says so to a tf2onnx that reads the value), and again with them, as
     tf2onnx runs by default, if it fails. A TF2ONNX_CATCH_ERRORS the user set is left as it is."""
+    import tf2onnx
+
+    _patch_tf2onnx_for_numpy2()
     convert = functools.partial(tf2onnx.convert.from_function, forward, input_signature=[spec], output_path=path)
     if _TF2ONNX_CATCH_ERRORS in os.environ:
         convert()

@@ -129,8 +129,8 @@ def pytest_configure(config):
 #: unit the two xdist workers take turns on (--dist loadfile); the longest start first so that the
 #: workers finish together, with the many short modules filling in at the end. The JAX pass also
 #: runs the modules that run on one backend only (backend_independent, the JAX SPMD and
-#: multi-process ones); on PyTorch the timm zoo, the exports (a TensorFlow process per module) and
-#: torch.compile weigh most. Each order is a measured pass (-n 2, --durations=0, summed per module).
+#: multi-process ones); on PyTorch torch.compile (test_performance) and the exports (a TensorFlow
+#: process per module) weigh most. Each order is a measured pass (-n 2, --durations=0, summed per module).
 LONG_MODULES = {
     "jax": ("test_demo", "test_docs", "test_cache_faults", "test_multihost_finetune", "test_applications",
             "test_distribution_jax", "test_cli_families", "test_model_contract", "test_vtab", "test_bit",

@@ -333,7 +333,6 @@ def test_onnx_conversion_without_graph_copies_falls_back_to_tf2onnx_default(user
     does by default (the failing pass dropped). A TF2ONNX_CATCH_ERRORS set by the user is left
     alone, and the variable is as it was afterwards. The failing pass is a real tf2onnx optimizer
     pass registered for this test."""
-    import tf2onnx
     from tf2onnx import optimizer
     from tf2onnx.optimizer.optimizer_base import GraphOptimizerBase
 
@@ -353,10 +352,9 @@ def test_onnx_conversion_without_graph_copies_falls_back_to_tf2onnx_default(user
         monkeypatch.setenv("TF2ONNX_CATCH_ERRORS", user_setting)
     spec = tf.TensorSpec((None, 3), tf.float32, name="x")
     forward = tf.function(lambda x: tf.nn.relu(x) * 2.0 + 1.0, input_signature=[spec])
-    export._patch_tf2onnx_for_numpy2()
     path = str(tmp_path / "m.onnx")
     if user_setting is None:
-        export._convert_with_tf2onnx(tf2onnx, forward, spec, path)
+        export._convert_with_tf2onnx(forward, spec, path)
         # First without the copies (the failing pass ends that conversion), then tf2onnx's default,
         # which runs each pass on a copy, drops the failing one and goes on (several rounds).
         assert seen[0] == "FALSE" and len(seen) >= 2 and set(seen[1:]) == {None}
@@ -368,6 +366,6 @@ def test_onnx_conversion_without_graph_copies_falls_back_to_tf2onnx_default(user
         # Whether the conversion then fails is tf2onnx's to decide (1.17 reads any value as "no
         # copies", so the failing pass fails it): keras_vit neither changes the variable nor retries.
         with contextlib.suppress(RuntimeError):
-            export._convert_with_tf2onnx(tf2onnx, forward, spec, path)
+            export._convert_with_tf2onnx(forward, spec, path)
         assert seen and set(seen) == {user_setting}
         assert os.environ["TF2ONNX_CATCH_ERRORS"] == user_setting
