@@ -24,8 +24,15 @@ so a cross-framework ratio is measured without the machine's drift; bfloat16 pol
 under `torch.autocast`) and timm_bf16 (timm with its parameters cast to bfloat16, no autocast:
 the counterpart of a Keras "bfloat16" policy), keras_vit_bf16 (`performance.bfloat16_inference` of
 the keras_vit model: its weights stored in bfloat16, norms and softmax as under mixed_bfloat16)
-and keras_vit_unchunked (JAX's CPU attention without query chunks at any length: the form before
-`layers.matmul.CHUNK_QUERIES_ABOVE`).
+keras_vit_unchunked (JAX's CPU attention without query chunks at any length: the form before
+`layers.matmul.CHUNK_QUERIES_ABOVE`) and keras_vit_autodiff (JAX's own gradients of the bfloat16
+matmuls and attentions: the form before `layers.matmul.BFLOAT16_GRADIENT_DOTS`).
+
+`--train` times the compiled train step (`train_on_batch`: SGD with momentum, cross-entropy)
+instead of inference:
+
+    KERAS_BACKEND=jax .venv/bin/python benchmarks/ab_inprocess.py --policy mixed_bfloat16 --train \
+        --models keras_vit,keras_vit_autodiff --batches 8
 
 `--model` picks another model of benchmark.py's table (`dinov2_s14_518`, `clip_b16`, `siglip_b16`):
 keras_vit's constructor and timm's architecture of the same model, at its image size:
@@ -105,45 +112,70 @@ class TimmModel:
             return self.model(images).float().numpy()
 
 
-class UnchunkedAttention:
-    """A keras_vit model whose JAX CPU attention takes all queries at once at any length (the
-    threshold is raised while it traces and runs)."""
+class MatmulSetting:
+    """A keras_vit model traced and run with one of `keras_vit.layers.matmul`'s settings changed:
+    keras_vit_unchunked (JAX's CPU attention takes all queries at once at any length) and
+    keras_vit_autodiff (JAX's own gradients of the bfloat16 matmuls and attentions)."""
 
-    def __init__(self, model):
-        self.model = model
+    def __init__(self, model, setting, value):
+        self.model, self.setting, self.value = model, setting, value
 
     def compile(self, **kwargs):
         self.model.compile(**kwargs)
 
-    def predict_on_batch(self, x):
+    def _with_setting(self, method, *args):
         from keras_vit.layers import matmul
 
-        before, matmul.CHUNK_QUERIES_ABOVE = matmul.CHUNK_QUERIES_ABOVE, 1 << 30
+        before = getattr(matmul, self.setting)
+        setattr(matmul, self.setting, self.value)
         try:
-            return self.model.predict_on_batch(x)
+            return getattr(self.model, method)(*args)
         finally:
-            matmul.CHUNK_QUERIES_ABOVE = before
+            setattr(matmul, self.setting, before)
+
+    def predict_on_batch(self, x):
+        return self._with_setting("predict_on_batch", x)
+
+    def train_on_batch(self, x, y):
+        return self._with_setting("train_on_batch", x, y)
+
+
+def unchunked(model):
+    return MatmulSetting(model, "CHUNK_QUERIES_ABOVE", 1 << 30)
+
+
+def autodiff(model):
+    return MatmulSetting(model, "BFLOAT16_GRADIENT_DOTS", False)
 
 
 def build(name, zoo="vit_b16"):
     import keras_vit
 
-    if zoo != "vit_b16" and name in ("keras_vit", "keras_vit_bf16", "keras_vit_unchunked", "timm", "timm_bf16"):
+    if zoo != "vit_b16" and name in (
+        "keras_vit", "keras_vit_bf16", "keras_vit_unchunked", "keras_vit_autodiff", "timm", "timm_bf16"
+    ):
         from benchmark import _keras_model
 
         if name.startswith("timm"):
             return TimmModel(bfloat16_weights=name == "timm_bf16", zoo=zoo)
         model = _keras_model({"library": "keras_vit", "options": {"model": zoo}})
-        return {"keras_vit": model, "keras_vit_bf16": keras_vit.performance.bfloat16_inference(model),
-                "keras_vit_unchunked": UnchunkedAttention(model)}[name]
+        if name == "keras_vit_bf16":
+            return keras_vit.performance.bfloat16_inference(model)
+        wrappers = {"keras_vit": lambda m: m, "keras_vit_unchunked": unchunked, "keras_vit_autodiff": autodiff}
+        return wrappers[name](model)
     if zoo != "vit_b16":
-        raise ValueError(f"--model {zoo}: choose keras_vit, keras_vit_bf16, keras_vit_unchunked, timm or timm_bf16")
+        raise ValueError(
+            f"--model {zoo}: choose keras_vit, keras_vit_bf16, keras_vit_unchunked, keras_vit_autodiff, "
+            "timm or timm_bf16"
+        )
     if name == "keras_vit":
         return keras_vit.ViTB16(weights=None)
     if name == "keras_vit_bf16":
         return keras_vit.performance.bfloat16_inference(keras_vit.ViTB16(weights=None))
     if name == "keras_vit_unchunked":
-        return UnchunkedAttention(keras_vit.ViTB16(weights=None))
+        return unchunked(keras_vit.ViTB16(weights=None))
+    if name == "keras_vit_autodiff":
+        return autodiff(keras_vit.ViTB16(weights=None))
     if name == "keras_vit_erf":
         return keras_vit.ViTB16(weights=None, gelu_approximate=False)
     if name in ("keras_vit_int8", "keras_vit_int8_mlp"):
@@ -163,7 +195,7 @@ def build(name, zoo="vit_b16"):
         return TimmModel(bfloat16_weights=True)
     raise ValueError(
         f"unknown model {name!r}; choose from keras_vit, keras_vit_erf, keras_vit_int8, keras_vit_int8_mlp, "
-        "keras_vit_bf16, keras_vit_unchunked, keras_hub, plain, timm, timm_bf16"
+        "keras_vit_bf16, keras_vit_unchunked, keras_vit_autodiff, keras_hub, plain, timm, timm_bf16"
     )
 
 
@@ -179,6 +211,10 @@ def main(argv=None):
     parser.add_argument(
         "--jit-compile", default="recommended", choices=("recommended", "true", "false", "both"),
         help="jit_compile of the Keras models; 'both' builds each twice (name@eager, name@compiled)",
+    )
+    parser.add_argument(
+        "--train", action="store_true",
+        help="time train_on_batch (SGD with momentum, cross-entropy on random labels) instead of predict_on_batch",
     )
     parser.add_argument(
         "--torch-tensors", action="store_true",
@@ -197,30 +233,44 @@ def main(argv=None):
     for name in args.models.split(","):
         for suffix, jit in settings if not name.startswith("timm") else [("", None)]:
             model = build(name, args.model)
-            model.compile(jit_compile=jit)
+            if args.train:
+                if name.startswith("timm"):
+                    raise SystemExit("--train times the Keras models only (benchmarks/train_step.py runs timm's step)")
+                model.compile(
+                    optimizer=keras.optimizers.SGD(0.01, momentum=0.9),
+                    loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit,
+                )
+            else:
+                model.compile(jit_compile=jit)
             names.append(name + suffix)
             models[name + suffix] = model
     from benchmark import MODELS
 
     size = MODELS[args.model][2]
     print(f"backend {keras.backend.backend()}, policy {keras.config.dtype_policy().name}, {args.model}, "
-          f"{args.reps} interleaved calls, load {os.getloadavg()[0]:.1f}")
+          f"{'train steps' if args.train else 'inference'}, {args.reps} interleaved calls, "
+          f"load {os.getloadavg()[0]:.1f}")
     for batch in (int(b) for b in args.batches.split(",")):
         x = np.random.default_rng(0).random((batch, size, size, 3), dtype="float32")
         if args.torch_tensors and keras.backend.backend() == "torch":
             import torch
 
             x = torch.from_numpy(x)
+        labels = np.arange(batch) % 1000
+
+        def call(model):
+            return model.train_on_batch(x, labels) if args.train else model.predict_on_batch(x)
+
         for name, model in models.items():  # compile and warm up
             start = time.perf_counter()
-            model.predict_on_batch(x)
+            call(model)
             print(f"batch {batch:2d}  {name:14s} first call {time.perf_counter() - start:6.1f} s", flush=True)
-            model.predict_on_batch(x)
+            call(model)
         times = {name: [] for name in names}
         for rep in range(args.reps):
             for name in names if rep % 2 == 0 else names[::-1]:
                 start = time.perf_counter()
-                models[name].predict_on_batch(x)
+                call(models[name])
                 times[name].append(time.perf_counter() - start)
         base = min(times[names[0]])
         base_median = sorted(times[names[0]])[len(times[names[0]]) // 2]

@@ -196,6 +196,85 @@ def test_dot_product_attention_in_query_chunks_is_softmax_attention(monkeypatch)
     np.testing.assert_allclose(out, expected, rtol=1e-5, atol=1e-5)
 
 
+only_jax = pytest.mark.skipif(
+    keras.backend.backend() != "jax", reason="JAX's CPU gradient products; the other backends' are their own"
+)
+
+
+def _as64(t):
+    return np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(t, "float32")), dtype="float64")
+
+
+@only_jax
+@pytest.mark.parametrize("gradient_dots", [True, False])
+def test_bfloat16_matmul_gradients_are_bfloat16_dots(monkeypatch, gradient_dots):
+    """JAX's CPU: the gradients of a bfloat16 layers.matmul (a 3-D input, as a Dense layer gets)
+    are upstream @ kernel^T and input^T @ upstream of NumPy float64, rounded once to bfloat16 from
+    a float32 sum; with BFLOAT16_GRADIENT_DOTS the compiled gradient program holds no float32 copy
+    of the operands (XLA upcasts a dot its bfloat16 kernel cannot take: a transposed operand)."""
+    import jax
+
+    import keras_vit.layers.matmul as m
+
+    monkeypatch.setattr(m, "BFLOAT16_GRADIENT_DOTS", gradient_dots)
+    rng = np.random.default_rng(4)
+    shapes = ((2, 24, 40), (40, 56), (2, 24, 56))
+    x, w, g = (keras.ops.cast(rng.normal(size=s).astype("float32"), "bfloat16") for s in shapes)
+
+    def gradients(x, w, g):
+        return jax.vjp(m.matmul, x, w)[1](g)
+
+    dx, dw = jax.jit(gradients)(x, w, g)
+    assert dx.dtype == dw.dtype == jax.numpy.bfloat16
+    x64, w64, g64 = _as64(x).reshape(48, 40), _as64(w), _as64(g).reshape(48, 56)
+    for got, exact in ((_as64(dx).reshape(48, 40), g64 @ w64.T), (_as64(dw), x64.T @ g64)):
+        assert np.all(np.abs(got - exact) <= 2.0**-8 * np.abs(exact) + 1e-3)
+    program = jax.jit(gradients).lower(x, w, g).compile().as_text()
+    upcast = [f"f32[{s}]" for s in ("48,56", "56,40", "40,48", "2,24,56")]  # upstream, kernel^T, input^T
+    assert not any(u in program for u in upcast) == gradient_dots, program
+
+
+def _attention_gradients64(q, k, v, g, scale):
+    """The gradients of softmax attention of (batch, tokens, heads, head_dim) float64 arrays for
+    the cotangent `g`, from the formulas."""
+    qs = q * scale
+    logits = np.einsum("bqhd,bkhd->bhqk", qs, k)
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dp = np.einsum("bqhd,bkhd->bhqk", g, v)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    dq = np.einsum("bhqk,bkhd->bqhd", ds, k) * scale
+    dk = np.einsum("bhqk,bqhd->bkhd", ds, qs)
+    dv = np.einsum("bhqk,bqhd->bkhd", p, g)
+    return dq, dk, dv
+
+
+@only_jax
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("chunked", [False, True])
+def test_dot_product_attention_gradients_are_softmax_attention_gradients(monkeypatch, dtype, chunked):
+    """JAX's CPU: the gradients of layers.dot_product_attention with respect to queries, keys and
+    values are those of softmax(q k^T * scale) v in NumPy float64 (bfloat16: its own gradient
+    products, to bfloat16 rounding), queries and keys of different lengths, whole and in query
+    chunks."""
+    import jax
+
+    import keras_vit.layers.matmul as m
+
+    if chunked:
+        monkeypatch.setattr(m, "CHUNK_QUERIES_ABOVE", 8)
+        monkeypatch.setattr(m, "QUERY_CHUNK", 4)
+    rng = np.random.default_rng(5)
+    q, k, v, g = (keras.ops.cast(rng.normal(size=(2, n, 3, 16)).astype("float32"), dtype) for n in (11, 13, 13, 11))
+    gradients = jax.jit(lambda q, k, v, g: jax.vjp(lambda *a: m.dot_product_attention(*a, 0.3), q, k, v)[1](g))
+    grads = gradients(q, k, v, g)
+    expected = _attention_gradients64(*(_as64(t) for t in (q, k, v, g)), 0.3)
+    tol = 4e-2 if dtype == "bfloat16" else 2e-5
+    for got, exact in zip(grads, expected):
+        assert got.dtype == jax.numpy.dtype(dtype)
+        np.testing.assert_allclose(_as64(got), exact, rtol=tol, atol=tol * np.abs(exact).max())
+
+
 def _timm_dinov2(tmp_path):
     """A tiny random timm DINOv2 (layer scale, LayerNorm eps 1e-6) saved with timm's Hub saver,
     and the timm model."""
