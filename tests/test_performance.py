@@ -135,12 +135,28 @@ def test_recommended_jit_compile_runs_predict_and_fit_as_eager(rng):
 def test_layers_gelu_tanh_form_traced_by_torch_compile(monkeypatch, dtype):
     """PyTorch: the tanh GELU as torch.compile traces it (x * sigmoid(2z), computed in float32)
     is the original's 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) in NumPy float64, to the
-    output's rounding. JAX, TensorFlow: `gelu` is keras.ops.gelu, both forms."""
+    output's rounding. JAX's CPU, bfloat16: both forms are the float64 formulas rounded once to
+    bfloat16. Otherwise on JAX and TensorFlow `gelu` is keras.ops.gelu, both forms."""
+    import scipy.special
+
     import keras_vit.layers.matmul as m
 
     x = np.concatenate([np.linspace(-12.0, 12.0, 2001), [-60.0, -0.0, 1e-6, 60.0]]).astype("float32")
     xs = keras.ops.cast(x, dtype)
     as64 = lambda t: keras.ops.convert_to_numpy(keras.ops.cast(t, "float32")).astype("float64")  # noqa: E731
+    if keras.backend.backend() == "jax" and dtype == "bfloat16":
+        x64 = as64(xs)
+        forms = {
+            True: 0.5 * x64 * (1.0 + np.tanh(np.sqrt(2.0 / np.pi) * (x64 + 0.044715 * x64**3))),
+            False: 0.5 * x64 * (1.0 + scipy.special.erf(x64 / np.sqrt(2.0))),
+        }
+        for approximate, expected in forms.items():
+            out = m.gelu(xs, approximate)
+            assert keras.backend.standardize_dtype(out.dtype) == "bfloat16"
+            # one rounding to 8 significant bits: half an ulp, at most 2**-8 relative; plus float32's
+            # cancellation in 1 + tanh(z) far out on the negative side (1e-6 absolute)
+            np.testing.assert_allclose(as64(out), expected, rtol=2.0**-8, atol=1e-6)
+        return
     if keras.backend.backend() != "torch":
         for approximate in (True, False):
             np.testing.assert_array_equal(as64(m.gelu(xs, approximate)), as64(keras.ops.gelu(xs, approximate)))

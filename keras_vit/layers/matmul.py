@@ -27,13 +27,17 @@ in oneDNN's matmul epilogue, as torch's own Linear does) instead of a matmul and
 add over the whole output: the add was 9% of the op time of a bfloat16 ViT-B/16 on the PyTorch
 backend (benchmarks/README.md). TensorFlow's graph optimizer and XLA fuse the add by themselves.
 
-`gelu` is `keras.ops.gelu`, except for the tanh form being traced by torch.compile: there it is
+`gelu` is `keras.ops.gelu` but for two cases. The tanh form being traced by torch.compile is
 written as x * sigmoid(2z), z = sqrt(2/pi) * (x + 0.044715 x^3) -- the same function, since
 (1 + tanh(z)) / 2 = sigmoid(2z) -- in float32, which the compiler turns into one fused loop,
 3x faster than torch's tanh-GELU kernel (1.9 vs 5.9 ms on a (1576, 3072) bfloat16 input,
-benchmarks/README.md). Eager PyTorch keeps torch's kernel (the formula would be several passes
-there), JAX and TensorFlow keep ops.gelu (XLA fuses it; TensorFlow's graph optimizer fuses the
-tanh GELU into the preceding oneDNN matmul).
+benchmarks/README.md). On JAX's CPU backend a bfloat16 GELU (either form) is computed in float32
+and rounded once, as PyTorch's bfloat16 kernel does: XLA computes a bfloat16 GELU one rounded
+bfloat16 op at a time, 2.6x slower than the float32 loop on a (1576, 3072) input (5.7 against
+2.2 ms), and further from the exact values; the mixed_bfloat16 ViT-B/16 ran 1.05x faster at batch
+8 (1.05x at batch 1) and its train step 1.04x, one process, calls interleaved. Eager PyTorch keeps
+torch's kernel (the formula would be several passes there), TensorFlow and float32 keep ops.gelu
+(XLA fuses it; TensorFlow's graph optimizer fuses the tanh GELU into the preceding oneDNN matmul).
 
 `dot_product_attention` is `keras.ops.dot_product_attention`, except on JAX's CPU backend, where
 it is the original ViT's attention: the queries scaled before the logits, two products that
@@ -83,6 +87,10 @@ QUERY_CHUNK = 128
 #: On JAX's CPU backend the gradients of bfloat16 `matmul`s and attentions are bfloat16 dots
 #: against transposed copies (see the module docstring); False gives JAX's own gradients.
 BFLOAT16_GRADIENT_DOTS = True
+
+#: On JAX's CPU backend a bfloat16 `gelu` is computed in float32 and rounded once (see the module
+#: docstring); False gives XLA's bfloat16 GELU.
+BFLOAT16_GELU_IN_FLOAT32 = True
 
 
 @functools.cache
@@ -173,7 +181,8 @@ def _torch_compiling():
 
 def gelu(x, approximate=True):
     """`keras.ops.gelu(x, approximate)`; the tanh form is written as x * sigmoid(2z) in float32
-    while torch.compile traces it (one fused loop, 3x faster there).
+    while torch.compile traces it (one fused loop, 3x faster there), and bfloat16 on JAX's CPU is
+    computed in float32 and rounded once.
 
     Example:
         >>> from keras import ops
@@ -184,6 +193,10 @@ def gelu(x, approximate=True):
         y = ops.cast(x, "float32")
         z = (2.0 * math.sqrt(2.0 / math.pi)) * (y + 0.044715 * y * y * y)
         return ops.cast(y * ops.sigmoid(z), x.dtype)
+    if keras.backend.backend() == "jax" and BFLOAT16_GELU_IN_FLOAT32:
+        x = ops.convert_to_tensor(x)
+        if x.dtype == "bfloat16" and _jax_on_cpu():
+            return ops.cast(ops.gelu(ops.cast(x, "float32"), approximate=approximate), "bfloat16")
     return ops.gelu(x, approximate=approximate)
 
 
