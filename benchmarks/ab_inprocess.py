@@ -207,7 +207,8 @@ def build(name, zoo="vit_b16"):
         return TimmModel(bfloat16_weights=True)
     raise ValueError(
         f"unknown model {name!r}; choose from keras_vit, keras_vit_erf, keras_vit_int8, keras_vit_int8_mlp, "
-        "keras_vit_bf16, keras_vit_unchunked, keras_vit_autodiff, keras_vit_gelu_bf16, keras_hub, plain, timm, timm_bf16"
+        "keras_vit_bf16, keras_vit_unchunked, keras_vit_autodiff, keras_vit_gelu_bf16, keras_hub, plain, timm, "
+        "timm_bf16"
     )
 
 
