@@ -223,31 +223,52 @@ def _as64(t):
 
 @only_jax
 @pytest.mark.parametrize("gradient_dots", [True, False])
-def test_bfloat16_matmul_gradients_are_bfloat16_dots(monkeypatch, gradient_dots):
-    """JAX's CPU: the gradients of a bfloat16 layers.matmul (a 3-D input, as a Dense layer gets)
-    are upstream @ kernel^T and input^T @ upstream of NumPy float64, rounded once to bfloat16 from
-    a float32 sum; with BFLOAT16_GRADIENT_DOTS the compiled gradient program holds no float32 copy
-    of the operands (XLA upcasts a dot its bfloat16 kernel cannot take: a transposed operand)."""
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_bfloat16_matmul_gradients_are_bfloat16_dots(monkeypatch, gradient_dots, with_bias):
+    """JAX's CPU: with BFLOAT16_GRADIENT_DOTS the gradients of a bfloat16 layers.matmul /
+    matmul_add of 2-D operands (as the attention projections and MLPs call them) are upstream @
+    kernel^T, input^T @ upstream and the upstream's column sums of NumPy float64, rounded once to
+    bfloat16 from a float32 sum, and both products are bfloat16 dots in the compiled program;
+    without it XLA upcasts them to float32 (its bfloat16 dot kernel takes no transposed operand)."""
     import jax
 
     import keras_vit.layers.matmul as m
 
     monkeypatch.setattr(m, "BFLOAT16_GRADIENT_DOTS", gradient_dots)
     rng = np.random.default_rng(4)
-    shapes = ((2, 24, 40), (40, 56), (2, 24, 56))
-    x, w, g = (keras.ops.cast(rng.normal(size=s).astype("float32"), "bfloat16") for s in shapes)
+    shapes = ((48, 40), (40, 56), (56,), (48, 56))
+    x, w, b, g = (keras.ops.cast(rng.normal(size=s).astype("float32"), "bfloat16") for s in shapes)
 
-    def gradients(x, w, g):
+    def gradients(x, w, b, g):
+        if with_bias:
+            return jax.vjp(m.matmul_add, x, w, b)[1](g)
         return jax.vjp(m.matmul, x, w)[1](g)
 
-    dx, dw = jax.jit(gradients)(x, w, g)
-    assert dx.dtype == dw.dtype == jax.numpy.bfloat16
-    x64, w64, g64 = _as64(x).reshape(48, 40), _as64(w), _as64(g).reshape(48, 56)
-    for got, exact in ((_as64(dx).reshape(48, 40), g64 @ w64.T), (_as64(dw), x64.T @ g64)):
-        assert np.all(np.abs(got - exact) <= 2.0**-8 * np.abs(exact) + 1e-3)
-    program = jax.jit(gradients).lower(x, w, g).compile().as_text()
-    upcast = [f"f32[{s}]" for s in ("48,56", "56,40", "40,48", "2,24,56")]  # upstream, kernel^T, input^T
-    assert not any(u in program for u in upcast) == gradient_dots, program
+    program = jax.jit(gradients).lower(x, w, b, g).compile().as_text()
+    operands = _dot_operand_types(program)
+    assert len(operands) == 2  # the two gradient products
+    assert all(types == ["bf16", "bf16"] for types in operands) == gradient_dots, operands
+    if not gradient_dots:
+        return
+    grads = jax.jit(gradients)(x, w, b, g)
+    assert all(d.dtype == jax.numpy.bfloat16 for d in grads)
+    x64, w64, g64 = _as64(x), _as64(w), _as64(g)
+    expected = (g64 @ w64.T, x64.T @ g64, g64.sum(0))[: len(grads)]
+    for got, exact in zip(grads, expected):
+        assert np.all(np.abs(_as64(got) - exact) <= 2.0**-8 * np.abs(exact) + 1e-3)
+
+
+def _dot_operand_types(program):
+    """The element types of each dot's two operands in the text of a compiled XLA program."""
+    import re
+
+    types = {}
+    for name, dtype in re.findall(r"%?([\w.\-]+) = (\w+)\[", program):
+        types[name] = dtype
+    for name, dtype in re.findall(r"([\w.\-]+): (\w+)\[", program):  # computation parameters
+        types[name] = dtype
+    dots = re.findall(r" dot\(%?([\w.\-]+), %?([\w.\-]+)\)", program)
+    return [[types[a], types[b]] for a, b in dots]
 
 
 def _attention_gradients64(q, k, v, g, scale):

@@ -157,7 +157,8 @@ def _jax_bf16_matmul():
 
 def matmul_add(x, kernel, bias):
     """`matmul(x, kernel) + bias` for a 2-D `x`, a 2-D `kernel` and a 1-D `bias`; on PyTorch one
-    fused `torch.addmm` when the three share a dtype.
+    fused `torch.addmm` when the three share a dtype; on JAX's CPU in bfloat16 with the matmul's
+    bfloat16 gradient dots and the bias gradient summed in float32.
 
     Example:
         >>> from keras import ops
@@ -170,7 +171,41 @@ def matmul_add(x, kernel, bias):
             import torch
 
             return torch.addmm(bias, x, kernel)
+    if keras.backend.backend() == "jax" and BFLOAT16_GRADIENT_DOTS:
+        x, kernel, bias = ops.convert_to_tensor(x), ops.convert_to_tensor(kernel), ops.convert_to_tensor(bias)
+        bf16 = x.dtype == kernel.dtype == bias.dtype == "bfloat16"
+        if bf16 and x.ndim >= 2 and kernel.ndim == 2 and bias.ndim == 1 and _jax_on_cpu():
+            import jax.numpy as jnp
+
+            y = _jax_bf16_matmul_add()(jnp.reshape(x, (-1, x.shape[-1])), kernel, bias)
+            return jnp.reshape(y, (*x.shape[:-1], kernel.shape[-1]))
     return ops.add(matmul(x, kernel), bias)
+
+
+@functools.cache
+def _jax_bf16_matmul_add():
+    """`_jax_bf16_matmul()(a, b) + c` whose bias gradient is the upstream gradient's column sums
+    in float32, rounded once (JAX's own gradient ran as a slower XLA reduction in the train step)."""
+    import jax
+    import jax.numpy as jnp
+
+    product = _jax_bf16_matmul()
+
+    @jax.custom_vjp
+    def bf16_matmul_add(a, b, c):
+        return product(a, b) + c
+
+    def forward(a, b, c):
+        return product(a, b) + c, (a, b)
+
+    def backward(residuals, upstream):
+        a, b = residuals
+        upstream = upstream.astype(jnp.bfloat16)
+        d_a, d_b = jax.vjp(product, a, b)[1](upstream)
+        return d_a, d_b, jnp.sum(upstream, axis=0, dtype=jnp.float32).astype(jnp.bfloat16)
+
+    bf16_matmul_add.defvjp(forward, backward)
+    return bf16_matmul_add
 
 
 def _torch_compiling():
