@@ -20,7 +20,10 @@ gradient, float32, is rounded to bfloat16 for the two products that take it, as 
 product's gradient is. The mixed_bfloat16 ViT-B/16 train step at batch 8 ran 1.50x faster (best;
 1.45x median), one process, steps interleaved (benchmarks/README.md); inference is unchanged, bit
 for bit. float32 keeps JAX's own gradients: the same form made the float32 attention gradient
-slower (0.78x). `BFLOAT16_GRADIENT_DOTS = False` gives JAX's own gradients everywhere.
+slower (0.78x). `BFLOAT16_GRADIENT_DOTS = False` gives JAX's own gradients everywhere; it is
+also what forward-mode differentiation (`jax.jvp`, `jax.jacfwd`) of a bfloat16 model on JAX's CPU
+needs, since a `jax.custom_vjp` function has no forward-mode rule. It is read when a function is
+traced.
 
 `matmul_add` is `matmul(x, kernel) + bias`. On PyTorch it is one `torch.addmm` (the bias added
 in oneDNN's matmul epilogue, as torch's own Linear does) instead of a matmul and a separate
