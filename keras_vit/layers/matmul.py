@@ -15,11 +15,12 @@ upstream` -- is upcast to float32 with both operands converted, and ran at 150 G
 AVX512-BF16). So a bfloat16 `matmul` of a 2-D kernel and a bfloat16 attention have their own
 gradients there (`jax.custom_vjp`) whose products are bfloat16 dots against transposed copies of
 the other operand, written out by XLA rather than folded into the dot. The matmul's gradients are
-the same products JAX computes, each rounded once from a float32 sum; the attention's softmax
-gradient, float32, is rounded to bfloat16 for the two products that take it, as a bfloat16
-product's gradient is. The mixed_bfloat16 ViT-B/16 train step at batch 8 ran 1.50x faster (best;
-1.45x median), one process, steps interleaved (benchmarks/README.md); inference is unchanged, bit
-for bit. float32 keeps JAX's own gradients: the same form made the float32 attention gradient
+the same products JAX computes, each rounded once from a float32 sum; `matmul_add`'s bias
+gradient is the column sums in float32 (JAX's ran as a padded XLA reduce-window tree, and at
+bfloat16 precision); the attention's softmax gradient, float32, is rounded to bfloat16 for the two
+products that take it, as a bfloat16 product's gradient is. The mixed_bfloat16 ViT-B/16 train
+step at batch 8 ran 1.50x faster (best; 1.45x median) with the dots and 1.06x more with the bias
+sums, one process, steps interleaved (benchmarks/README.md); inference is unchanged, bit for bit. float32 keeps JAX's own gradients: the same form made the float32 attention gradient
 slower (0.78x). `BFLOAT16_GRADIENT_DOTS = False` gives JAX's own gradients everywhere; it is
 also what forward-mode differentiation (`jax.jvp`, `jax.jacfwd`) of a bfloat16 model on JAX's CPU
 needs, since a `jax.custom_vjp` function has no forward-mode rule. It is read when a function is
