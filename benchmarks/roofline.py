@@ -20,7 +20,11 @@ One process per backend and dtype policy. In it, for batch 8 at 224 px:
   projections and MLP matmuls by shape, attention (its two batched products, softmax and the
   head transposes it makes), the softmax alone, LayerNorm, GELU and the residual adds. Times 12
   blocks plus the patch embedding, their sum set against the model's time leaves "fusion,
-  layout and dispatch" (negative when the compiled model fuses pieces that ran apart here).
+  layout and dispatch" (negative when the compiled model fuses pieces that ran apart here);
+- with --train, the same pieces' forward and backward passes (the gradients with respect to every
+  input, the patch embedding's kernel only; a `jax.jit` of `jax.vjp`, a `tf.function` with a
+  GradientTape, eager `backward()` on PyTorch), set against the train step in a second table
+  whose remainder is the optimizer, the weight casts, fusion, layout and dispatch.
 
 Every timed call alternates with the others round by round (the machine's drift hits all
 alike); the best of --rounds is kept and the load average printed. The table's "of matmul" is
@@ -88,6 +92,50 @@ def _backend_tools(backend):
         return run
 
     return eager, lambda y: y, lambda a, dt: ops.cast(ops.convert_to_tensor(a), dt)
+
+
+def _gradient_tool(backend):
+    """grad(fn) -> a compiled callable of (*inputs, upstream) giving `fn`'s output and its
+    gradients with respect to its inputs for that upstream gradient: `fn`'s forward and backward
+    pass, compiled the way the backend runs the train step (`jax.jit`, `tf.function`; eager on
+    PyTorch)."""
+    if backend == "jax":
+        import jax
+
+        def grad(fn):
+            def run(*args):
+                y, pullback = jax.vjp(fn, *args[:-1])
+                return y, pullback(args[-1])  # the forward's output too: XLA would drop it otherwise
+
+            return jax.jit(run)
+
+        return grad
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        def grad(fn):
+            @tf.function
+            def run(*args):
+                inputs = list(args[:-1])
+                with tf.GradientTape() as tape:
+                    tape.watch(inputs)
+                    y = fn(*inputs)
+                return y, tape.gradient(y, inputs, output_gradients=args[-1])
+
+            return run
+
+        return grad
+
+    def grad(fn):
+        def run(*args):
+            inputs = [a.detach().requires_grad_(True) for a in args[:-1]]
+            y = fn(*inputs)
+            y.backward(args[-1])
+            return y, [a.grad for a in inputs]
+
+        return run
+
+    return grad
 
 
 def _plain_matmul(backend, dtype):
@@ -162,6 +210,29 @@ def worker(backend, policy, rounds, train):
     embed = compile_fn(lambda x, w: ops.conv(x, w, strides=16, padding="valid"))
     calls["patch embedding"] = ((lambda: sync(embed(patches, kernel))), 1, 2 * (T - 1) * 16 * 16 * 3 * HID * B)
 
+    if train:  # each piece's forward and backward pass, the upstream gradient a random tensor
+        grad = _gradient_tool(backend)
+        for name, (m, k, n, count) in MATMULS.items():
+            f = grad(matmul_add)
+            x, w, bias, up = rand(m, k), rand(k, n), rand(n), rand(m, n)
+            calls[f"{name} (train)"] = (
+                (lambda f=f, x=x, w=w, bias=bias, up=up: sync(f(x, w, bias, up))), DEPTH * count, 6 * m * k * n
+            )
+        f = grad(lambda q, k, v: dot_product_attention(q, k, v, 0.125))
+        up = rand(B, T, HEADS, HID // HEADS)
+        calls["attention (train)"] = ((lambda f=f, up=up: sync(f(q, q, q, up))), DEPTH, 12 * B * T * T * HID)
+        f = grad(lambda x: norm(x))
+        calls["LayerNorm (train)"] = ((lambda f=f: sync(f(tokens, tokens))), 2 * DEPTH + 1, 0)
+        f = grad(lambda x: gelu(x, approximate=True))
+        calls["GELU (tanh) (train)"] = ((lambda f=f: sync(f(hidden, hidden))), DEPTH, 0)
+        f = grad(lambda x, y: x + y)
+        calls["residual add (train)"] = ((lambda f=f: sync(f(tokens, tokens, tokens))), 2 * DEPTH, 0)
+        f = grad(lambda w: ops.conv(patches, w, strides=16, padding="valid"))  # no gradient for the images
+        up = rand(B, 14, 14, HID)
+        calls["patch embedding (train)"] = (
+            (lambda f=f, up=up: sync(f(kernel, up))), 1, 2 * 2 * (T - 1) * 16 * 16 * 3 * HID * B
+        )
+
     model = keras_vit.ViTB16(weights=None)
     jit = performance.recommended_jit_compile()
     model.compile(jit_compile=jit)
@@ -197,7 +268,10 @@ def worker(backend, policy, rounds, train):
     return {
         "backend": backend, "policy": policy, "jit_compile": jit, "loads": loads,
         "commit": commit.stdout.strip() or source,
-        "rows": [{"name": n, "seconds": best[n], "count": calls[n][1], "flops": calls[n][2]} for n in names],
+        "rows": [
+            {"name": n, "seconds": best[n], "count": calls[n][1], "flops": calls[n][2], "train": n.endswith(" (train)")}
+            for n in names
+        ],
     }
 
 
@@ -206,44 +280,63 @@ def worker(backend, policy, rounds, train):
 
 def table(result, roof_all):
     """Markdown rows of one worker's result; `roof_all` the best matmul rate of every worker of
-    that dtype (all backends)."""
+    that dtype (all backends). With train-step pieces, a second table splits the train step."""
     rows = {r["name"]: r for r in result["rows"]}
     roof = max(r["flops"] / r["seconds"] for n, r in rows.items() if n.startswith("matmul "))
     roof_all = max(roof, roof_all)
-    model = rows["model inference"]["seconds"]
     lines = [
         f"#### {result['backend']}, {result['policy']}, keras_vit {result['commit']} "
         f"(jit_compile={result['jit_compile']}; "
         f"best matmul {roof / 1e9:.0f} GFLOP/s, all backends {max(roof, roof_all) / 1e9:.0f}; "
         f"load {min(result['loads']):.1f}-{max(result['loads']):.1f})",
         "",
-        "| piece | ms per call | calls | ms per model call | share of inference | GFLOP/s | of matmul |",
-        "|---|---|---|---|---|---|---|",
     ]
-    accounted = 0.0
-    whole = model * 1e3
-    for name, r in rows.items():
-        ms = r["seconds"] * 1e3
-        rate = r["flops"] / r["seconds"] if r["flops"] else 0.0
-        rate_cols = f"{rate / 1e9:.0f} | {rate / roof:.0%}" if rate else "- | -"
-        if name.startswith("matmul "):
-            lines.append(f"| roofline {name} | {ms:.1f} | - | - | - | {rate_cols} |")
-        elif r["count"]:
-            total = ms * r["count"]
-            accounted += total
-            lines.append(f"| {name} | {ms:.2f} | {r['count']} | {total:.0f} | {total / whole:.0%} | {rate_cols} |")
-        elif name.startswith("  "):
-            lines.append(f"| {name} | {ms:.2f} | ({DEPTH}) | {ms * DEPTH:.0f} | {ms * DEPTH / whole:.0%} | - | - |")
-    rest = whole - accounted
-    lines.append(f"| fusion, layout and dispatch (model - pieces) | - | - | {rest:.0f} | {rest / whole:.0%} | - | - |")
-    for name in ("model inference", "timm inference", "model train step"):
-        if name in rows:
-            r = rows[name]
-            rate = r["flops"] / r["seconds"]
-            lines.append(
-                f"| **{name}**: {B / r['seconds']:.2f} img/s | {r['seconds'] * 1e3:.0f} | 1 | - | - | "
-                f"{rate / 1e9:.0f} | **{rate / roof:.0%}** ({rate / roof_all:.0%} of all) |"
-            )
+
+    def split(whole_name, train):
+        whole = rows[whole_name]["seconds"] * 1e3
+        what = "train step" if train else "inference"
+        calls = "ms per call (forward + backward)" if train else "ms per call"
+        out = [
+            f"| piece | {calls} | calls | ms per {'step' if train else 'model call'} | share of {what} | GFLOP/s "
+            "| of matmul |",
+            "|---|---|---|---|---|---|---|",
+        ]
+        accounted = 0.0
+        for name, r in rows.items():
+            if name.startswith("matmul ") and train:  # the roofline rows are the inference table's
+                continue
+            if r.get("train", False) != train and not name.startswith("matmul "):
+                continue
+            ms = r["seconds"] * 1e3
+            rate = r["flops"] / r["seconds"] if r["flops"] else 0.0
+            rate_cols = f"{rate / 1e9:.0f} | {rate / roof:.0%}" if rate else "- | -"
+            if name.startswith("matmul "):
+                out.append(f"| roofline {name} | {ms:.1f} | - | - | - | {rate_cols} |")
+            elif r["count"]:
+                total = ms * r["count"]
+                accounted += total
+                out.append(f"| {name} | {ms:.2f} | {r['count']} | {total:.0f} | {total / whole:.0%} | {rate_cols} |")
+            elif name.startswith("  "):
+                out.append(f"| {name} | {ms:.2f} | ({DEPTH}) | {ms * DEPTH:.0f} | {ms * DEPTH / whole:.0%} | - | - |")
+        rest = whole - accounted
+        label = "optimizer, weight casts, fusion, layout and dispatch (step - pieces)" if train else (
+            "fusion, layout and dispatch (model - pieces)"
+        )
+        out.append(f"| {label} | - | - | {rest:.0f} | {rest / whole:.0%} | - | - |")
+        names = ("model train step",) if train else ("model inference", "timm inference")
+        for name in names:
+            if name in rows:
+                r = rows[name]
+                rate = r["flops"] / r["seconds"]
+                out.append(
+                    f"| **{name}**: {B / r['seconds']:.2f} img/s | {r['seconds'] * 1e3:.0f} | 1 | - | - | "
+                    f"{rate / 1e9:.0f} | **{rate / roof:.0%}** ({rate / roof_all:.0%} of all) |"
+                )
+        return out
+
+    lines += split("model inference", False)
+    if any(r.get("train") for r in rows.values()):
+        lines += ["", "The train step, piece by piece:", ""] + split("model train step", True)
     return "\n".join(lines) + "\n"
 
 

@@ -292,8 +292,8 @@ def _attention_gradients64(q, k, v, g, scale):
 def test_dot_product_attention_gradients_are_softmax_attention_gradients(monkeypatch, dtype, chunked):
     """JAX's CPU: the gradients of layers.dot_product_attention with respect to queries, keys and
     values are those of softmax(q k^T * scale) v in NumPy float64 (bfloat16: its own gradient
-    products, to bfloat16 rounding), queries and keys of different lengths, whole and in query
-    chunks."""
+    products, to bfloat16 rounding, all of them bfloat16 dots where JAX's own are float32), queries
+    and keys of different lengths, whole and in query chunks."""
     import jax
 
     import keras_vit.layers.matmul as m
@@ -310,6 +310,13 @@ def test_dot_product_attention_gradients_are_softmax_attention_gradients(monkeyp
     for got, exact in zip(grads, expected):
         assert got.dtype == jax.numpy.dtype(dtype)
         np.testing.assert_allclose(_as64(got), exact, rtol=tol, atol=tol * np.abs(exact).max())
+    if dtype == "bfloat16" and not chunked:  # every product a bfloat16 dot: the logits and the four gradients
+        operands = _dot_operand_types(gradients.lower(q, k, v, g).compile().as_text())
+        assert len(operands) >= 5 and all(types == ["bf16", "bf16"] for types in operands), operands
+        monkeypatch.setattr(m, "BFLOAT16_GRADIENT_DOTS", False)  # JAX's own: float32 dots
+        program = jax.jit(lambda *a: jax.vjp(lambda *b: m.dot_product_attention(*b, 0.3), *a[:3])[1](a[3]))
+        operands = _dot_operand_types(program.lower(q, k, v, g).compile().as_text())
+        assert any("f32" in types for types in operands), operands
 
 
 def _timm_dinov2(tmp_path):
