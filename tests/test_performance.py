@@ -319,6 +319,51 @@ def test_dot_product_attention_gradients_are_softmax_attention_gradients(monkeyp
         assert any("f32" in types for types in operands), operands
 
 
+@only_jax
+@pytest.mark.parametrize("batch, patch, hidden, heads, classes", [(1, 16, 8, 1, 1), (3, 4, 48, 2, 10)])
+def test_bfloat16_gradient_dots_give_jax_gradients_of_a_model(monkeypatch, batch, patch, hidden, heads, classes):
+    """JAX's CPU, mixed_bfloat16: a ViT's gradients with BFLOAT16_GRADIENT_DOTS equal JAX's own
+    gradients of the same model to bfloat16 rounding, at edge shapes too (one image, one patch,
+    one class, one head: dots XLA's bfloat16 kernel refuses), and the compiled train step runs."""
+    import jax
+
+    import keras_vit
+    import keras_vit.layers.matmul as m
+
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy("mixed_bfloat16")
+    try:
+        keras.utils.set_random_seed(0)
+        model = keras_vit.VisionTransformer(
+            image_size=16, patch_size=patch, hidden_size=hidden, num_layers=2, num_heads=heads, mlp_dim=2 * hidden,
+            classes=classes, classifier_activation=None,
+        )
+    finally:
+        keras.config.set_dtype_policy(previous)
+    rng = np.random.default_rng(6)
+    images = rng.random((batch, 16, 16, 3), dtype="float32")
+    weights = [rng.normal(size=v.shape).astype("float32") * 0.5 for v in model.trainable_variables]
+    targets = rng.normal(size=(batch, classes)).astype("float32")
+
+    def loss(trainable):
+        logits, _ = model.stateless_call(trainable, [v.value for v in model.non_trainable_variables], images)
+        return jax.numpy.sum((logits.astype("float32") - targets) ** 2)
+
+    grads = {}
+    for setting in (False, True):
+        monkeypatch.setattr(m, "BFLOAT16_GRADIENT_DOTS", setting)
+        grads[setting] = jax.jit(jax.grad(loss))(weights)
+    for variable, ours, jaxs in zip(model.trainable_variables, grads[True], grads[False]):
+        if variable.path.endswith("key_bias"):
+            # zero in exact arithmetic (a key bias adds q . b to every logit of a row, which the
+            # softmax cancels): both sides are rounding noise there
+            continue
+        scale = float(np.abs(jaxs).max()) or 1.0
+        np.testing.assert_allclose(np.asarray(ours), np.asarray(jaxs), atol=5e-2 * scale, err_msg=variable.path)
+    model.compile(optimizer="sgd", loss=keras.losses.MeanSquaredError(), jit_compile=True)
+    assert np.isfinite(model.train_on_batch(images, targets))
+
+
 def _timm_dinov2(tmp_path):
     """A tiny random timm DINOv2 (layer scale, LayerNorm eps 1e-6) saved with timm's Hub saver,
     and the timm model."""
