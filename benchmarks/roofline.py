@@ -303,9 +303,8 @@ def table(result, roof_all):
         ]
         accounted = 0.0
         for name, r in rows.items():
-            if name.startswith("matmul ") and train:  # the roofline rows are the inference table's
-                continue
-            if r.get("train", False) != train and not name.startswith("matmul "):
+            roofline_row = name.startswith("matmul ")  # the inference table's only
+            if (roofline_row and train) or (not roofline_row and r.get("train", False) != train):
                 continue
             ms = r["seconds"] * 1e3
             rate = r["flops"] / r["seconds"] if r["flops"] else 0.0

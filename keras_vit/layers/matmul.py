@@ -20,8 +20,9 @@ gradient is the column sums in float32 (JAX's ran as a padded XLA reduce-window 
 bfloat16 precision); the attention's softmax gradient, float32, is rounded to bfloat16 for the two
 products that take it, as a bfloat16 product's gradient is. The mixed_bfloat16 ViT-B/16 train
 step at batch 8 ran 1.50x faster (best; 1.45x median) with the dots and 1.06x more with the bias
-sums, one process, steps interleaved (benchmarks/README.md); inference is unchanged, bit for bit. float32 keeps JAX's own gradients: the same form made the float32 attention gradient
-slower (0.78x). `BFLOAT16_GRADIENT_DOTS = False` gives JAX's own gradients everywhere; it is
+sums, one process, steps interleaved (benchmarks/README.md); inference is unchanged, bit for
+bit. float32 keeps JAX's own gradients: the same form made the float32 attention gradient slower
+(0.78x). `BFLOAT16_GRADIENT_DOTS = False` gives JAX's own gradients everywhere; it is
 also what forward-mode differentiation (`jax.jvp`, `jax.jacfwd`) of a bfloat16 model on JAX's CPU
 needs, since a `jax.custom_vjp` function has no forward-mode rule. It is read when a function is
 traced.
@@ -121,8 +122,34 @@ def matmul(x1, x2):
             if x1.ndim >= 2 and x2.ndim == 2 and BFLOAT16_GRADIENT_DOTS:
                 y = _jax_bf16_matmul()(jnp.reshape(x1, (-1, x1.shape[-1])), x2)
                 return jnp.reshape(y, (*x1.shape[:-1], x2.shape[-1]))
-            return jnp.matmul(x1, x2, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+            return _bf16_product(x1, x2)
     return ops.matmul(x1, x2)
+
+
+def _written_transpose(t):
+    """`t` with its last two axes swapped, written out row-major by XLA. A plain transpose is
+    folded into the consuming dot's dimension numbers instead, and XLA:CPU's bfloat16 dot kernel
+    (YNNPACK) takes neither a left operand contracted on its first axis nor a right one contracted
+    on its last: the dot is then upcast to float32, operands converted, at 0.4x the bfloat16 rate."""
+    import jax.numpy as jnp
+
+    *lead, rows, cols = t.shape
+    return jnp.swapaxes(jnp.reshape(t, (*lead, rows, cols, 1)), -3, -2).reshape(*lead, cols, rows)
+
+
+def _bf16_product(a, b):
+    import jax.numpy as jnp
+
+    return jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
+
+
+def _bf16_product_gradients(a, b, upstream):
+    """The gradients of `_bf16_product(a, b)` for 2-D `a`, `b`: bfloat16 dots against written-out
+    transposes (`_written_transpose`)."""
+    import jax.numpy as jnp
+
+    upstream = upstream.astype(jnp.bfloat16)  # the product's cotangent: bfloat16 already
+    return _bf16_product(upstream, _written_transpose(b)), _bf16_product(_written_transpose(a), upstream)
 
 
 @functools.cache
@@ -130,30 +157,16 @@ def _jax_bf16_matmul():
     """A 2-D bfloat16 `a @ b` (float32 accumulation, rounded to bfloat16) whose gradient dots
     are bfloat16 dots too, each against a transposed copy of the other operand."""
     import jax
-    import jax.numpy as jnp
-
-    def product(a, b):
-        return jnp.matmul(a, b, preferred_element_type=jnp.float32).astype(jnp.bfloat16)
-
-    def transposed(t):
-        # A transpose that XLA writes out row-major. A plain `t.T` is folded into the dot's
-        # dimension numbers instead, and XLA:CPU's bfloat16 dot kernel (YNNPACK) takes neither a
-        # left operand contracted on its first axis nor a right one contracted on its last: the
-        # dot is then upcast to float32, operands converted, at 0.4x the bfloat16 dot's rate.
-        rows, cols = t.shape
-        return jnp.swapaxes(jnp.reshape(t, (rows, cols, 1)), 0, 1).reshape(cols, rows)
 
     @jax.custom_vjp
     def bf16_matmul(a, b):
-        return product(a, b)
+        return _bf16_product(a, b)
 
     def forward(a, b):
-        return product(a, b), (a, b)
+        return _bf16_product(a, b), (a, b)
 
     def backward(residuals, upstream):
-        a, b = residuals
-        upstream = upstream.astype(jnp.bfloat16)  # the product's cotangent: bfloat16 already
-        return product(upstream, transposed(b)), product(transposed(a), upstream)
+        return _bf16_product_gradients(*residuals, upstream)
 
     bf16_matmul.defvjp(forward, backward)
     return bf16_matmul
@@ -188,24 +201,21 @@ def matmul_add(x, kernel, bias):
 
 @functools.cache
 def _jax_bf16_matmul_add():
-    """`_jax_bf16_matmul()(a, b) + c` whose bias gradient is the upstream gradient's column sums
-    in float32, rounded once (JAX's own gradient ran as a slower XLA reduction in the train step)."""
+    """`_bf16_product(a, b) + c` with `_bf16_product_gradients` and the bias gradient the
+    upstream gradient's column sums in float32, rounded once (JAX's own gradient ran as a slower
+    XLA reduction in the train step)."""
     import jax
     import jax.numpy as jnp
 
-    product = _jax_bf16_matmul()
-
     @jax.custom_vjp
     def bf16_matmul_add(a, b, c):
-        return product(a, b) + c
+        return _bf16_product(a, b) + c
 
     def forward(a, b, c):
-        return product(a, b) + c, (a, b)
+        return _bf16_product(a, b) + c, (a, b)
 
     def backward(residuals, upstream):
-        a, b = residuals
-        upstream = upstream.astype(jnp.bfloat16)
-        d_a, d_b = jax.vjp(product, a, b)[1](upstream)
+        d_a, d_b = _bf16_product_gradients(*residuals, upstream)
         return d_a, d_b, jnp.sum(upstream, axis=0, dtype=jnp.float32).astype(jnp.bfloat16)
 
     bf16_matmul_add.defvjp(forward, backward)
@@ -294,14 +304,6 @@ def _attention_forward(q, k, v, with_weights=False):
     return (y, weights) if with_weights else y
 
 
-def _batched_transposed(t):
-    """(n, a, b) -> (n, b, a), written out row-major (see `_jax_bf16_matmul`'s `transposed`)."""
-    import jax.numpy as jnp
-
-    n, a, b = t.shape
-    return jnp.swapaxes(jnp.reshape(t, (n, a, b, 1)), 1, 2).reshape(n, b, a)
-
-
 @functools.cache
 def _jax_attention_core():
     """`_attention_forward` with a gradient whose four products are (n, m, k) x (n, k, p) dots
@@ -330,12 +332,12 @@ def _jax_attention_core():
         dtype = v.dtype
         upstream = upstream.astype(dtype)
         rounded = weights.astype(dtype)
-        d_rounded = bmm(upstream, _batched_transposed(v), dtype).astype(f32)
-        d_value = bmm(_batched_transposed(rounded), upstream, dtype)
+        d_rounded = bmm(upstream, _written_transpose(v), dtype).astype(f32)
+        d_value = bmm(_written_transpose(rounded), upstream, dtype)
         d_logits = weights * (d_rounded - jnp.sum(weights * d_rounded, axis=-1, keepdims=True))
         d_logits = d_logits.astype(q.dtype)
         d_query = bmm(d_logits, k, q.dtype)
-        d_key = bmm(_batched_transposed(d_logits), q, k.dtype)
+        d_key = bmm(_written_transpose(d_logits), q, k.dtype)
         return d_query, d_key, d_value
 
     core.defvjp(forward, backward)
