@@ -26,8 +26,10 @@ the counterpart of a Keras "bfloat16" policy), keras_vit_bf16 (`performance.bflo
 the keras_vit model: its weights stored in bfloat16, norms and softmax as under mixed_bfloat16)
 keras_vit_unchunked (JAX's CPU attention without query chunks at any length: the form before
 `layers.matmul.CHUNK_QUERIES_ABOVE`) and keras_vit_autodiff (JAX's own gradients of the bfloat16
-matmuls and attentions: the form before `layers.matmul.BFLOAT16_GRADIENT_DOTS`) and keras_vit_gelu_bf16
-(XLA's bfloat16 GELU: the form before `layers.matmul.BFLOAT16_GELU_IN_FLOAT32`).
+matmuls and attentions: the form before `layers.matmul.BFLOAT16_GRADIENT_DOTS`), keras_vit_gelu_bf16
+(XLA's bfloat16 GELU: the form before `layers.matmul.BFLOAT16_GELU_IN_FLOAT32`),
+keras_vit_attention_autodiff (JAX's own gradient of the attention: `ATTENTION_GRADIENT_GROUPS = 0`)
+and keras_vit_attention_groups (the attention gradient in 8 independent groups, not one).
 
 `--train` times the compiled train step (`train_on_batch`: SGD with momentum, cross-entropy)
 instead of inference:
@@ -114,10 +116,8 @@ class TimmModel:
 
 
 class MatmulSetting:
-    """A keras_vit model traced and run with one of `keras_vit.layers.matmul`'s settings changed:
-    keras_vit_unchunked (JAX's CPU attention takes all queries at once at any length),
-    keras_vit_autodiff (JAX's own gradients of the bfloat16 matmuls and attentions) and
-    keras_vit_gelu_bf16 (XLA's bfloat16 GELU instead of the float32 one)."""
+    """A keras_vit model traced and run with one of `keras_vit.layers.matmul`'s settings changed
+    (`SETTINGS`)."""
 
     def __init__(self, model, setting, value):
         self.model, self.setting, self.value = model, setting, value
@@ -142,25 +142,21 @@ class MatmulSetting:
         return self._with_setting("train_on_batch", x, y)
 
 
-def unchunked(model):
-    return MatmulSetting(model, "CHUNK_QUERIES_ABOVE", 1 << 30)
-
-
-def autodiff(model):
-    return MatmulSetting(model, "BFLOAT16_GRADIENT_DOTS", False)
-
-
-def bfloat16_gelu(model):
-    return MatmulSetting(model, "BFLOAT16_GELU_IN_FLOAT32", False)
+#: keras_vit models traced with one of `keras_vit.layers.matmul`'s settings changed: name ->
+#: (setting, value).
+SETTINGS = {
+    "keras_vit_unchunked": ("CHUNK_QUERIES_ABOVE", 1 << 30),
+    "keras_vit_autodiff": ("BFLOAT16_GRADIENT_DOTS", False),
+    "keras_vit_gelu_bf16": ("BFLOAT16_GELU_IN_FLOAT32", False),
+    "keras_vit_attention_autodiff": ("ATTENTION_GRADIENT_GROUPS", 0),
+    "keras_vit_attention_groups": ("ATTENTION_GRADIENT_GROUPS", 8),
+}
 
 
 def build(name, zoo="vit_b16"):
     import keras_vit
 
-    if zoo != "vit_b16" and name in (
-        "keras_vit", "keras_vit_bf16", "keras_vit_unchunked", "keras_vit_autodiff", "keras_vit_gelu_bf16", "timm",
-        "timm_bf16",
-    ):
+    if zoo != "vit_b16" and name in ("keras_vit", "keras_vit_bf16", "timm", "timm_bf16", *SETTINGS):
         from benchmark import _keras_model
 
         if name.startswith("timm"):
@@ -168,26 +164,15 @@ def build(name, zoo="vit_b16"):
         model = _keras_model({"library": "keras_vit", "options": {"model": zoo}})
         if name == "keras_vit_bf16":
             return keras_vit.performance.bfloat16_inference(model)
-        wrappers = {
-            "keras_vit": lambda m: m, "keras_vit_unchunked": unchunked, "keras_vit_autodiff": autodiff,
-            "keras_vit_gelu_bf16": bfloat16_gelu,
-        }
-        return wrappers[name](model)
+        return MatmulSetting(model, *SETTINGS[name]) if name in SETTINGS else model
     if zoo != "vit_b16":
-        raise ValueError(
-            f"--model {zoo}: choose keras_vit, keras_vit_bf16, keras_vit_unchunked, keras_vit_autodiff, "
-            "keras_vit_gelu_bf16, timm or timm_bf16"
-        )
+        raise ValueError(f"--model {zoo}: choose keras_vit, keras_vit_bf16, {', '.join(SETTINGS)}, timm or timm_bf16")
     if name == "keras_vit":
         return keras_vit.ViTB16(weights=None)
     if name == "keras_vit_bf16":
         return keras_vit.performance.bfloat16_inference(keras_vit.ViTB16(weights=None))
-    if name == "keras_vit_unchunked":
-        return unchunked(keras_vit.ViTB16(weights=None))
-    if name == "keras_vit_autodiff":
-        return autodiff(keras_vit.ViTB16(weights=None))
-    if name == "keras_vit_gelu_bf16":
-        return bfloat16_gelu(keras_vit.ViTB16(weights=None))
+    if name in SETTINGS:
+        return MatmulSetting(keras_vit.ViTB16(weights=None), *SETTINGS[name])
     if name == "keras_vit_erf":
         return keras_vit.ViTB16(weights=None, gelu_approximate=False)
     if name in ("keras_vit_int8", "keras_vit_int8_mlp"):
@@ -207,8 +192,7 @@ def build(name, zoo="vit_b16"):
         return TimmModel(bfloat16_weights=True)
     raise ValueError(
         f"unknown model {name!r}; choose from keras_vit, keras_vit_erf, keras_vit_int8, keras_vit_int8_mlp, "
-        "keras_vit_bf16, keras_vit_unchunked, keras_vit_autodiff, keras_vit_gelu_bf16, keras_hub, plain, timm, "
-        "timm_bf16"
+        f"keras_vit_bf16, {', '.join(SETTINGS)}, keras_hub, plain, timm, timm_bf16"
     )
 
 

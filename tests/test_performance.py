@@ -289,15 +289,19 @@ def _attention_gradients64(q, k, v, g, scale):
 @only_jax
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("chunked", [False, True])
-def test_dot_product_attention_gradients_are_softmax_attention_gradients(monkeypatch, dtype, chunked):
+@pytest.mark.parametrize("groups", [0, 1, 4])
+def test_dot_product_attention_gradients_are_softmax_attention_gradients(monkeypatch, dtype, chunked, groups):
     """JAX's CPU: the gradients of layers.dot_product_attention with respect to queries, keys and
     values are those of softmax(q k^T * scale) v in NumPy float64 (bfloat16: its own gradient
     products, to bfloat16 rounding, all of them bfloat16 dots where JAX's own are float32), queries
-    and keys of different lengths, whole and in query chunks."""
+    and keys of different lengths, whole and in query chunks, with JAX's own gradient
+    (ATTENTION_GRADIENT_GROUPS = 0) and with the recomputing one in one group or in four uneven
+    ones (6 batch * heads rows: 1, 2, 1 and 2)."""
     import jax
 
     import keras_vit.layers.matmul as m
 
+    monkeypatch.setattr(m, "ATTENTION_GRADIENT_GROUPS", groups)
     if chunked:
         monkeypatch.setattr(m, "CHUNK_QUERIES_ABOVE", 8)
         monkeypatch.setattr(m, "QUERY_CHUNK", 4)
@@ -310,13 +314,34 @@ def test_dot_product_attention_gradients_are_softmax_attention_gradients(monkeyp
     for got, exact in zip(grads, expected):
         assert got.dtype == jax.numpy.dtype(dtype)
         np.testing.assert_allclose(_as64(got), exact, rtol=tol, atol=tol * np.abs(exact).max())
-    if dtype == "bfloat16" and not chunked:  # every product a bfloat16 dot: the logits and the four gradients
+    if dtype == "bfloat16" and not chunked and groups:  # every product a bfloat16 dot: logits and the four gradients
         operands = _dot_operand_types(gradients.lower(q, k, v, g).compile().as_text())
         assert len(operands) >= 5 and all(types == ["bf16", "bf16"] for types in operands), operands
         monkeypatch.setattr(m, "BFLOAT16_GRADIENT_DOTS", False)  # JAX's own: float32 dots
         program = jax.jit(lambda *a: jax.vjp(lambda *b: m.dot_product_attention(*b, 0.3), *a[:3])[1](a[3]))
         operands = _dot_operand_types(program.lower(q, k, v, g).compile().as_text())
         assert any("f32" in types for types in operands), operands
+
+
+@only_jax
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("groups, keeps_weights", [(0, True), (1, False), (4, False)])
+def test_attention_gradient_keeps_no_softmax_weights(capsys, monkeypatch, dtype, groups, keeps_weights):
+    """JAX's CPU: with ATTENTION_GRADIENT_GROUPS the attention's forward pass keeps no (batch *
+    heads, queries, keys) softmax weights for the gradient (it recomputes them); JAX's own
+    gradient keeps them, so the check can fail."""
+    from jax.ad_checkpoint import print_saved_residuals
+
+    import keras_vit.layers.matmul as m
+
+    monkeypatch.setattr(m, "ATTENTION_GRADIENT_GROUPS", groups)
+    rng = np.random.default_rng(7)
+    q, k, v = (keras.ops.cast(rng.normal(size=(2, n, 3, 16)).astype("float32"), dtype) for n in (11, 13, 13))
+    capsys.readouterr()
+    print_saved_residuals(lambda *a: m.dot_product_attention(*a, 0.3), q, k, v)
+    saved = capsys.readouterr().out
+    assert "[6,11,16]" in saved  # the head-major queries
+    assert ("[6,11,13]" in saved) == keeps_weights, saved
 
 
 @only_jax

@@ -27,6 +27,20 @@ also what forward-mode differentiation (`jax.jvp`, `jax.jacfwd`) of a bfloat16 m
 needs, since a `jax.custom_vjp` function has no forward-mode rule. It is read when a function is
 traced.
 
+The attention's gradient there (float32 too) keeps only the queries, keys and values of the
+forward pass and recomputes the float32 softmax weights from them (the same ops, so the same
+numbers), as flash attention does, instead of keeping a (batch * heads, tokens, tokens) float32
+block per layer: the float32 ViT-B/16 train step at batch 8 peaked at 3.05 GB against 3.40 with
+JAX's own gradient at the same speed (1.02x best, 1.01x median), and DINOv2-S/14 at 518 px, whose
+1370-token attentions go through in query chunks, trained 1.07x faster in float32 and 1.07x (best)
+/ 1.04x (median) in mixed_bfloat16; the mixed_bfloat16 ViT-B/16 step is unchanged (1.01x, 2.7 GB
+either way), one process, steps interleaved (benchmarks/README.md). XLA:CPU runs one small batched
+dot on one thread, so the gradient can also go through the (batch * heads) axis in
+`ATTENTION_GRADIENT_GROUPS` independent slices, which its executor runs side by side: 8 groups
+made ViT-B/16's attention gradient alone 2x faster on two cores (41 -> 20 ms in mixed_bfloat16,
+42 -> 24 ms in float32) but not the train step, whose other work already fills the second core
+(1.00-1.04x), and DINOv2's 0.90-0.93x; the default is one group. 0 gives JAX's own gradient.
+
 `matmul_add` is `matmul(x, kernel) + bias`. On PyTorch it is one `torch.addmm` (the bias added
 in oneDNN's matmul epilogue, as torch's own Linear does) instead of a matmul and a separate
 add over the whole output: the add was 9% of the op time of a bfloat16 ViT-B/16 on the PyTorch
@@ -96,6 +110,11 @@ BFLOAT16_GRADIENT_DOTS = True
 #: On JAX's CPU backend a bfloat16 `gelu` is computed in float32 and rounded once (see the module
 #: docstring); False gives XLA's bfloat16 GELU.
 BFLOAT16_GELU_IN_FLOAT32 = True
+
+#: JAX's CPU attention gradient (float32, and bfloat16 with BFLOAT16_GRADIENT_DOTS) recomputes the
+#: softmax weights instead of keeping them, going through (batch * heads) in this many independent
+#: groups (see the module docstring); 0 gives JAX's own gradient of the attention.
+ATTENTION_GRADIENT_GROUPS = 1
 
 
 @functools.cache
@@ -273,8 +292,9 @@ def dot_product_attention(query, key, value, scale):
 
         query, key, value = by_head(query), by_head(key), by_head(value)
 
-        bf16 = query.dtype == key.dtype == value.dtype == jnp.bfloat16
-        core = _jax_attention_core() if bf16 and BFLOAT16_GRADIENT_DOTS else _attention_forward
+        dtype = query.dtype if query.dtype == key.dtype == value.dtype else None
+        own = (dtype == jnp.bfloat16 and BFLOAT16_GRADIENT_DOTS) or dtype == f32
+        core = _jax_attention_core(ATTENTION_GRADIENT_GROUPS) if own and ATTENTION_GRADIENT_GROUPS else _attention_forward
 
         def attend(q):  # (batch * heads, some query tokens, head_dim) -> the same shape
             return core(q, key, value)
@@ -305,12 +325,15 @@ def _attention_forward(q, k, v, with_weights=False):
 
 
 @functools.cache
-def _jax_attention_core():
-    """`_attention_forward` with a gradient whose four products are (n, m, k) x (n, k, p) dots
-    against transposed copies, so that XLA:CPU runs them as its dot kernels run best (in bfloat16:
-    bfloat16 dots with float32 accumulation). The softmax's gradient is float32; under bfloat16 it
-    is rounded to bfloat16 for the two products that take it, as the bfloat16 products of a
-    mixed-precision attention take their gradients."""
+def _jax_attention_core(groups):
+    """`_attention_forward` with its own gradient, for float32 or bfloat16 `q`, `k`, `v`. The
+    forward pass keeps only `q`, `k`, `v`; the gradient recomputes the softmax weights (the same
+    ops, so the same numbers) in `groups` independent slices of the leading axis, which XLA:CPU's
+    executor runs side by side on its threads: one small batched dot runs on one thread. In
+    bfloat16 the four gradient products are dots against written-out transposes
+    (`_written_transpose`), bfloat16 dots with float32 accumulation, and the float32 softmax
+    gradient is rounded to bfloat16 for the two products that take it, as the bfloat16 products of
+    a mixed-precision attention take their gradients; in float32 the transposes are left to XLA."""
     import jax
     import jax.numpy as jnp
 
@@ -319,26 +342,33 @@ def _jax_attention_core():
     def bmm(a, b, dtype):
         return jnp.matmul(a, b, preferred_element_type=f32).astype(dtype)
 
+    def gradients(q, k, v, upstream):
+        dtype = v.dtype
+        transpose = _written_transpose if dtype == jnp.bfloat16 else (lambda t: jnp.swapaxes(t, -1, -2))
+        weights = _attention_forward(q, k, v, with_weights=True)[1]
+        upstream = upstream.astype(dtype)
+        rounded = weights.astype(dtype)
+        d_rounded = bmm(upstream, transpose(v), dtype).astype(f32)
+        d_value = bmm(transpose(rounded), upstream, dtype)
+        d_logits = weights * (d_rounded - jnp.sum(weights * d_rounded, axis=-1, keepdims=True))
+        d_logits = d_logits.astype(q.dtype)
+        d_query = bmm(d_logits, k, q.dtype)
+        d_key = bmm(transpose(d_logits), q, k.dtype)
+        return d_query, d_key, d_value
+
     @jax.custom_vjp
     def core(q, k, v):
         return _attention_forward(q, k, v)
 
     def forward(q, k, v):
-        y, weights = _attention_forward(q, k, v, with_weights=True)
-        return y, (q, k, v, weights)
+        return _attention_forward(q, k, v), (q, k, v)
 
     def backward(residuals, upstream):
-        q, k, v, weights = residuals
-        dtype = v.dtype
-        upstream = upstream.astype(dtype)
-        rounded = weights.astype(dtype)
-        d_rounded = bmm(upstream, _written_transpose(v), dtype).astype(f32)
-        d_value = bmm(_written_transpose(rounded), upstream, dtype)
-        d_logits = weights * (d_rounded - jnp.sum(weights * d_rounded, axis=-1, keepdims=True))
-        d_logits = d_logits.astype(q.dtype)
-        d_query = bmm(d_logits, k, q.dtype)
-        d_key = bmm(_written_transpose(d_logits), q, k.dtype)
-        return d_query, d_key, d_value
+        n = upstream.shape[0]
+        parts = max(1, min(groups, n))
+        bounds = [i * n // parts for i in range(parts + 1)]
+        pieces = [gradients(*(t[a:b] for t in (*residuals, upstream))) for a, b in zip(bounds, bounds[1:])]
+        return tuple(jnp.concatenate(same, axis=0) for same in zip(*pieces))
 
     core.defvjp(forward, backward)
     return core
