@@ -29,7 +29,9 @@ keras_vit_unchunked (JAX's CPU attention without query chunks at any length: the
 matmuls and attentions: the form before `layers.matmul.BFLOAT16_GRADIENT_DOTS`), keras_vit_gelu_bf16
 (XLA's bfloat16 GELU: the form before `layers.matmul.BFLOAT16_GELU_IN_FLOAT32`),
 keras_vit_attention_autodiff (JAX's own gradient of the attention: `ATTENTION_GRADIENT_GROUPS = 0`)
-and keras_vit_attention_groups (the attention gradient in 8 independent groups, not one).
+keras_vit_attention_groups (the attention gradient in 8 independent groups, not one) and
+keras_vit_unsplit_dots (the attention's batched products without the row reduction that has
+XLA:CPU run them on all threads: `SPLIT_BATCHED_DOTS = False`).
 
 `--train` times the compiled train step (`train_on_batch`: SGD with momentum, cross-entropy)
 instead of inference:
@@ -150,6 +152,7 @@ SETTINGS = {
     "keras_vit_gelu_bf16": ("BFLOAT16_GELU_IN_FLOAT32", False),
     "keras_vit_attention_autodiff": ("ATTENTION_GRADIENT_GROUPS", 0),
     "keras_vit_attention_groups": ("ATTENTION_GRADIENT_GROUPS", 8),
+    "keras_vit_unsplit_dots": ("SPLIT_BATCHED_DOTS", False),
 }
 
 

@@ -325,6 +325,27 @@ def test_dot_product_attention_gradients_are_softmax_attention_gradients(monkeyp
 
 @only_jax
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_split_batched_dots_leave_the_attention_bit_identical(monkeypatch, dtype):
+    """JAX's CPU: the row reduction SPLIT_BATCHED_DOTS puts beside the attention's batched
+    products (for XLA:CPU's threads) changes no bit of its output or of its gradients."""
+    import jax
+
+    import keras_vit.layers.matmul as m
+
+    rng = np.random.default_rng(8)
+    q, k, v, g = (keras.ops.cast(rng.normal(size=(2, n, 3, 16)).astype("float32"), dtype) for n in (11, 13, 13, 11))
+    results = {}
+    for split in (False, True):
+        monkeypatch.setattr(m, "SPLIT_BATCHED_DOTS", split)
+        run = jax.jit(lambda q, k, v, g: jax.vjp(lambda *a: m.dot_product_attention(*a, 0.3), q, k, v))
+        out, pullback = run(q, k, v, g)
+        results[split] = [np.asarray(_as64(t)) for t in (out, *pullback(g))]
+    for plain, split in zip(results[False], results[True]):
+        np.testing.assert_array_equal(split, plain)
+
+
+@only_jax
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("groups, keeps_weights", [(0, True), (1, False), (4, False)])
 def test_attention_gradient_keeps_no_softmax_weights(capsys, monkeypatch, dtype, groups, keeps_weights):
     """JAX's CPU: with ATTENTION_GRADIENT_GROUPS the attention's forward pass keeps no (batch *

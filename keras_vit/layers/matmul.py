@@ -41,6 +41,17 @@ made ViT-B/16's attention gradient alone 2x faster on two cores (41 -> 20 ms in 
 42 -> 24 ms in float32) but not the train step, whose other work already fills the second core
 (1.00-1.04x), and DINOv2's 0.90-0.93x; the default is one group. 0 gives JAX's own gradient.
 
+The same executor runs a batched dot that is alone in its fusion (YNNPACK's) on one thread --
+(96, 197, 197) x (96, 197, 64) in bfloat16 at 87-128 GFLOP/s, cpu time / wall time 1.01, where a
+(1576, 768) x (768, 768) dot reaches 358 on both cores -- and one whose result goes on to a
+reduction over its rows on all threads (268 GFLOP/s, cpu/wall 1.94). So with SPLIT_BATCHED_DOTS
+the attention's products that end in a head dimension (weights x values forward; the value,
+query and key gradients) come out as `y + 0 * max(row of y)`, which is `y` for finite values:
+ViT-B/16's mixed_bfloat16 train step ran 1.01-1.04x faster (best; 1.03-1.06x median) and its
+float32 inference 1.04-1.05x at batch 8, the rest within 1-2%, one process, calls interleaved.
+Attention in query chunks leaves it out: there the small products ran faster on one thread
+(DINOv2-S/14 at 518 px, mixed_bfloat16 train step 0.94x with it).
+
 `matmul_add` is `matmul(x, kernel) + bias`. On PyTorch it is one `torch.addmm` (the bias added
 in oneDNN's matmul epilogue, as torch's own Linear does) instead of a matmul and a separate
 add over the whole output: the add was 9% of the op time of a bfloat16 ViT-B/16 on the PyTorch
@@ -115,6 +126,11 @@ BFLOAT16_GELU_IN_FLOAT32 = True
 #: softmax weights instead of keeping them, going through (batch * heads) in this many independent
 #: groups (see the module docstring); 0 gives JAX's own gradient of the attention.
 ATTENTION_GRADIENT_GROUPS = 1
+
+#: JAX's CPU attention over all queries at once puts a row reduction beside its batched products
+#: that end in a head dimension, so that XLA:CPU runs them on all its threads (see the module
+#: docstring).
+SPLIT_BATCHED_DOTS = True
 
 
 @functools.cache
@@ -292,15 +308,20 @@ def dot_product_attention(query, key, value, scale):
 
         query, key, value = by_head(query), by_head(key), by_head(value)
 
+        chunk = QUERY_CHUNK
+        whole_queries = tokens <= CHUNK_QUERIES_ABOVE or tokens < 2 * chunk
+        split = SPLIT_BATCHED_DOTS and whole_queries  # a chunk's small products: faster on one thread
         dtype = query.dtype if query.dtype == key.dtype == value.dtype else None
         own = (dtype == jnp.bfloat16 and BFLOAT16_GRADIENT_DOTS) or dtype == f32
-        core = _jax_attention_core(ATTENTION_GRADIENT_GROUPS) if own and ATTENTION_GRADIENT_GROUPS else _attention_forward
+        if own and ATTENTION_GRADIENT_GROUPS:
+            core = _jax_attention_core(ATTENTION_GRADIENT_GROUPS, split)
+        else:
+            core = functools.partial(_attention_forward, split=split)
 
         def attend(q):  # (batch * heads, some query tokens, head_dim) -> the same shape
             return core(q, key, value)
 
-        chunk = QUERY_CHUNK
-        if tokens <= CHUNK_QUERIES_ABOVE or tokens < 2 * chunk:
+        if whole_queries:
             y = attend(query)
         else:  # one loop step per QUERY_CHUNK queries (their logits stay in cache), then the rest
             whole = tokens // chunk * chunk
@@ -312,7 +333,7 @@ def dot_product_attention(query, key, value, scale):
     return ops.dot_product_attention(query, key, value, scale=scale)
 
 
-def _attention_forward(q, k, v, with_weights=False):
+def _attention_forward(q, k, v, with_weights=False, split=False):
     """Softmax attention of head-major (n, queries, d) `q` (scaled) over (n, keys, d) `k`, `v` on
     JAX: both products accumulate in float32, the softmax is float32, the output `v`'s dtype."""
     import jax
@@ -320,12 +341,23 @@ def _attention_forward(q, k, v, with_weights=False):
 
     logits = jnp.einsum("nqd,nkd->nqk", q, k, preferred_element_type=jnp.float32)
     weights = jax.nn.softmax(logits, axis=-1)
-    y = jnp.einsum("nqk,nkd->nqd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32).astype(v.dtype)
+    y = jnp.einsum("nqk,nkd->nqd", weights.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    y = _on_all_threads(y, split).astype(v.dtype)
     return (y, weights) if with_weights else y
 
 
+def _on_all_threads(y, split):
+    """`y`, the float32 result of a batched dot, with a reduction over its rows in the same XLA
+    fusion when `split`: XLA:CPU runs a batched dot that is alone in its fusion on one thread, and
+    one whose result goes on to a row reduction on all of them. `y + 0 * max(row)` is `y` exactly
+    for finite values (a row holding +inf comes out NaN)."""
+    import jax.numpy as jnp
+
+    return y + 0.0 * jnp.max(y, axis=-1, keepdims=True) if split else y
+
+
 @functools.cache
-def _jax_attention_core(groups):
+def _jax_attention_core(groups, split):
     """`_attention_forward` with its own gradient, for float32 or bfloat16 `q`, `k`, `v`. The
     forward pass keeps only `q`, `k`, `v`; the gradient recomputes the softmax weights (the same
     ops, so the same numbers) in `groups` independent slices of the leading axis, which XLA:CPU's
@@ -340,7 +372,7 @@ def _jax_attention_core(groups):
     f32 = jnp.float32
 
     def bmm(a, b, dtype):
-        return jnp.matmul(a, b, preferred_element_type=f32).astype(dtype)
+        return _on_all_threads(jnp.matmul(a, b, preferred_element_type=f32), split).astype(dtype)
 
     def gradients(q, k, v, upstream):
         dtype = v.dtype
@@ -348,7 +380,7 @@ def _jax_attention_core(groups):
         weights = _attention_forward(q, k, v, with_weights=True)[1]
         upstream = upstream.astype(dtype)
         rounded = weights.astype(dtype)
-        d_rounded = bmm(upstream, transpose(v), dtype).astype(f32)
+        d_rounded = jnp.matmul(upstream, transpose(v), preferred_element_type=f32).astype(dtype).astype(f32)
         d_value = bmm(transpose(rounded), upstream, dtype)
         d_logits = weights * (d_rounded - jnp.sum(weights * d_rounded, axis=-1, keepdims=True))
         d_logits = d_logits.astype(q.dtype)
@@ -358,10 +390,10 @@ def _jax_attention_core(groups):
 
     @jax.custom_vjp
     def core(q, k, v):
-        return _attention_forward(q, k, v)
+        return _attention_forward(q, k, v, split=split)
 
     def forward(q, k, v):
-        return _attention_forward(q, k, v), (q, k, v)
+        return _attention_forward(q, k, v, split=split), (q, k, v)
 
     def backward(residuals, upstream):
         n = upstream.shape[0]
