@@ -287,14 +287,13 @@ def _attention_gradients64(q, k, v, g, scale):
 
 
 @only_jax
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype, groups", [("float32", 1), ("bfloat16", 0), ("bfloat16", 1), ("bfloat16", 4)])
 @pytest.mark.parametrize("chunked", [False, True])
-@pytest.mark.parametrize("groups", [0, 1, 4])
 def test_dot_product_attention_gradients_are_softmax_attention_gradients(monkeypatch, dtype, chunked, groups):
     """JAX's CPU: the gradients of layers.dot_product_attention with respect to queries, keys and
     values are those of softmax(q k^T * scale) v in NumPy float64 (bfloat16: its own gradient
     products, to bfloat16 rounding, all of them bfloat16 dots where JAX's own are float32), queries
-    and keys of different lengths, whole and in query chunks, with JAX's own gradient
+    and keys of different lengths, whole and in query chunks; bfloat16 with JAX's own gradient
     (ATTENTION_GRADIENT_GROUPS = 0) and with the recomputing one in one group or in four uneven
     ones (6 batch * heads rows: 1, 2, 1 and 2)."""
     import jax
@@ -323,6 +322,39 @@ def test_dot_product_attention_gradients_are_softmax_attention_gradients(monkeyp
         assert any("f32" in types for types in operands), operands
 
 
+def _attention_tangent64(q, k, v, tq, tk, tv, scale):
+    """The directional derivative of softmax attention of (batch, tokens, heads, head_dim) float64
+    arrays along the tangents (tq, tk, tv), from the formulas."""
+    logits = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    d_logits = (np.einsum("bqhd,bkhd->bhqk", tq, k) + np.einsum("bqhd,bkhd->bhqk", q, tk)) * scale
+    d_p = p * (d_logits - (p * d_logits).sum(-1, keepdims=True))
+    return np.einsum("bhqk,bkhd->bqhd", d_p, v) + np.einsum("bhqk,bkhd->bqhd", p, tv)
+
+
+@only_jax
+@pytest.mark.parametrize("chunked", [False, True])
+def test_float32_attention_has_forward_mode_derivatives(monkeypatch, chunked):
+    """JAX's CPU: float32 layers.dot_product_attention keeps JAX's own differentiation, so
+    `jax.jvp` runs through it (a custom gradient would refuse) and gives the directional
+    derivative of softmax(q k^T * scale) v in NumPy float64, whole and in query chunks."""
+    import jax
+
+    import keras_vit.layers.matmul as m
+
+    if chunked:
+        monkeypatch.setattr(m, "CHUNK_QUERIES_ABOVE", 8)
+        monkeypatch.setattr(m, "QUERY_CHUNK", 4)
+    rng = np.random.default_rng(9)
+    q, k, v, tq, tk, tv = (rng.normal(size=(2, n, 3, 16)).astype("float32") for n in (11, 13, 13, 11, 13, 13))
+    out, tangent = jax.jit(lambda *a: jax.jvp(lambda *b: m.dot_product_attention(*b, 0.3), a[:3], a[3:]))(
+        q, k, v, tq, tk, tv
+    )
+    expected = _attention_tangent64(*(_as64(t) for t in (q, k, v, tq, tk, tv)), 0.3)
+    assert tangent.dtype == np.float32
+    np.testing.assert_allclose(_as64(tangent), expected, rtol=2e-5, atol=2e-5 * np.abs(expected).max())
+
 @only_jax
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_split_batched_dots_leave_the_attention_bit_identical(monkeypatch, dtype):
@@ -345,11 +377,10 @@ def test_split_batched_dots_leave_the_attention_bit_identical(monkeypatch, dtype
 
 
 @only_jax
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("groups, keeps_weights", [(0, True), (1, False), (4, False)])
-def test_attention_gradient_keeps_no_softmax_weights(capsys, monkeypatch, dtype, groups, keeps_weights):
-    """JAX's CPU: with ATTENTION_GRADIENT_GROUPS the attention's forward pass keeps no (batch *
-    heads, queries, keys) softmax weights for the gradient (it recomputes them); JAX's own
+def test_bfloat16_attention_gradient_keeps_no_softmax_weights(capsys, monkeypatch, groups, keeps_weights):
+    """JAX's CPU: with ATTENTION_GRADIENT_GROUPS the bfloat16 attention's forward pass keeps no
+    (batch * heads, queries, keys) softmax weights for the gradient (it recomputes them); JAX's own
     gradient keeps them, so the check can fail."""
     from jax.ad_checkpoint import print_saved_residuals
 
@@ -357,7 +388,7 @@ def test_attention_gradient_keeps_no_softmax_weights(capsys, monkeypatch, dtype,
 
     monkeypatch.setattr(m, "ATTENTION_GRADIENT_GROUPS", groups)
     rng = np.random.default_rng(7)
-    q, k, v = (keras.ops.cast(rng.normal(size=(2, n, 3, 16)).astype("float32"), dtype) for n in (11, 13, 13))
+    q, k, v = (keras.ops.cast(rng.normal(size=(2, n, 3, 16)).astype("float32"), "bfloat16") for n in (11, 13, 13))
     capsys.readouterr()
     print_saved_residuals(lambda *a: m.dot_product_attention(*a, 0.3), q, k, v)
     saved = capsys.readouterr().out

@@ -27,28 +27,29 @@ also what forward-mode differentiation (`jax.jvp`, `jax.jacfwd`) of a bfloat16 m
 needs, since a `jax.custom_vjp` function has no forward-mode rule. It is read when a function is
 traced.
 
-The attention's gradient there (float32 too) keeps only the queries, keys and values of the
-forward pass and recomputes the float32 softmax weights from them (the same ops, so the same
-numbers), as flash attention does, instead of keeping a (batch * heads, tokens, tokens) float32
-block per layer: the float32 ViT-B/16 train step at batch 8 peaked at 3.05 GB against 3.40 with
-JAX's own gradient at the same speed (1.02x best, 1.01x median), and DINOv2-S/14 at 518 px, whose
-1370-token attentions go through in query chunks, trained 1.07x faster in float32 and 1.07x (best)
-/ 1.04x (median) in mixed_bfloat16; the mixed_bfloat16 ViT-B/16 step is unchanged (1.01x, 2.7 GB
-either way), one process, steps interleaved (benchmarks/README.md). XLA:CPU runs one small batched
-dot on one thread, so the gradient can also go through the (batch * heads) axis in
+The bfloat16 attention's gradient there keeps only the queries, keys and values of the forward
+pass and recomputes the float32 softmax weights from them (the same ops, so the same numbers), as
+flash attention does, instead of keeping a (batch * heads, tokens, tokens) float32 block per
+layer: DINOv2-S/14 at 518 px, whose 1370-token attentions go through in query chunks, trained
+1.07x (best) / 1.04x (median) faster in mixed_bfloat16, and ViT-B/16's step was unchanged
+(1.00-1.01x), one process, steps interleaved (benchmarks/README.md). float32 keeps JAX's own
+gradient, so that forward-mode differentiation works there (the same recomputing gradient in
+float32 trained DINOv2 1.07x faster and ViT-B/16 1.00-1.02x). XLA:CPU runs one small batched dot
+on one thread, so the gradient can also go through the (batch * heads) axis in
 `ATTENTION_GRADIENT_GROUPS` independent slices, which its executor runs side by side: 8 groups
-made ViT-B/16's attention gradient alone 2x faster on two cores (41 -> 20 ms in mixed_bfloat16,
-42 -> 24 ms in float32) but not the train step, whose other work already fills the second core
-(1.00-1.04x), and DINOv2's 0.90-0.93x; the default is one group. 0 gives JAX's own gradient.
+made ViT-B/16's bfloat16 attention gradient alone 2x faster on two cores (41 -> 20 ms) but not
+the train step, whose other work already fills the second core (0.98-1.04x), and DINOv2's 0.90x;
+the default is one group. 0 gives JAX's own gradient.
 
 The same executor runs a batched dot that is alone in its fusion (YNNPACK's) on one thread --
 (96, 197, 197) x (96, 197, 64) in bfloat16 at 87-128 GFLOP/s, cpu time / wall time 1.01, where a
 (1576, 768) x (768, 768) dot reaches 358 on both cores -- and one whose result goes on to a
 reduction over its rows on all threads (268 GFLOP/s, cpu/wall 1.94). So with SPLIT_BATCHED_DOTS
-the attention's products that end in a head dimension (weights x values forward; the value,
-query and key gradients) come out as `y + 0 * max(row of y)`, which is `y` for finite values:
-ViT-B/16's mixed_bfloat16 train step ran 1.01-1.04x faster (best; 1.03-1.06x median) and its
-float32 inference 1.04-1.05x at batch 8, the rest within 1-2%, one process, calls interleaved.
+the attention's products that end in a head dimension (weights x values forward; the bfloat16
+value, query and key gradients) come out as `y + 0 * max(row of y)` (no gradient through the
+max), which is `y` for finite values: ViT-B/16's mixed_bfloat16 train step ran 1.01-1.04x faster
+(best; 1.03-1.06x median) and its float32 inference 1.04-1.05x at batch 8, the rest within 1-2%,
+one process, calls interleaved.
 Attention in query chunks leaves it out: there the small products ran faster on one thread
 (DINOv2-S/14 at 518 px, mixed_bfloat16 train step 0.94x with it).
 
@@ -122,9 +123,9 @@ BFLOAT16_GRADIENT_DOTS = True
 #: docstring); False gives XLA's bfloat16 GELU.
 BFLOAT16_GELU_IN_FLOAT32 = True
 
-#: JAX's CPU attention gradient (float32, and bfloat16 with BFLOAT16_GRADIENT_DOTS) recomputes the
-#: softmax weights instead of keeping them, going through (batch * heads) in this many independent
-#: groups (see the module docstring); 0 gives JAX's own gradient of the attention.
+#: JAX's CPU bfloat16 attention gradient (with BFLOAT16_GRADIENT_DOTS) recomputes the softmax
+#: weights instead of keeping them, going through (batch * heads) in this many independent groups
+#: (see the module docstring); 0 gives JAX's own gradient of the attention.
 ATTENTION_GRADIENT_GROUPS = 1
 
 #: JAX's CPU attention over all queries at once puts a row reduction beside its batched products
@@ -311,9 +312,8 @@ def dot_product_attention(query, key, value, scale):
         chunk = QUERY_CHUNK
         whole_queries = tokens <= CHUNK_QUERIES_ABOVE or tokens < 2 * chunk
         split = SPLIT_BATCHED_DOTS and whole_queries  # a chunk's small products: faster on one thread
-        dtype = query.dtype if query.dtype == key.dtype == value.dtype else None
-        own = (dtype == jnp.bfloat16 and BFLOAT16_GRADIENT_DOTS) or dtype == f32
-        if own and ATTENTION_GRADIENT_GROUPS:
+        bf16 = query.dtype == key.dtype == value.dtype == jnp.bfloat16
+        if bf16 and BFLOAT16_GRADIENT_DOTS and ATTENTION_GRADIENT_GROUPS:
             core = _jax_attention_core(ATTENTION_GRADIENT_GROUPS, split)
         else:
             core = functools.partial(_attention_forward, split=split)
@@ -351,21 +351,22 @@ def _on_all_threads(y, split):
     fusion when `split`: XLA:CPU runs a batched dot that is alone in its fusion on one thread, and
     one whose result goes on to a row reduction on all of them. `y + 0 * max(row)` is `y` exactly
     for finite values (a row holding +inf comes out NaN)."""
+    import jax
     import jax.numpy as jnp
 
-    return y + 0.0 * jnp.max(y, axis=-1, keepdims=True) if split else y
+    return y + 0.0 * jax.lax.stop_gradient(jnp.max(y, axis=-1, keepdims=True)) if split else y
 
 
 @functools.cache
 def _jax_attention_core(groups, split):
-    """`_attention_forward` with its own gradient, for float32 or bfloat16 `q`, `k`, `v`. The
-    forward pass keeps only `q`, `k`, `v`; the gradient recomputes the softmax weights (the same
-    ops, so the same numbers) in `groups` independent slices of the leading axis, which XLA:CPU's
-    executor runs side by side on its threads: one small batched dot runs on one thread. In
-    bfloat16 the four gradient products are dots against written-out transposes
-    (`_written_transpose`), bfloat16 dots with float32 accumulation, and the float32 softmax
-    gradient is rounded to bfloat16 for the two products that take it, as the bfloat16 products of
-    a mixed-precision attention take their gradients; in float32 the transposes are left to XLA."""
+    """`_attention_forward` of bfloat16 `q`, `k`, `v` with its own gradient. The forward pass keeps
+    only `q`, `k`, `v`; the gradient recomputes the softmax weights (the same ops, so the same
+    numbers) in `groups` independent slices of the leading axis, which XLA:CPU's executor runs side
+    by side on its threads: one small batched dot runs on one thread. The four gradient products
+    are bfloat16 dots with float32 accumulation against written-out transposes
+    (`_written_transpose`), and the float32 softmax gradient is rounded to bfloat16 for the two
+    products that take it, as the bfloat16 products of a mixed-precision attention take their
+    gradients. `split`: the products that end in a head dimension go through `_on_all_threads`."""
     import jax
     import jax.numpy as jnp
 
@@ -376,16 +377,15 @@ def _jax_attention_core(groups, split):
 
     def gradients(q, k, v, upstream):
         dtype = v.dtype
-        transpose = _written_transpose if dtype == jnp.bfloat16 else (lambda t: jnp.swapaxes(t, -1, -2))
         weights = _attention_forward(q, k, v, with_weights=True)[1]
         upstream = upstream.astype(dtype)
         rounded = weights.astype(dtype)
-        d_rounded = jnp.matmul(upstream, transpose(v), preferred_element_type=f32).astype(dtype).astype(f32)
-        d_value = bmm(transpose(rounded), upstream, dtype)
+        d_rounded = jnp.matmul(upstream, _written_transpose(v), preferred_element_type=f32).astype(dtype).astype(f32)
+        d_value = bmm(_written_transpose(rounded), upstream, dtype)
         d_logits = weights * (d_rounded - jnp.sum(weights * d_rounded, axis=-1, keepdims=True))
         d_logits = d_logits.astype(q.dtype)
         d_query = bmm(d_logits, k, q.dtype)
-        d_key = bmm(transpose(d_logits), q, k.dtype)
+        d_key = bmm(_written_transpose(d_logits), q, k.dtype)
         return d_query, d_key, d_value
 
     @jax.custom_vjp
