@@ -31,9 +31,14 @@ alike); the best of --rounds is kept and the load average printed. The table's "
 GFLOP/s against the best matmul rate measured in that same process. With --readme the tables
 for this CPU replace the ones between `<!-- roofline: CPU -->` and `<!-- /roofline -->` in the
 file (a CPU not seen before gets its section after the last CPU's).
+
+Workers start with glibc's malloc on transparent huge pages where that changes something
+(`keras_vit.huge_pages`, what `keras-vit` and the demo do; --huge-pages off for 4 KiB pages); each
+table's heading says which.
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import re
@@ -267,6 +272,7 @@ def worker(backend, policy, rounds, train):
         loads.append(os.getloadavg()[0])
     return {
         "backend": backend, "policy": policy, "jit_compile": jit, "loads": loads,
+        "huge_pages": "glibc.malloc.hugetlb=1" in os.environ.get("GLIBC_TUNABLES", ""),
         "commit": commit.stdout.strip() or source,
         "rows": [
             {"name": n, "seconds": best[n], "count": calls[n][1], "flops": calls[n][2], "train": n.endswith(" (train)")}
@@ -288,7 +294,8 @@ def table(result, roof_all):
         f"#### {result['backend']}, {result['policy']}, keras_vit {result['commit']} "
         f"(jit_compile={result['jit_compile']}; "
         f"best matmul {roof / 1e9:.0f} GFLOP/s, all backends {max(roof, roof_all) / 1e9:.0f}; "
-        f"load {min(result['loads']):.1f}-{max(result['loads']):.1f})",
+        f"load {min(result['loads']):.1f}-{max(result['loads']):.1f}"
+        f"{'; malloc on huge pages' if result.get('huge_pages') else ''})",
         "",
     ]
 
@@ -339,6 +346,15 @@ def table(result, roof_all):
     return "\n".join(lines) + "\n"
 
 
+def _huge_pages():
+    """keras_vit/huge_pages.py of this checkout, loaded alone (no Keras in the parent process)."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "keras_vit", "huge_pages.py")
+    spec = importlib.util.spec_from_file_location("huge_pages", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def update_readme(path, cpu, text):
     with open(path) as f:
         readme = f.read()
@@ -366,6 +382,8 @@ def main(argv=None):
     parser.add_argument(
         "--keras-vit-from", default=None, help="measure the keras_vit of another checkout (an older commit)"
     )
+    parser.add_argument("--huge-pages", choices=["on", "off"], default="on",
+                        help="start the workers with glibc's malloc on transparent huge pages where it helps")
     parser.add_argument("--worker", nargs=2, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -378,6 +396,8 @@ def main(argv=None):
             cmd = [sys.executable, os.path.abspath(__file__), "--worker", backend, policy, "--rounds", str(args.rounds)]
             cmd += ["--train"] if args.train else []
             env = dict(os.environ, KERAS_BACKEND=backend)
+            if args.huge_pages == "on":
+                env.update(_huge_pages().huge_pages_environment(env))
             if args.keras_vit_from:
                 env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(args.keras_vit_from), env.get("PYTHONPATH", "")])
             out = subprocess.run(cmd, env=env, capture_output=True, text=True)

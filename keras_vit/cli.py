@@ -220,6 +220,10 @@ def _one_line_warnings(command):
 
 
 def main(argv=None):
+    if argv is None:  # the command line: run again under huge pages where they help (keras_vit.huge_pages)
+        from keras_vit.huge_pages import restart_with_huge_pages
+
+        restart_with_huge_pages()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

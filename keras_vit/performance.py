@@ -13,12 +13,20 @@ step once (Keras alone compiles it again at the second step: ViT-Ti/16 at 32 px 
 then 84 s more; compiled once, 176 s).
 For a handful of calls, `jit_compile=False` finishes first.
 
+On Linux, JAX runs faster with glibc's malloc on transparent huge pages: XLA:CPU maps and unmaps
+its temporary buffers on every call, and each call faults in every page anew (a mixed_bfloat16
+ViT-B/16 train step: 1.13x faster with them). glibc reads that setting only at start, so
+`restart_with_huge_pages()` starts a script again with it (keras_vit.huge_pages); the `keras-vit`
+command and the demo do so themselves.
+
     import keras_vit
     model = keras_vit.ViTB16(weights=None)
     model.compile(jit_compile=keras_vit.performance.recommended_jit_compile())
 """
 
 import keras
+
+from keras_vit.huge_pages import huge_pages_environment, restart_with_huge_pages, started_with_huge_pages  # noqa: F401
 
 
 def _on_cpu(backend):

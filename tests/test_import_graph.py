@@ -16,7 +16,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "keras_vit"
 LAYERS = (
     # the floor: files, names, shapes, the Hub, backend edges
     ("keras_vit.errors", "keras_vit.version", "keras_vit.names", "keras_vit.geometry", "keras_vit.choices",
-     "keras_vit.storage", "keras_vit.hub", "keras_vit.backend_workarounds", "keras_vit.performance",
+     "keras_vit.storage", "keras_vit.hub", "keras_vit.backend_workarounds", "keras_vit.huge_pages", "keras_vit.performance",
      "keras_vit.compilation", "keras_vit.imagenet"),
     ("keras_vit.layers", "keras_vit.quantization"),
     ("keras_vit.models",),
