@@ -20,7 +20,9 @@ Mixed bfloat16: Keras' `mixed_bfloat16` policy, timm under `torch.autocast("cpu"
 Flax with `dtype=bfloat16` (float32 parameters). Each side runs in a fresh process; the sides are
 interleaved round by round (the order reversed every other round), and each round records the
 load average. The table's ratios are the best images/s of a side over the best of its peer in
-the same run; peak RSS is the child's ru_maxrss (os.wait4).
+the same run; peak RSS is the child's ru_maxrss (os.wait4). Every side starts with glibc's malloc
+on transparent huge pages where that changes something (`keras_vit.huge_pages`; --huge-pages off
+for 4 KiB pages).
 
     .venv/bin/python benchmarks/train_step.py --quick            # ViT-B/16, float32, one round
     .venv/bin/python benchmarks/train_step.py --models B16 L16 --dtypes float32 mixed_bfloat16
@@ -268,8 +270,15 @@ def worker(spec):
 # ---------------------------------------------------------------------------------------------
 
 
-def _env(side, threads, device):
+def _env(side, threads, device, huge_pages=False):
     env = dict(os.environ)
+    if huge_pages:  # every side alike: glibc's malloc on transparent huge pages where it helps
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("huge_pages", os.path.join(ROOT, "keras_vit", "huge_pages.py"))
+        module = importlib.util.module_from_spec(spec)  # alone: no Keras in the driver
+        spec.loader.exec_module(module)
+        env.update(module.huge_pages_environment(env))
     backend = {"keras-jax": "jax", "keras-tensorflow": "tensorflow", "keras-torch": "torch"}.get(side)
     if backend:
         env["KERAS_BACKEND"] = backend
@@ -291,7 +300,8 @@ def run_side(spec, timeout):
         t0 = time.perf_counter()
         with open(log_path, "w") as log:
             proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,
-                                    env=_env(spec["side"], spec.get("threads"), spec.get("device")), cwd=ROOT)
+                                    env=_env(spec["side"], spec.get("threads"), spec.get("device"),
+                                             spec.get("huge_pages", False)), cwd=ROOT)
             deadline = time.monotonic() + timeout
             while True:
                 pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
@@ -422,6 +432,9 @@ def main(argv=None):
     parser.add_argument("--flash", nargs="+", default=["auto"], choices=["auto", "on", "off"],
                         help="keras_vit's ops.dot_product_attention with flash_attention forced (GPU)")
     parser.add_argument("--remat", nargs="+", default=["off"], choices=["off", "on"])
+    parser.add_argument("--huge-pages", choices=["on", "off"], default="on",
+                        help="start every side with glibc's malloc on transparent huge pages where it helps "
+                             "(keras_vit.huge_pages)")
     parser.add_argument("--timeout", type=int, default=1800, help="seconds per side")
     parser.add_argument("--quick", action="store_true", help="ViT-B/16, float32, one round, 2 timed steps")
     parser.add_argument("--name", default="train_step", help="results file name (results/NAME.json, .md)")
@@ -445,7 +458,8 @@ def main(argv=None):
                         for jit in jits:
                             spec = dict(side=side, model=model, dtype=dtype, steps=args.steps, warmup=args.warmup,
                                         threads=args.threads, device=args.device, batch=args.batch,
-                                        remat=remat == "on", flash=None if flash == "auto" else flash)
+                                        remat=remat == "on", flash=None if flash == "auto" else flash,
+                                        huge_pages=args.huge_pages == "on")
                             if side == "keras-torch":
                                 spec["jit"] = jit == "compiled"
                             if side.startswith("keras-") and side != "keras-torch" and args.device == "gpu":
