@@ -33,7 +33,7 @@ for this CPU replace the ones between `<!-- roofline: CPU -->` and `<!-- /roofli
 file (a CPU not seen before gets its section after the last CPU's).
 
 Workers start with glibc's malloc on transparent huge pages where that changes something
-(`keras_vit.huge_pages`, what `keras-vit` and the demo do; --huge-pages off for 4 KiB pages); each
+(`keras_vit.huge_pages`, what `keras-vit finetune` does; --huge-pages off for 4 KiB pages); each
 table's heading says which.
 """
 

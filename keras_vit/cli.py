@@ -219,11 +219,19 @@ def _one_line_warnings(command):
         warnings.formatwarning = default
 
 
-def main(argv=None):
-    if argv is None:  # the command line: run again under huge pages where they help (keras_vit.huge_pages)
-        from keras_vit.huge_pages import restart_with_huge_pages
+#: The commands that run models at their full size (training, evaluation, features, attention
+#: maps): from the command line they start again under glibc's huge pages where those help
+#: (keras_vit.huge_pages). The others start as they are.
+HUGE_PAGE_COMMANDS = ("finetune", "vtab", "evaluate", "fewshot", "explain")
 
-        restart_with_huge_pages()
+
+def main(argv=None):
+    if argv is None:
+        command = next((arg for arg in sys.argv[1:] if not arg.startswith("-")), None)
+        if command in HUGE_PAGE_COMMANDS:
+            from keras_vit.huge_pages import restart_with_huge_pages
+
+            restart_with_huge_pages()
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -330,7 +330,4 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    from keras_vit.huge_pages import restart_with_huge_pages
-
-    restart_with_huge_pages()  # XLA's per-call buffers on huge pages (keras_vit.huge_pages)
     main()

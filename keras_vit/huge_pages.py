@@ -12,8 +12,10 @@ TensorFlow and PyTorch keep most of their memory between calls and change little
 
 glibc reads its tunables when a process starts, from the GLIBC_TUNABLES environment variable,
 so a running process cannot switch them on for itself: `restart_with_huge_pages()` starts the
-same command again with the variable set. The `keras-vit` command and `python -m keras_vit.demo`
-call it first thing. It does nothing where the tunable changes nothing: not glibc 2.35 or later,
+same command again with the variable set. The `keras-vit` commands that run models (finetune,
+vtab, evaluate, fewshot, explain) call it first thing. The demo does not: its 16-32 px models
+allocate little, and it ran no faster with huge pages (62-64 s against 55-62 s, more system time
+zeroing 2 MiB pages). It does nothing where the tunable changes nothing: not glibc 2.35 or later,
 or the kernel's transparent huge pages set to `always` (already on) or `never` (off); nor where
 GLIBC_TUNABLES already names the tunable, or KERAS_VIT_HUGE_PAGES=0.
 

@@ -17,7 +17,7 @@ On Linux, JAX runs faster with glibc's malloc on transparent huge pages: XLA:CPU
 its temporary buffers on every call, and each call faults in every page anew (a mixed_bfloat16
 ViT-B/16 train step: 1.13x faster with them). glibc reads that setting only at start, so
 `restart_with_huge_pages()` starts a script again with it (keras_vit.huge_pages); the `keras-vit`
-command and the demo do so themselves.
+commands that train and evaluate models do so themselves.
 
     import keras_vit
     model = keras_vit.ViTB16(weights=None)

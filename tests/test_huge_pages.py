@@ -118,9 +118,9 @@ def test_no_restart_when_turned_off_or_reading_standard_input(tmp_path):
 
 
 @needs_madvise
-def test_the_keras_vit_command_runs_under_huge_pages(tmp_path):
-    """`keras-vit` (here a script of that name that runs keras_vit.cli) restarts itself before it
-    parses its command: a bad command's error comes once, from the restarted process."""
+def test_the_keras_vit_commands_that_run_models_restart_under_huge_pages(tmp_path):
+    """`keras-vit finetune` (here a script of that name that runs keras_vit.cli) restarts itself
+    before it parses its arguments; `keras-vit presets` and a bad command start as they are."""
     env = {"PYTHONPATH": os.path.dirname(os.path.dirname(huge_pages.__file__))}
     # says, in each process, whether it started with huge pages, then runs the command; named as the
     # console script is, so that keras_vit loads as lazily as it does for `keras-vit`
@@ -131,6 +131,10 @@ def test_the_keras_vit_command_runs_under_huge_pages(tmp_path):
         "print('huge pages', huge_pages.started_with_huge_pages(), flush=True)\n"
         "runpy.run_module('keras_vit.cli', run_name='__main__')\n"
     )
-    out = _child(None, env, args=[str(probe), "no-such-command"])
-    assert out.stdout.splitlines() == ["huge pages False", "huge pages True"], (out.stdout, out.stderr)
-    assert out.returncode == 2 and out.stderr.count("invalid choice") == 1, out.stderr
+    finetune = _child(None, env, args=[str(probe), "finetune", "--help"])
+    assert finetune.returncode == 0, finetune.stderr
+    lines = finetune.stdout.splitlines()
+    assert lines[:2] == ["huge pages False", "huge pages True"] and lines[2].startswith("usage: keras-vit finetune"), lines
+    bad = _child(None, env, args=[str(probe), "no-such-command"])
+    assert bad.stdout.splitlines() == ["huge pages False"], (bad.stdout, bad.stderr)
+    assert bad.returncode == 2 and bad.stderr.count("invalid choice") == 1, bad.stderr
