@@ -249,8 +249,7 @@ def main(argv=None):
     size = MODELS[args.model][2]
     print(f"backend {keras.backend.backend()}, policy {keras.config.dtype_policy().name}, {args.model}, "
           f"{'train steps' if args.train else 'inference'}, {args.reps} interleaved calls, "
-          f"load {os.getloadavg()[0]:.1f}, malloc on huge pages: "
-          f"{'glibc.malloc.hugetlb=1' in os.environ.get('GLIBC_TUNABLES', '')} (keras_vit.huge_pages)")
+          f"load {os.getloadavg()[0]:.1f}, malloc on huge pages: {keras_vit.huge_pages.started_with_huge_pages()}")
     for batch in (int(b) for b in args.batches.split(",")):
         x = np.random.default_rng(0).random((batch, size, size, 3), dtype="float32")
         if args.torch_tensors and keras.backend.backend() == "torch":

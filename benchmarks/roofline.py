@@ -346,8 +346,9 @@ def table(result, roof_all):
     return "\n".join(lines) + "\n"
 
 
-def _huge_pages():
-    """keras_vit/huge_pages.py of this checkout, loaded alone (no Keras in the parent process)."""
+def huge_pages_module():
+    """keras_vit/huge_pages.py of this checkout, loaded alone: a driver process that starts
+    workers under it imports no Keras (train_step.py uses it too)."""
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "keras_vit", "huge_pages.py")
     spec = importlib.util.spec_from_file_location("huge_pages", path)
     module = importlib.util.module_from_spec(spec)
@@ -397,7 +398,7 @@ def main(argv=None):
             cmd += ["--train"] if args.train else []
             env = dict(os.environ, KERAS_BACKEND=backend)
             if args.huge_pages == "on":
-                env.update(_huge_pages().huge_pages_environment(env))
+                env.update(huge_pages_module().huge_pages_environment(env))
             if args.keras_vit_from:
                 env["PYTHONPATH"] = os.pathsep.join([os.path.abspath(args.keras_vit_from), env.get("PYTHONPATH", "")])
             out = subprocess.run(cmd, env=env, capture_output=True, text=True)

@@ -273,12 +273,10 @@ def worker(spec):
 def _env(side, threads, device, huge_pages=False):
     env = dict(os.environ)
     if huge_pages:  # every side alike: glibc's malloc on transparent huge pages where it helps
-        import importlib.util
+        sys.path.insert(0, HERE)
+        from roofline import huge_pages_module
 
-        spec = importlib.util.spec_from_file_location("huge_pages", os.path.join(ROOT, "keras_vit", "huge_pages.py"))
-        module = importlib.util.module_from_spec(spec)  # alone: no Keras in the driver
-        spec.loader.exec_module(module)
-        env.update(module.huge_pages_environment(env))
+        env.update(huge_pages_module().huge_pages_environment(env))
     backend = {"keras-jax": "jax", "keras-tensorflow": "tensorflow", "keras-torch": "torch"}.get(side)
     if backend:
         env["KERAS_BACKEND"] = backend
