@@ -9,7 +9,8 @@
 One process per backend and dtype policy. In it, for batch 8 at 224 px:
 
 - the best rate of the backend's own plain matmul on ViT-B/16's three matmul shapes (the
-  roofline: a ViT is >95% matmul FLOPs);
+  roofline: a ViT is >95% matmul FLOPs); on PyTorch in float32 both of its kernels, MKL's
+  `torch.mm` and oneDNN's;
 - the model's inference (`predict_on_batch`, `jit_compile=performance.recommended_jit_compile()`)
   and, with --train, one SGD-momentum train step (`train_on_batch`, 3x the forward FLOPs);
 - on PyTorch, timm's vit_base_patch16_224 beside it (eager, `inference_mode`, autocast under
@@ -69,7 +70,11 @@ def cpu_model():
     name = re.search(r"model name\s*:\s*(.*)", text).group(1).strip()
     flags = set(re.search(r"flags\s*:\s*(.*)", text).group(1).split())
     extras = [f for f in ("avx512f", "avx512_bf16", "amx_bf16") if f in flags]
-    return f"{name}, {os.cpu_count()} CPUs, {' '.join(extras) or 'no AVX-512'}"
+    # A virtual machine's model name can be the vendor's family name alone ("AMD EPYC"), the same
+    # for CPUs of twice the vector width: the family and model numbers tell them apart.
+    family, model = (re.search(rf"^{key}\s*:\s*(\d+)", text, flags=re.M) for key in ("cpu family", "model"))
+    generation = f" (family {family.group(1)}, model {model.group(1)})" if family and model else ""
+    return f"{name}{generation}, {os.cpu_count()} CPUs, {' '.join(extras) or 'no AVX-512'}"
 
 
 # === The worker: one backend and dtype policy ===
@@ -162,6 +167,15 @@ def _plain_matmul(backend, dtype):
     return torch.mm
 
 
+def _torch_onednn_matmul():
+    """oneDNN's float32 matmul in PyTorch (`torch.ops.mkldnn._linear_pointwise`), or None."""
+    import torch
+
+    if not torch.backends.mkldnn.is_available():
+        return None
+    return lambda a, b: torch.ops.mkldnn._linear_pointwise(a, b.t(), None, "none", [], "")
+
+
 def worker(backend, policy, rounds, train):
     import keras
     import numpy as np
@@ -184,9 +198,12 @@ def worker(backend, policy, rounds, train):
 
     calls = {}  # name: (callable, count per model call, flops per call or 0)
     mm = _plain_matmul(backend, dtype)
+    onednn = _torch_onednn_matmul() if backend == "torch" and dtype == "float32" else None
     for m, k, n in ROOF_SHAPES:
         a, b = rand(m, k), rand(k, n)
         calls[f"matmul {m}x{k}x{n}"] = ((lambda a=a, b=b: sync(mm(a, b))), 0, 2 * m * k * n)
+        if onednn:  # PyTorch's float32 matmul is MKL's; its oneDNN one can be faster (AMD)
+            calls[f"matmul {m}x{k}x{n} oneDNN"] = ((lambda a=a, b=b: sync(onednn(a, b))), 0, 2 * m * k * n)
     for name, (m, k, n, count) in MATMULS.items():
         f = compile_fn(matmul_add)
         x, w, bias = rand(m, k), rand(k, n), rand(n)

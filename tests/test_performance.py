@@ -88,6 +88,88 @@ def test_layers_matmul_add_is_product_plus_bias(dtype):
             np.testing.assert_allclose(fused, unfused, rtol=1e-5, atol=1e-4)
 
 
+only_torch = pytest.mark.skipif(keras.backend.backend() != "torch", reason="oneDNN's float32 matmul is PyTorch's")
+
+
+def _profiled_ops(fn):
+    """The names of the operators PyTorch's profiler records while `fn()` runs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return {event.name for event in prof.events()}
+
+
+@only_torch
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_onednn_float32_matmul_is_the_product_with_its_gradients(monkeypatch, compiled, with_bias):
+    """PyTorch, float32 through oneDNN (`keras_vit::onednn_matmul`, forced on whatever the CPU):
+    `matmul` / `matmul_add` and their gradients are the float64 formulas within float32 rounding,
+    eager and under torch.compile, for a random upstream and for the broadcast one of a `sum()`
+    (stride 0, copied before oneDNN reads it); oneDNN's kernel is what runs."""
+    import torch
+
+    from keras_vit.layers import matmul as mm
+
+    monkeypatch.setattr(mm, "ONEDNN_FLOAT32_MATMUL", True)
+    rng = np.random.default_rng(2)
+    x, k, b, g = (rng.normal(size=s) for s in ((33, 256), (256, 40), (40,), (33, 40)))
+    b = b * 10.0
+
+    def fn(tx, tk, tb):
+        return mm.matmul_add(tx, tk, tb) if with_bias else mm.matmul(tx, tk)
+
+    run = torch.compile(fn, fullgraph=True) if compiled else fn
+    for upstream in (g, np.ones_like(g)):
+        tx, tk, tb = (torch.tensor(v, dtype=torch.float32, requires_grad=True) for v in (x, k, b))
+        out = run(tx, tk, tb)
+        loss = out.sum() if upstream is not g else (out * torch.tensor(g, dtype=torch.float32)).sum()
+        loss.backward()
+        exact = x @ k + (b if with_bias else 0.0)
+        # float32: rounding of 256-term sums of size ~16 (2**-24 relative each, far below 1e-4)
+        np.testing.assert_allclose(out.detach().numpy(), exact, rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(tx.grad.numpy(), upstream @ k.T, rtol=1e-5, atol=1e-4)
+        np.testing.assert_allclose(tk.grad.numpy(), x.T @ upstream, rtol=1e-5, atol=1e-4)
+        if with_bias:
+            np.testing.assert_allclose(tb.grad.numpy(), upstream.sum(0), rtol=1e-5, atol=1e-4)
+        else:
+            assert tb.grad is None
+    tx, tk, tb = (torch.tensor(v, dtype=torch.float32) for v in (x, k, b))
+    assert "mkldnn::_linear_pointwise" in _profiled_ops(lambda: run(tx, tk, tb))
+
+
+def _amd_cpu():
+    with open("/proc/cpuinfo") as f:
+        return "AuthenticAMD" in f.read()
+
+
+@only_torch
+def test_onednn_float32_matmul_runs_where_it_is_chosen(monkeypatch):
+    """"auto" takes oneDNN's float32 matmul on AMD CPUs (MKL runs its AVX2 code there) and MKL's
+    `addmm` elsewhere; False always MKL; bfloat16 is never routed. A float32 ViT's forward on the
+    oneDNN path gives MKL's logits within float32 rounding."""
+    import torch
+
+    import keras_vit
+    from conftest import TINY, randomize
+    from keras_vit.layers import matmul as mm
+
+    x = np.random.default_rng(3).normal(size=(2, 32, 32, 3)).astype("float32")
+    model = randomize(keras_vit.VisionTransformer(**dict(TINY, num_layers=1), classifier_activation=None), seed=4)
+    outputs = {}
+    for choice in ("auto", False, True):
+        monkeypatch.setattr(mm, "ONEDNN_FLOAT32_MATMUL", choice)
+        ops_run = _profiled_ops(lambda: outputs.__setitem__(choice, model.predict_on_batch(x)))
+        onednn = "mkldnn::_linear_pointwise" in ops_run
+        assert onednn == (choice is True or (choice == "auto" and _amd_cpu())), (choice, sorted(ops_run)[:40])
+        assert onednn != ("aten::addmm" in ops_run)
+    np.testing.assert_allclose(outputs[True], outputs[False], rtol=1e-5, atol=1e-5)
+    assert np.abs(outputs[False]).max() > 0.1
+    a, w, c = (torch.ones(4, 8, dtype=torch.bfloat16), torch.ones(8, 3, dtype=torch.bfloat16), torch.ones(3, dtype=torch.bfloat16))
+    assert "mkldnn::_linear_pointwise" not in _profiled_ops(lambda: mm.matmul_add(a, w, c))
+
+
 def _no_recompiles():
     """PyTorch: a context in which torch.compile raises instead of compiling a function again
     (the train step is compiled once, not again at the second step); other backends: none."""

@@ -58,6 +58,17 @@ in oneDNN's matmul epilogue, as torch's own Linear does) instead of a matmul and
 add over the whole output: the add was 9% of the op time of a bfloat16 ViT-B/16 on the PyTorch
 backend (benchmarks/README.md). TensorFlow's graph optimizer and XLA fuse the add by themselves.
 
+On PyTorch's CPU backend a float32 `matmul` of a 2-D `x` and a 2-D kernel, and `matmul_add`,
+run through oneDNN's float32 matmul (`torch.ops.mkldnn._linear_pointwise`) on AMD CPUs instead of
+MKL's `addmm`: MKL runs its AVX2 code on CPUs not made by Intel, at half of what the CPU reaches. On
+a 2-core AMD EPYC (family 26) with AVX-512 MKL took ViT-B/16's (1576, 768) x (768, 3072) product
+at 213 GFLOP/s and oneDNN at 441, and the input and kernel gradients at 212-221 against 373-469
+(benchmarks/README.md). The op is registered as `keras_vit::onednn_matmul` (a `torch.library`
+custom op with its own gradient, three oneDNN products), which torch.compile calls as it is
+(Inductor's own oneDNN lowering takes only constant weights). The products are the same sums
+in float32, added in another order: within float32 rounding of MKL's. ONEDNN_FLOAT32_MATMUL
+chooses: "auto" (AMD CPUs, where torch has oneDNN), True (every CPU) or False (MKL).
+
 `gelu` is `keras.ops.gelu` but for two cases. The tanh form being traced by torch.compile is
 written as x * sigmoid(2z), z = sqrt(2/pi) * (x + 0.044715 x^3) -- the same function, since
 (1 + tanh(z)) / 2 = sigmoid(2z) -- in float32, which the compiler turns into one fused loop,
@@ -133,6 +144,10 @@ ATTENTION_GRADIENT_GROUPS = 1
 #: docstring).
 SPLIT_BATCHED_DOTS = True
 
+#: PyTorch's CPU float32 `matmul` and `matmul_add` through oneDNN instead of MKL: "auto" on AMD
+#: CPUs, True everywhere, False never (see the module docstring). Read when a function is traced.
+ONEDNN_FLOAT32_MATMUL = "auto"
+
 
 @functools.cache
 def _jax_on_cpu():
@@ -159,6 +174,10 @@ def matmul(x1, x2):
                 y = _jax_bf16_matmul()(jnp.reshape(x1, (-1, x1.shape[-1])), x2)
                 return jnp.reshape(y, (*x1.shape[:-1], x2.shape[-1]))
             return _bf16_product(x1, x2)
+    if keras.backend.backend() == "torch":
+        x1, x2 = ops.convert_to_tensor(x1), ops.convert_to_tensor(x2)
+        if x1.ndim == x2.ndim == 2 and _torch_onednn_float32(x1, x2):
+            return _TORCH_ONEDNN_MATMUL(x1, x2, None)
     return ops.matmul(x1, x2)
 
 
@@ -208,9 +227,84 @@ def _jax_bf16_matmul():
     return bf16_matmul
 
 
+def _cpu_vendor():
+    """/proc/cpuinfo's vendor_id of the first CPU ("AuthenticAMD", "GenuineIntel"), or ""."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def _register_torch_onednn_matmul():
+    """The custom op `keras_vit::onednn_matmul(x, kernel, bias)`: `x @ kernel (+ bias)` of 2-D
+    float32 tensors by oneDNN, with a gradient whose three products are oneDNN's too; None where
+    PyTorch has no oneDNN."""
+    from typing import Optional
+
+    import torch
+
+    if not torch.backends.mkldnn.is_available():
+        return None
+    linear = torch.ops.mkldnn._linear_pointwise
+
+    def plain(t):  # row- or column-major as it is; anything else (a broadcast gradient) copied
+        rows, cols = t.shape
+        if t.stride() in ((cols, 1), (1, rows)):
+            return t
+        return t.contiguous()
+
+    @torch.library.custom_op("keras_vit::onednn_matmul", mutates_args=())
+    def onednn_matmul(x: torch.Tensor, kernel: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        return linear(plain(x), plain(kernel).t(), bias, "none", [], "")
+
+    @onednn_matmul.register_fake
+    def _(x, kernel, bias):
+        return x.new_empty((x.shape[0], kernel.shape[1]))
+
+    def setup_context(ctx, inputs, output):
+        x, kernel, bias = inputs
+        ctx.save_for_backward(x, kernel)
+        ctx.with_bias = bias is not None
+
+    def backward(ctx, upstream):
+        x, kernel = ctx.saved_tensors
+        d_x = onednn_matmul(upstream, kernel.t(), None) if ctx.needs_input_grad[0] else None
+        d_kernel = onednn_matmul(x.t(), upstream, None) if ctx.needs_input_grad[1] else None
+        d_bias = upstream.sum(0) if ctx.with_bias and ctx.needs_input_grad[2] else None
+        return d_x, d_kernel, d_bias
+
+    onednn_matmul.register_autograd(backward, setup_context=setup_context)
+    return onednn_matmul
+
+
+# Registered when the module is imported (under 1 ms), not when a function is first traced:
+# torch.compile's tracer cannot run the registration or read /proc/cpuinfo without breaking its graph.
+_TORCH_ONEDNN_MATMUL, _AMD_CPU, _TORCH_FLOAT32 = None, False, None
+if keras.backend.backend() == "torch":
+    import torch as _torch_module
+
+    _TORCH_ONEDNN_MATMUL = _register_torch_onednn_matmul()
+    _AMD_CPU = _cpu_vendor() == "AuthenticAMD"
+    _TORCH_FLOAT32 = _torch_module.float32
+
+
+def _torch_onednn_float32(*tensors):
+    """Whether these torch tensors' float32 product goes through `keras_vit::onednn_matmul`."""
+    if _TORCH_ONEDNN_MATMUL is None or ONEDNN_FLOAT32_MATMUL is False:
+        return False
+    if not all(t.dtype == _TORCH_FLOAT32 and t.device.type == "cpu" for t in tensors):
+        return False
+    return ONEDNN_FLOAT32_MATMUL is True or (ONEDNN_FLOAT32_MATMUL == "auto" and _AMD_CPU)
+
+
 def matmul_add(x, kernel, bias):
     """`matmul(x, kernel) + bias` for a 2-D `x`, a 2-D `kernel` and a 1-D `bias`; on PyTorch one
-    fused `torch.addmm` when the three share a dtype; on JAX's CPU in bfloat16 with the matmul's
+    fused `torch.addmm` when the three share a dtype (in float32 on an AMD CPU oneDNN's
+    `keras_vit::onednn_matmul`); on JAX's CPU in bfloat16 with the matmul's
     bfloat16 gradient dots and the bias gradient summed in float32.
 
     Example:
@@ -221,6 +315,8 @@ def matmul_add(x, kernel, bias):
     if keras.backend.backend() == "torch":
         x, kernel, bias = ops.convert_to_tensor(x), ops.convert_to_tensor(kernel), ops.convert_to_tensor(bias)
         if x.ndim == 2 and kernel.ndim == 2 and bias.ndim == 1 and x.dtype == kernel.dtype == bias.dtype:
+            if _torch_onednn_float32(x, kernel, bias):
+                return _TORCH_ONEDNN_MATMUL(x, kernel, bias)
             import torch
 
             return torch.addmm(bias, x, kernel)
