@@ -31,7 +31,8 @@ matmuls and attentions: the form before `layers.matmul.BFLOAT16_GRADIENT_DOTS`),
 keras_vit_attention_autodiff (JAX's own gradient of the attention: `ATTENTION_GRADIENT_GROUPS = 0`)
 keras_vit_attention_groups (the attention gradient in 8 independent groups, not one) and
 keras_vit_unsplit_dots (the attention's batched products without the row reduction that has
-XLA:CPU run them on all threads: `SPLIT_BATCHED_DOTS = False`).
+XLA:CPU run them on all threads: `SPLIT_BATCHED_DOTS = False`) and keras_vit_mkl (PyTorch's float32
+matmuls by MKL's `addmm` instead of oneDNN on an AMD CPU: `ONEDNN_FLOAT32_MATMUL = False`).
 
 `--train` times the compiled train step (`train_on_batch`: SGD with momentum, cross-entropy)
 instead of inference:
@@ -153,6 +154,7 @@ SETTINGS = {
     "keras_vit_attention_autodiff": ("ATTENTION_GRADIENT_GROUPS", 0),
     "keras_vit_attention_groups": ("ATTENTION_GRADIENT_GROUPS", 8),
     "keras_vit_unsplit_dots": ("SPLIT_BATCHED_DOTS", False),
+    "keras_vit_mkl": ("ONEDNN_FLOAT32_MATMUL", False),
 }
 
 

@@ -62,8 +62,9 @@ On PyTorch's CPU backend a float32 `matmul` of a 2-D `x` and a 2-D kernel, and `
 run through oneDNN's float32 matmul (`torch.ops.mkldnn._linear_pointwise`) on AMD CPUs instead of
 MKL's `addmm`: MKL runs its AVX2 code on CPUs not made by Intel, at half of what the CPU reaches. On
 a 2-core AMD EPYC (family 26) with AVX-512 MKL took ViT-B/16's (1576, 768) x (768, 3072) product
-at 213 GFLOP/s and oneDNN at 441, and the input and kernel gradients at 212-221 against 373-469
-(benchmarks/README.md). The op is registered as `keras_vit::onednn_matmul` (a `torch.library`
+at 213 GFLOP/s and oneDNN at 441, and the input and kernel gradients at 212-221 against 373-469;
+a float32 ViT-B/16 under torch.compile ran 1.82x faster at batch 8 and its train step 1.74x, one
+process, calls interleaved (benchmarks/README.md). The op is registered as `keras_vit::onednn_matmul` (a `torch.library`
 custom op with its own gradient, three oneDNN products), which torch.compile calls as it is
 (Inductor's own oneDNN lowering takes only constant weights). The products are the same sums
 in float32, added in another order: within float32 rounding of MKL's. ONEDNN_FLOAT32_MATMUL
