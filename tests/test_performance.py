@@ -1,5 +1,7 @@
 """keras_vit.performance: the per-backend compile setting the benchmarks measured fastest on CPU."""
 
+import functools
+
 import keras
 import numpy as np
 import pytest
@@ -137,6 +139,34 @@ def test_onednn_float32_matmul_is_the_product_with_its_gradients(monkeypatch, co
             assert tb.grad is None
     tx, tk, tb = (torch.tensor(v, dtype=torch.float32) for v in (x, k, b))
     assert "mkldnn::_linear_pointwise" in _profiled_ops(lambda: run(tx, tk, tb))
+
+
+@only_torch
+def test_onednn_float32_matmul_under_torch_func_transforms(monkeypatch):
+    """torch.func's transforms see the forced oneDNN `matmul_add` as x @ kernel + bias: `grad`
+    and `jvp` (forward mode: a tangent in every input) equal the float64 formulas, and `vmap`
+    over the inputs, the kernels or both stacks the products."""
+    import torch
+
+    from keras_vit.layers import matmul as mm
+
+    monkeypatch.setattr(mm, "ONEDNN_FLOAT32_MATMUL", True)
+    rng = np.random.default_rng(5)
+    x, k, b, tx, tk, tb = (rng.normal(size=s) for s in ((7, 16), (16, 5), (5,), (7, 16), (16, 5), (5,)))
+    xs, ks = rng.normal(size=(3, 7, 16)), rng.normal(size=(3, 16, 5))
+    f32 = lambda a: torch.tensor(a, dtype=torch.float32)  # noqa: E731
+    close = functools.partial(np.testing.assert_allclose, rtol=1e-5, atol=1e-5)
+
+    d_x, d_k = torch.func.grad(lambda a, w: mm.matmul_add(a, w, f32(b)).square().sum(), argnums=(0, 1))(f32(x), f32(k))
+    y = x @ k + b
+    close(d_x.numpy(), 2 * y @ k.T)
+    close(d_k.numpy(), x.T @ (2 * y))
+    value, tangent = torch.func.jvp(mm.matmul_add, (f32(x), f32(k), f32(b)), (f32(tx), f32(tk), f32(tb)))
+    close(value.numpy(), y)
+    close(tangent.numpy(), tx @ k + x @ tk + tb)
+    close(torch.func.vmap(lambda a: mm.matmul_add(a, f32(k), f32(b)))(f32(xs)).numpy(), xs @ k + b)
+    close(torch.func.vmap(lambda w: mm.matmul(f32(x), w))(f32(ks)).numpy(), x @ ks)
+    close(torch.func.vmap(mm.matmul)(f32(xs), f32(ks)).numpy(), xs @ ks)
 
 
 def _amd_cpu():

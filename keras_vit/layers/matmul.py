@@ -58,17 +58,19 @@ in oneDNN's matmul epilogue, as torch's own Linear does) instead of a matmul and
 add over the whole output: the add was 9% of the op time of a bfloat16 ViT-B/16 on the PyTorch
 backend (benchmarks/README.md). TensorFlow's graph optimizer and XLA fuse the add by themselves.
 
-On PyTorch's CPU backend a float32 `matmul` of a 2-D `x` and a 2-D kernel, and `matmul_add`,
-run through oneDNN's float32 matmul (`torch.ops.mkldnn._linear_pointwise`) on AMD CPUs instead of
-MKL's `addmm`: MKL runs its AVX2 code on CPUs not made by Intel, at half of what the CPU reaches. On
-a 2-core AMD EPYC (family 26) with AVX-512 MKL took ViT-B/16's (1576, 768) x (768, 3072) product
-at 213 GFLOP/s and oneDNN at 441, and the input and kernel gradients at 212-221 against 373-469;
-a float32 ViT-B/16 under torch.compile ran 1.82x faster at batch 8 and its train step 1.74x, one
-process, calls interleaved (benchmarks/README.md). The op is registered as `keras_vit::onednn_matmul` (a `torch.library`
-custom op with its own gradient, three oneDNN products), which torch.compile calls as it is
-(Inductor's own oneDNN lowering takes only constant weights). The products are the same sums
-in float32, added in another order: within float32 rounding of MKL's. ONEDNN_FLOAT32_MATMUL
-chooses: "auto" (AMD CPUs, where torch has oneDNN), True (every CPU) or False (MKL).
+On PyTorch's CPU backend a float32 `matmul` of a 2-D `x` and a 2-D kernel, and `matmul_add`, run
+through oneDNN's float32 matmul (`torch.ops.mkldnn._linear_pointwise`) on AMD CPUs instead of MKL's
+`addmm`: MKL runs its AVX2 code on CPUs not made by Intel, at half of what the CPU reaches. On a
+2-core AMD EPYC (family 26) with AVX-512 MKL took ViT-B/16's (1576, 768) x (768, 3072) product at
+213 GFLOP/s and oneDNN at 441, and the input and kernel gradients at 212-221 against 373-469; a
+float32 ViT-B/16 under torch.compile ran 1.82x faster at batch 8 and its train step 1.74x, one
+process, calls interleaved (benchmarks/README.md). The product is a `torch.library` custom op,
+`keras_vit::onednn_matmul`, which torch.compile calls as it is (Inductor's own oneDNN lowering
+takes only constant weights), inside an autograd.Function whose gradient products go through the op
+too (differentiable again, for `torch.func.grad`), with a forward-mode derivative outside
+torch.compile (`torch.func.jvp`) and a vmap rule. The products are the same sums in float32, added
+in another order: within float32 rounding of MKL's. ONEDNN_FLOAT32_MATMUL chooses: "auto" (AMD
+CPUs, where torch has oneDNN), True (every CPU) or False (MKL).
 
 `gelu` is `keras.ops.gelu` but for two cases. The tanh form being traced by torch.compile is
 written as x * sigmoid(2z), z = sqrt(2/pi) * (x + 0.044715 x^3) -- the same function, since
@@ -241,9 +243,9 @@ def _cpu_vendor():
 
 
 def _register_torch_onednn_matmul():
-    """The custom op `keras_vit::onednn_matmul(x, kernel, bias)`: `x @ kernel (+ bias)` of 2-D
-    float32 tensors by oneDNN, with a gradient whose three products are oneDNN's too; None where
-    PyTorch has no oneDNN."""
+    """`x @ kernel (+ bias)` of 2-D float32 tensors by the custom op `keras_vit::onednn_matmul`
+    (oneDNN's matmul, which torch.compile calls as it is), through an autograd.Function whose
+    gradient products are the op too; None where PyTorch has no oneDNN."""
     from typing import Optional
 
     import torch
@@ -266,20 +268,69 @@ def _register_torch_onednn_matmul():
     def _(x, kernel, bias):
         return x.new_empty((x.shape[0], kernel.shape[1]))
 
-    def setup_context(ctx, inputs, output):
-        x, kernel, bias = inputs
-        ctx.save_for_backward(x, kernel)
-        ctx.with_bias = bias is not None
+    def batched(info, in_dims, x, kernel, bias):  # vmap: one product of the stacked rows if only x is batched
+        x_dim, kernel_dim, bias_dim = in_dims
+        if x_dim is not None and kernel_dim is None and bias_dim is None:
+            x = x.movedim(x_dim, 0)
+            y = onednn_matmul(x.reshape(-1, x.shape[-1]), kernel, bias)
+            return y.reshape(*x.shape[:2], -1), 0
 
-    def backward(ctx, upstream):
-        x, kernel = ctx.saved_tensors
-        d_x = onednn_matmul(upstream, kernel.t(), None) if ctx.needs_input_grad[0] else None
-        d_kernel = onednn_matmul(x.t(), upstream, None) if ctx.needs_input_grad[1] else None
-        d_bias = upstream.sum(0) if ctx.with_bias and ctx.needs_input_grad[2] else None
-        return d_x, d_kernel, d_bias
+        def entry(t, dim, i):
+            return t if dim is None else t.select(dim, i)
 
-    onednn_matmul.register_autograd(backward, setup_context=setup_context)
-    return onednn_matmul
+        return torch.stack([onednn_matmul(*(entry(t, d, i) for t, d in zip((x, kernel, bias), in_dims)))
+                            for i in range(info.batch_size)]), 0
+
+    onednn_matmul.register_vmap(batched)
+
+    op = torch.ops.keras_vit.onednn_matmul.default  # what torch.compile's tracer takes inside a Function
+
+    class WithGradient(torch.autograd.Function):
+        """The op with its gradient, three oneDNN products: what torch.compile traces."""
+
+        generate_vmap_rule = True
+
+        @staticmethod
+        def forward(x, kernel, bias):
+            return op(x, kernel, bias)
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            x, kernel, bias = inputs
+            ctx.save_for_backward(x, kernel)
+            ctx.with_bias = bias is not None
+
+        @staticmethod
+        def backward(ctx, upstream):
+            x, kernel = ctx.saved_tensors
+            # through the Function again, so that the gradient is differentiable (torch.func.grad)
+            d_x = WithGradient.apply(upstream, kernel.t(), None) if ctx.needs_input_grad[0] else None
+            d_kernel = WithGradient.apply(x.t(), upstream, None) if ctx.needs_input_grad[1] else None
+            d_bias = upstream.sum(0) if ctx.with_bias and ctx.needs_input_grad[2] else None
+            return d_x, d_kernel, d_bias
+
+    class WithDerivatives(WithGradient):
+        """The same with its forward-mode derivative too (torch.func.jvp, forward AD), outside
+        torch.compile, whose tracer takes no autograd.Function that defines one."""
+
+        @staticmethod
+        def setup_context(ctx, inputs, output):
+            WithGradient.setup_context(ctx, inputs, output)
+            ctx.save_for_forward(*inputs[:2])
+
+        @staticmethod
+        def jvp(ctx, t_x, t_kernel, t_bias):
+            x, kernel = ctx.saved_tensors
+            terms = [op(t_x, kernel, None) if t_x is not None else None,
+                     op(x, t_kernel, None) if t_kernel is not None else None,
+                     t_bias.expand(x.shape[0], -1) if t_bias is not None else None]
+            terms = [t for t in terms if t is not None]
+            return functools.reduce(torch.add, terms) if terms else None
+
+    def apply(x, kernel, bias):
+        return (WithGradient if torch.compiler.is_compiling() else WithDerivatives).apply(x, kernel, bias)
+
+    return apply
 
 
 # Registered when the module is imported (under 1 ms), not when a function is first traced:
