@@ -289,7 +289,7 @@ def worker(backend, policy, rounds, train):
         loads.append(os.getloadavg()[0])
     return {
         "backend": backend, "policy": policy, "jit_compile": jit, "loads": loads,
-        "huge_pages": "glibc.malloc.hugetlb=1" in os.environ.get("GLIBC_TUNABLES", ""),
+        "huge_pages": huge_pages_module().started_with_huge_pages(),
         "commit": commit.stdout.strip() or source,
         "rows": [
             {"name": n, "seconds": best[n], "count": calls[n][1], "flops": calls[n][2], "train": n.endswith(" (train)")}

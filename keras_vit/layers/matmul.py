@@ -328,7 +328,7 @@ def _register_torch_onednn_matmul():
             return functools.reduce(torch.add, terms) if terms else None
 
     def apply(x, kernel, bias):
-        return (WithGradient if torch.compiler.is_compiling() else WithDerivatives).apply(x, kernel, bias)
+        return (WithGradient if _torch_compiling() else WithDerivatives).apply(x, kernel, bias)
 
     return apply
 
