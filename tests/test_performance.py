@@ -293,6 +293,53 @@ def test_layers_gelu_tanh_form_traced_by_torch_compile(monkeypatch, dtype):
     np.testing.assert_array_equal(as64(m.gelu(xs, False)), as64(keras.ops.gelu(xs, False)))  # erf: Keras'
 
 
+only_tensorflow = pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow's CPU GELU")
+
+
+@only_tensorflow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("approximate", [True, False], ids=["tanh", "erf"])
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "tf.function"])
+def test_tensorflow_gelu_under_a_tape_is_gelu_and_its_gradient(dtype, approximate, in_function):
+    """TensorFlow's CPU, a gradient tape recording: `gelu` is an XLA-compiled function (one with
+    `_XlaMustCompile` in the traced graph) whose value and gradient are GELU's and upstream x
+    GELU'(x) from TensorFlow's own float64 autodiff of tf.nn.gelu, to one rounding of the output
+    dtype; with no tape it stays keras.ops.gelu (the test above)."""
+    import tensorflow as tf
+
+    import keras_vit.layers.matmul as m
+
+    rng = np.random.default_rng(0)
+    x32 = np.concatenate([np.linspace(-9.0, 9.0, 1201), rng.normal(size=799) * 3, [-0.0, 1e-6]]).astype("float32")
+    up32 = rng.normal(size=x32.shape).astype("float32")
+    x, up = tf.cast(x32, dtype), tf.cast(up32, dtype)
+
+    def step(x, up):
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = m.gelu(x, approximate)
+        return y, tape.gradient(y, x, up)
+
+    run = tf.function(step, autograph=False) if in_function else step
+    y, grad = run(x, up)
+    assert y.dtype == grad.dtype == tf.as_dtype(dtype)
+    x64, up64 = (tf.cast(tf.cast(t, tf.float32), tf.float64) for t in (x, up))
+    with tf.GradientTape() as tape:
+        tape.watch(x64)
+        y64 = tf.nn.gelu(x64, approximate=approximate)
+    grad64 = tape.gradient(y64, x64, up64)
+    rounding = 2.0**-8 if dtype == "bfloat16" else 2e-6
+    np.testing.assert_allclose(_as64(y), y64.numpy(), rtol=rounding, atol=1e-6)
+    np.testing.assert_allclose(_as64(grad), grad64.numpy(), rtol=rounding, atol=1e-5)
+
+    graph = tf.function(step, autograph=False).get_concrete_function(x, up).graph
+    library = {f.signature.name: f for f in graph.as_graph_def().library.function}
+    compiled = [f for f in library.values() if f.attr["_XlaMustCompile"].b]
+    assert len(compiled) == 2, sorted(library)  # the value and the gradient
+    m_off = tf.function(lambda x: m.gelu(x, approximate), autograph=False).get_concrete_function(x).graph
+    assert not any(f.attr["_XlaMustCompile"].b for f in m_off.as_graph_def().library.function)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_layers_dot_product_attention_is_softmax_attention(dtype):
     """layers.dot_product_attention (JAX's CPU: heads merged into the batch of two 3-D products)
