@@ -340,6 +340,43 @@ def test_tensorflow_gelu_under_a_tape_is_gelu_and_its_gradient(dtype, approximat
     assert not any(f.attr["_XlaMustCompile"].b for f in m_off.as_graph_def().library.function)
 
 
+@only_tensorflow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_tensorflow_head_major_attention_is_keras_attention_bit_for_bit(monkeypatch, dtype):
+    """TensorFlow's CPU: the head-major attention (batched matmuls) gives keras.ops.
+    dot_product_attention's output and gradients with respect to queries, keys and values, bit
+    for bit (the same products and float32 softmax, the heads moved first); the routing off gives
+    Keras' own."""
+    import tensorflow as tf
+
+    import keras_vit.layers.matmul as m
+
+    rng = np.random.default_rng(0)
+    q, k, v, up = (tf.cast(rng.normal(size=(2, 13, 3, 8)).astype("float32") * 2, dtype) for _ in range(4))
+
+    def run(attend):
+        @tf.function(autograph=False)
+        def step(q, k, v, up):
+            with tf.GradientTape() as tape:
+                tape.watch([q, k, v])
+                y = attend(q, k, v, 0.35)
+            return [y] + tape.gradient(y, [q, k, v], up)
+
+        return [_as64(t) for t in step(q, k, v, up)]
+
+    keras_own = run(lambda q, k, v, scale: keras.ops.dot_product_attention(q, k, v, scale=scale))
+    ours = run(m.dot_product_attention)
+    for a, b in zip(ours, keras_own):
+        np.testing.assert_array_equal(a, b)
+    assert np.abs(keras_own[1]).max() > 0.1  # gradients that are not all zero
+    graph = tf.function(lambda q, k, v: m.dot_product_attention(q, k, v, 0.35)).get_concrete_function(q, k, v).graph
+    ops_made = {op.type for op in graph.get_operations()}
+    assert "BatchMatMulV2" in ops_made and "Einsum" not in ops_made, ops_made
+    monkeypatch.setattr(m, "TENSORFLOW_HEAD_MAJOR_ATTENTION", False)
+    graph = tf.function(lambda q, k, v: m.dot_product_attention(q, k, v, 0.35)).get_concrete_function(q, k, v).graph
+    assert "Einsum" in {op.type for op in graph.get_operations()}
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_layers_dot_product_attention_is_softmax_attention(dtype):
     """layers.dot_product_attention (JAX's CPU: heads merged into the batch of two 3-D products)

@@ -95,9 +95,9 @@ against 13.2 in float32), closer to the exact values (the erf form written with 
 in mixed_bfloat16 and 1.06x (1.05x) in float32, one process, steps interleaved, on a 2-core AMD
 EPYC (family 26). XLA compiles it once per input shape.
 
-`dot_product_attention` is `keras.ops.dot_product_attention`, except on JAX's CPU backend, where
-it is the original ViT's attention: the queries scaled before the logits, two products that
-accumulate in float32, a float32 softmax. The heads are moved into the batch first, (batch *
+`dot_product_attention` is `keras.ops.dot_product_attention`, except on the CPU backends of JAX
+and TensorFlow. On JAX it is the original ViT's attention: the queries scaled before the logits,
+two products that accumulate in float32, a float32 softmax. The heads are moved into the batch first, (batch *
 heads, tokens, head_dim), so that both products are 3-D dots with one leading batch dimension:
 XLA:CPU ran the same products written as `bqhd,bkhd->bhqk` einsums (two batch dimensions, one of
 them inside the operands) 2-4x slower, 18-24% of a float32 ViT-B/16's time at batch 8 for 3% of
@@ -117,8 +117,16 @@ unchanged. At (1, 1370, 6, 64) the attention ran 1.5-1.8x faster in float32 and 
 bfloat16; DINOv2-S/14 at 518 px at batch 1 1.11-1.27x (best) / 1.15-1.20x (median) in float32 and
 1.75x / 1.52x in mixed_bfloat16, one process, calls interleaved. At 197-785
 tokens the chunks were 0.7-0.93x of the whole form and at 1025 even, hence the threshold
-(benchmarks/README.md, "timm's zoo"). Elsewhere Keras' call picks the backend's fused or flash
-kernels.
+(benchmarks/README.md, "timm's zoo"). On TensorFlow's CPU (TENSORFLOW_HEAD_MAJOR_ATTENTION) it is
+Keras' own ops -- logits in the inputs' dtype, scaled and softmaxed in float32 -- with the heads
+moved before the tokens first, so that the two products are batched matmuls of (batch, heads)
+stacks: Keras writes them as `BTNH,BSNH->BNTS` einsums, whose gradients TensorFlow forms as
+einsums again, with transposes of the operands around each product. The numbers are the same,
+bit for bit; forward and backward of ViT-B/16's attention at batch 8 took 11.4 against 15.2 ms in
+bfloat16 and 14.3 against 21.7 in float32, and the train step ran 1.06x faster (best; 1.02x
+median) in mixed_bfloat16 and 1.05x (1.04x) in float32, inference 1.01-1.05x, one process, calls
+interleaved, on a 2-core AMD EPYC (family 26). Elsewhere Keras' call picks the backend's fused or
+flash kernels.
 
 `seeded_dropout` is dropout whose mask is drawn from a given seed (a SeedGenerator's draw), so
 that a block recomputed under remat draws the masks of its first forward pass: on JAX
@@ -162,6 +170,10 @@ SPLIT_BATCHED_DOTS = True
 #: XLA-compiled gradient (see the module docstring); False gives ops.gelu's ops. Read when a
 #: function is traced.
 TENSORFLOW_GELU_BY_XLA = True
+
+#: TensorFlow's CPU `dot_product_attention` with the heads moved before the tokens, its products
+#: batched matmuls (see the module docstring); False gives keras.ops.dot_product_attention.
+TENSORFLOW_HEAD_MAJOR_ATTENTION = True
 
 #: PyTorch's CPU float32 `matmul` and `matmul_add` through oneDNN instead of MKL: "auto" on AMD
 #: CPUs, True everywhere, False never (see the module docstring). Read when a function is traced.
@@ -454,12 +466,17 @@ def gelu(x, approximate=True):
     return ops.gelu(x, approximate=approximate)
 
 
+def _tensorflow_on_cpu():
+    import tensorflow as tf
+
+    return not tf.config.list_logical_devices("GPU")
+
+
 def _tensorflow_cpu_tape_records():
     """Whether a TensorFlow gradient tape may record the op about to be made, on a CPU-only setup."""
-    import tensorflow as tf
     from tensorflow.python.eager import record
 
-    return record.could_possibly_record() and not tf.config.list_logical_devices("GPU")
+    return record.could_possibly_record() and _tensorflow_on_cpu()
 
 
 @functools.cache
@@ -543,7 +560,24 @@ def dot_product_attention(query, key, value, scale):
             if whole < tokens:
                 y = jnp.concatenate([y, attend(query[:, whole:])], axis=1)
         return jnp.transpose(y.reshape(-1, heads, tokens, head_dim), (0, 2, 1, 3))
+    if keras.backend.backend() == "tensorflow" and TENSORFLOW_HEAD_MAJOR_ATTENTION and _tensorflow_on_cpu():
+        return _tensorflow_attention(query, key, value, scale)
     return ops.dot_product_attention(query, key, value, scale=scale)
+
+
+def _tensorflow_attention(query, key, value, scale):
+    """keras.ops.dot_product_attention's TensorFlow ops (logits in the inputs' dtype, scaled and
+    softmaxed in float32, the weights cast back) with the heads moved in front of the tokens first,
+    so that both products, and the four products of their gradient, are batched matmuls of
+    (batch, heads) stacks with transposes as flags instead of einsums."""
+    import tensorflow as tf
+
+    dtype = keras.backend.result_type(query.dtype, key.dtype, value.dtype)
+    query, key, value = (tf.transpose(tf.cast(t, dtype), (0, 2, 1, 3)) for t in (query, key, value))
+    logits = tf.cast(tf.matmul(query, key, transpose_b=True), keras.backend.result_type(dtype, "float32"))
+    logits = tf.multiply(logits, tf.cast(scale, logits.dtype))
+    weights = tf.cast(tf.nn.softmax(tf.cast(logits, keras.backend.result_type(logits.dtype, "float32")), -1), dtype)
+    return tf.transpose(tf.matmul(weights, value), (0, 2, 1, 3))
 
 
 def _attention_forward(q, k, v, with_weights=False, split=False):
