@@ -473,9 +473,12 @@ def _tensorflow_on_cpu():
 
 
 def _tensorflow_cpu_tape_records():
-    """Whether a TensorFlow gradient tape may record the op about to be made, on a CPU-only setup."""
-    from tensorflow.python.eager import record
-
+    """Whether a TensorFlow gradient tape may record the op about to be made, on a CPU-only setup
+    (False where TensorFlow no longer has the module that says so: Keras' ops then)."""
+    try:
+        from tensorflow.python.eager import record
+    except ImportError:
+        return False
     return record.could_possibly_record() and _tensorflow_on_cpu()
 
 
