@@ -521,7 +521,8 @@ def _tensorflow_xla_gelu(approximate):
 def dot_product_attention(query, key, value, scale):
     """Softmax attention of (batch, tokens, heads, head_dim) `query`, `key`, `value`, scaled by
     `scale`; (batch, query tokens, heads, head_dim) out, `value`'s dtype. On JAX's CPU backend the
-    queries are scaled (in float32) and both products accumulate in float32.
+    queries are scaled (in float32) and both products accumulate in float32; on TensorFlow's CPU
+    it is Keras' attention with its products as batched matmuls of head-major stacks.
 
     Example:
         >>> from keras import ops
@@ -575,6 +576,7 @@ def _tensorflow_attention(query, key, value, scale):
     (batch, heads) stacks with transposes as flags instead of einsums."""
     import tensorflow as tf
 
+    query, key, value = (ops.convert_to_tensor(t) for t in (query, key, value))
     dtype = keras.backend.result_type(query.dtype, key.dtype, value.dtype)
     query, key, value = (tf.transpose(tf.cast(t, dtype), (0, 2, 1, 3)) for t in (query, key, value))
     logits = tf.cast(tf.matmul(query, key, transpose_b=True), keras.backend.result_type(dtype, "float32"))
