@@ -377,6 +377,33 @@ def test_tensorflow_head_major_attention_is_keras_attention_bit_for_bit(monkeypa
     assert "Einsum" in {op.type for op in graph.get_operations()}
 
 
+@only_tensorflow
+@pytest.mark.parametrize("jit_compile", [False, True])
+def test_tensorflow_training_with_xla_gelu_and_head_major_attention_is_keras_ops_training(monkeypatch, jit_compile):
+    """TensorFlow's CPU: three SGD steps of a tiny ViT give the losses and weights that Keras' own
+    GELU and attention give, to float32 rounding, inside Keras' graph and under XLA."""
+    import keras_vit
+    import keras_vit.layers.matmul as m
+
+    rng = np.random.default_rng(0)
+    x, y = rng.random((4, 32, 32, 3), dtype="float32"), np.arange(4) % 10
+    runs = {}
+    for ours in (False, True):
+        monkeypatch.setattr(m, "TENSORFLOW_GELU_BY_XLA", ours)
+        monkeypatch.setattr(m, "TENSORFLOW_HEAD_MAJOR_ATTENTION", ours)
+        keras.utils.set_random_seed(0)
+        model = keras_vit.VisionTransformer(image_size=32, patch_size=8, hidden_size=32, num_layers=2, num_heads=2,
+                                            mlp_dim=64, classes=10, classifier_activation=None)
+        model.compile(optimizer=keras.optimizers.SGD(0.1),
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True), jit_compile=jit_compile)
+        runs[ours] = ([float(model.train_on_batch(x, y)) for _ in range(3)], [w.numpy() for w in model.weights])
+    (keras_losses, keras_weights), (our_losses, our_weights) = runs[False], runs[True]
+    assert keras_losses[2] < keras_losses[0] - 0.1  # the steps train
+    np.testing.assert_allclose(our_losses, keras_losses, rtol=1e-5)
+    for ours, theirs in zip(our_weights, keras_weights):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-6)
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_layers_dot_product_attention_is_softmax_attention(dtype):
     """layers.dot_product_attention (JAX's CPU: heads merged into the batch of two 3-D products)
