@@ -142,6 +142,8 @@ import math
 import keras
 from keras import ops
 
+from keras_vit.performance import _on_cpu
+
 
 #: JAX's CPU attention over more than CHUNK_QUERIES_ABOVE query tokens runs QUERY_CHUNK queries
 #: at a time (see the module docstring).
@@ -466,12 +468,6 @@ def gelu(x, approximate=True):
     return ops.gelu(x, approximate=approximate)
 
 
-def _tensorflow_on_cpu():
-    import tensorflow as tf
-
-    return not tf.config.list_logical_devices("GPU")
-
-
 def _tensorflow_cpu_tape_records():
     """Whether a TensorFlow gradient tape may record the op about to be made, on a CPU-only setup
     (False where TensorFlow no longer has the module that says so: Keras' ops then)."""
@@ -479,7 +475,7 @@ def _tensorflow_cpu_tape_records():
         from tensorflow.python.eager import record
     except ImportError:
         return False
-    return record.could_possibly_record() and _tensorflow_on_cpu()
+    return record.could_possibly_record() and _on_cpu("tensorflow")
 
 
 @functools.cache
@@ -564,7 +560,7 @@ def dot_product_attention(query, key, value, scale):
             if whole < tokens:
                 y = jnp.concatenate([y, attend(query[:, whole:])], axis=1)
         return jnp.transpose(y.reshape(-1, heads, tokens, head_dim), (0, 2, 1, 3))
-    if keras.backend.backend() == "tensorflow" and TENSORFLOW_HEAD_MAJOR_ATTENTION and _tensorflow_on_cpu():
+    if keras.backend.backend() == "tensorflow" and TENSORFLOW_HEAD_MAJOR_ATTENTION and _on_cpu("tensorflow"):
         return _tensorflow_attention(query, key, value, scale)
     return ops.dot_product_attention(query, key, value, scale=scale)
 
@@ -581,7 +577,7 @@ def _tensorflow_attention(query, key, value, scale):
     query, key, value = (tf.transpose(tf.cast(t, dtype), (0, 2, 1, 3)) for t in (query, key, value))
     logits = tf.cast(tf.matmul(query, key, transpose_b=True), keras.backend.result_type(dtype, "float32"))
     logits = tf.multiply(logits, tf.cast(scale, logits.dtype))
-    weights = tf.cast(tf.nn.softmax(tf.cast(logits, keras.backend.result_type(logits.dtype, "float32")), -1), dtype)
+    weights = tf.cast(tf.nn.softmax(logits, -1), dtype)
     return tf.transpose(tf.matmul(weights, value), (0, 2, 1, 3))
 
 
