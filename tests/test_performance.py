@@ -293,7 +293,7 @@ def test_layers_gelu_tanh_form_traced_by_torch_compile(monkeypatch, dtype):
     np.testing.assert_array_equal(as64(m.gelu(xs, False)), as64(keras.ops.gelu(xs, False)))  # erf: Keras'
 
 
-only_tensorflow = pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow's CPU GELU")
+only_tensorflow = pytest.mark.skipif(keras.backend.backend() != "tensorflow", reason="TensorFlow's CPU GELU and attention")
 
 
 @only_tensorflow
