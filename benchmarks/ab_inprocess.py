@@ -32,7 +32,9 @@ keras_vit_attention_autodiff (JAX's own gradient of the attention: `ATTENTION_GR
 keras_vit_attention_groups (the attention gradient in 8 independent groups, not one) and
 keras_vit_unsplit_dots (the attention's batched products without the row reduction that has
 XLA:CPU run them on all threads: `SPLIT_BATCHED_DOTS = False`) and keras_vit_mkl (PyTorch's float32
-matmuls by MKL's `addmm` instead of oneDNN on an AMD CPU: `ONEDNN_FLOAT32_MATMUL = False`).
+matmuls by MKL's `addmm` instead of oneDNN on an AMD CPU: `ONEDNN_FLOAT32_MATMUL = False`) and
+keras_vit_half_attention (PyTorch's bfloat16 flash attention kernel instead of the float32 one on
+upcast copies: `TORCH_HALF_ATTENTION_IN_FLOAT32 = False`).
 
 `--train` times the compiled train step (`train_on_batch`: SGD with momentum, cross-entropy)
 instead of inference:
@@ -155,6 +157,7 @@ SETTINGS = {
     "keras_vit_attention_groups": ("ATTENTION_GRADIENT_GROUPS", 8),
     "keras_vit_unsplit_dots": ("SPLIT_BATCHED_DOTS", False),
     "keras_vit_mkl": ("ONEDNN_FLOAT32_MATMUL", False),
+    "keras_vit_half_attention": ("TORCH_HALF_ATTENTION_IN_FLOAT32", False),
 }
 
 

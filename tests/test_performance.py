@@ -555,6 +555,53 @@ def test_dot_product_attention_gradients_are_softmax_attention_gradients(monkeyp
         assert any("f32" in types for types in operands), operands
 
 
+on_torch = pytest.mark.skipif(keras.backend.backend() != "torch", reason="PyTorch's CPU half-precision attention")
+
+
+@on_torch
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_torch_half_attention_is_float32_attention_rounded_once(monkeypatch, dtype):
+    """PyTorch's CPU: a bfloat16 or float16 attention and its gradients with respect to queries,
+    keys and values are softmax(q k^T * scale) v's in NumPy float64 to one rounding of the
+    result (they are computed in float32), queries and keys of different lengths, in the inputs'
+    dtype; float32 inputs, and the routing off, give keras.ops.dot_product_attention's own."""
+    import torch
+
+    import keras_vit.layers.matmul as m
+
+    rng = np.random.default_rng(6)
+    shapes = [(2, n, 3, 16) for n in (11, 13, 13, 11)]
+    q, k, v, g = (torch.tensor(rng.normal(size=s).astype("float32") * 2).to(getattr(torch, dtype)) for s in shapes)
+
+    def run(attend, *inputs):
+        inputs = [t.detach().clone().requires_grad_(True) for t in inputs]
+        y = attend(*inputs)
+        y.backward(g.to(y.dtype))
+        return [y] + [t.grad for t in inputs]
+
+    ours = run(lambda *a: m.dot_product_attention(*a, 0.3), q, k, v)
+    exact = [_attention_gradients64(*(_as64(t) for t in (q, k, v)), _as64(g), 0.3)]
+    logits = np.einsum("bqhd,bkhd->bhqk", _as64(q), _as64(k)) * 0.3
+    p = np.exp(logits - logits.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    exact = [np.einsum("bhqk,bkhd->bqhd", p, _as64(v)), *exact[0]]
+    ulp = 2.0**-8 if dtype == "bfloat16" else 2.0**-11  # half the spacing of the dtype's numbers near 1
+    for got, want in zip(ours, exact):
+        assert got.dtype == getattr(torch, dtype)
+        np.testing.assert_allclose(_as64(got), want, rtol=ulp, atol=ulp * 1e-2 * np.abs(want).max())
+    keras_own = run(lambda *a: keras.ops.dot_product_attention(*a, scale=0.3), q, k, v)
+    worst = lambda results: max(np.abs(_as64(a) - b).max() / np.abs(b).max() for a, b in zip(results, exact))  # noqa: E731
+    assert worst(ours) <= worst(keras_own)  # no further from the exact values than the half-precision kernel
+    monkeypatch.setattr(m, "TORCH_HALF_ATTENTION_IN_FLOAT32", False)
+    for a, b in zip(run(lambda *a: m.dot_product_attention(*a, 0.3), q, k, v), keras_own):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    monkeypatch.setattr(m, "TORCH_HALF_ATTENTION_IN_FLOAT32", True)
+    q32, k32, v32 = (t.float() for t in (q, k, v))
+    for a, b in zip(run(lambda *a: m.dot_product_attention(*a, 0.3), q32, k32, v32),
+                    run(lambda *a: keras.ops.dot_product_attention(*a, scale=0.3), q32, k32, v32)):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
 def _attention_tangent64(q, k, v, tq, tk, tv, scale):
     """The directional derivative of softmax attention of (batch, tokens, heads, head_dim) float64
     arrays along the tangents (tq, tk, tv), from the formulas."""

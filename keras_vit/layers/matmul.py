@@ -95,8 +95,8 @@ against 13.2 in float32), closer to the exact values (the erf form written with 
 in mixed_bfloat16 and 1.06x (1.05x) in float32, one process, steps interleaved, on a 2-core AMD
 EPYC (family 26). XLA compiles it once per input shape.
 
-`dot_product_attention` is `keras.ops.dot_product_attention`, except on the CPU backends of JAX
-and TensorFlow. On JAX it is the original ViT's attention: the queries scaled before the logits,
+`dot_product_attention` is `keras.ops.dot_product_attention`, except on the CPU backends of JAX,
+TensorFlow and (in half precision) PyTorch. On JAX it is the original ViT's attention: the queries scaled before the logits,
 two products that accumulate in float32, a float32 softmax. The heads are moved into the batch first, (batch *
 heads, tokens, head_dim), so that both products are 3-D dots with one leading batch dimension:
 XLA:CPU ran the same products written as `bqhd,bkhd->bhqk` einsums (two batch dimensions, one of
@@ -125,6 +125,13 @@ einsums again, with transposes of the operands around each product. The numbers 
 bit for bit; forward and backward of ViT-B/16's attention at batch 8 took 11.4 against 15.2 ms in
 bfloat16 and 14.3 against 21.7 in float32, and the train step ran 1.06x faster (best; 1.02x
 median) in mixed_bfloat16 and 1.05x (1.04x) in float32, inference 1.01-1.05x, one process, calls
+interleaved, on a 2-core AMD EPYC (family 26). On PyTorch's CPU (TORCH_HALF_ATTENTION_IN_FLOAT32)
+a bfloat16 or float16 attention is Keras' attention of float32 copies of its inputs -- PyTorch's
+float32 flash kernel -- with the output rounded once to the inputs' dtype: PyTorch's bfloat16 flash
+kernel took 28.6 against 24.7 ms for forward and backward of ViT-B/16's attention at batch 8
+under torch.compile (the forward alone 6.9 against 6.7), and its gradients were twice as far
+from float64 (0.0038-0.0064 of the largest value against 0.0024-0.0027); the mixed_bfloat16 train
+step ran 1.03x faster (best and median, two runs), inference 0.99-1.01x, one process, calls
 interleaved, on a 2-core AMD EPYC (family 26). Elsewhere Keras' call picks the backend's fused or
 flash kernels.
 
@@ -176,6 +183,11 @@ TENSORFLOW_GELU_BY_XLA = True
 #: TensorFlow's CPU `dot_product_attention` with the heads moved before the tokens, its products
 #: batched matmuls (see the module docstring); False gives keras.ops.dot_product_attention.
 TENSORFLOW_HEAD_MAJOR_ATTENTION = True
+
+#: PyTorch's CPU attention of bfloat16 or float16 queries, keys and values computed by the float32
+#: flash kernel from upcast copies, its output cast back (see the module docstring); False gives
+#: keras.ops.dot_product_attention in the inputs' dtype.
+TORCH_HALF_ATTENTION_IN_FLOAT32 = True
 
 #: PyTorch's CPU float32 `matmul` and `matmul_add` through oneDNN instead of MKL: "auto" on AMD
 #: CPUs, True everywhere, False never (see the module docstring). Read when a function is traced.
@@ -518,7 +530,8 @@ def dot_product_attention(query, key, value, scale):
     """Softmax attention of (batch, tokens, heads, head_dim) `query`, `key`, `value`, scaled by
     `scale`; (batch, query tokens, heads, head_dim) out, `value`'s dtype. On JAX's CPU backend the
     queries are scaled (in float32) and both products accumulate in float32; on TensorFlow's CPU
-    it is Keras' attention with its products as batched matmuls of head-major stacks.
+    it is Keras' attention with its products as batched matmuls of head-major stacks; on PyTorch's
+    CPU a bfloat16 or float16 attention is computed in float32 and rounded once.
 
     Example:
         >>> from keras import ops
@@ -562,6 +575,12 @@ def dot_product_attention(query, key, value, scale):
         return jnp.transpose(y.reshape(-1, heads, tokens, head_dim), (0, 2, 1, 3))
     if keras.backend.backend() == "tensorflow" and TENSORFLOW_HEAD_MAJOR_ATTENTION and _on_cpu("tensorflow"):
         return _tensorflow_attention(query, key, value, scale)
+    if keras.backend.backend() == "torch" and TORCH_HALF_ATTENTION_IN_FLOAT32:
+        query, key, value = (ops.convert_to_tensor(t) for t in (query, key, value))
+        half = query.dtype == key.dtype == value.dtype and str(query.dtype) in ("torch.bfloat16", "torch.float16")
+        if half and query.device.type == "cpu":
+            f32 = [ops.cast(t, "float32") for t in (query, key, value)]
+            return ops.cast(ops.dot_product_attention(*f32, scale=scale), value.dtype)
     return ops.dot_product_attention(query, key, value, scale=scale)
 
 
