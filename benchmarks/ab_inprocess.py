@@ -34,7 +34,8 @@ keras_vit_unsplit_dots (the attention's batched products without the row reducti
 XLA:CPU run them on all threads: `SPLIT_BATCHED_DOTS = False`) and keras_vit_mkl (PyTorch's float32
 matmuls by MKL's `addmm` instead of oneDNN on an AMD CPU: `ONEDNN_FLOAT32_MATMUL = False`) and
 keras_vit_half_attention (PyTorch's bfloat16 flash attention kernel instead of the float32 one on
-upcast copies: `TORCH_HALF_ATTENTION_IN_FLOAT32 = False`).
+upcast copies: `TORCH_HALF_ATTENTION_IN_FLOAT32 = False`) and keras_vit_addmm (PyTorch's bfloat16
+inference products by `torch.addmm` instead of oneDNN's op: `ONEDNN_BFLOAT16_MATMUL = False`).
 
 `--train` times the compiled train step (`train_on_batch`: SGD with momentum, cross-entropy)
 instead of inference:
@@ -158,6 +159,7 @@ SETTINGS = {
     "keras_vit_unsplit_dots": ("SPLIT_BATCHED_DOTS", False),
     "keras_vit_mkl": ("ONEDNN_FLOAT32_MATMUL", False),
     "keras_vit_half_attention": ("TORCH_HALF_ATTENTION_IN_FLOAT32", False),
+    "keras_vit_addmm": ("ONEDNN_BFLOAT16_MATMUL", False),
 }
 
 

@@ -187,8 +187,8 @@ def _amd_cpu():
 @only_torch
 def test_onednn_float32_matmul_runs_where_it_is_chosen(monkeypatch):
     """"auto" takes oneDNN's float32 matmul on AMD CPUs (MKL runs its AVX2 code there) and MKL's
-    `addmm` elsewhere; False always MKL; bfloat16 is never routed. A float32 ViT's forward on the
-    oneDNN path gives MKL's logits within float32 rounding."""
+    `addmm` elsewhere; False always MKL; bfloat16 follows its own setting. A float32 ViT's forward
+    on the oneDNN path gives MKL's logits within float32 rounding."""
     import torch
 
     import keras_vit
@@ -206,8 +206,53 @@ def test_onednn_float32_matmul_runs_where_it_is_chosen(monkeypatch):
         assert onednn != ("aten::addmm" in ops_run)
     np.testing.assert_allclose(outputs[True], outputs[False], rtol=1e-5, atol=1e-5)
     assert np.abs(outputs[False]).max() > 0.1
+    monkeypatch.setattr(mm, "ONEDNN_BFLOAT16_MATMUL", False)
     a, w, c = (torch.ones(shape, dtype=torch.bfloat16) for shape in ((4, 8), (8, 3), (3,)))
     assert "mkldnn::_linear_pointwise" not in _profiled_ops(lambda: mm.matmul_add(a, w, c))
+
+
+@only_torch
+def test_onednn_bfloat16_matmul_add_where_no_gradient_is_recorded(monkeypatch):
+    """PyTorch, bfloat16: `matmul_add` without a recorded gradient goes through oneDNN's op (the
+    bias in its epilogue) where ONEDNN_BFLOAT16_MATMUL chooses it ("auto": where PyTorch's oneDNN
+    has a bfloat16 matmul for the CPU), and is then the float64 formula of its bfloat16 inputs
+    rounded once to bfloat16; with a gradient to record it stays torch's `addmm`. A tiny
+    mixed_bfloat16 ViT gives the same logits either way, to bfloat16 rounding."""
+    import torch
+
+    import keras_vit
+    from conftest import TINY, randomize
+    from keras_vit.layers import matmul as mm
+
+    rng = np.random.default_rng(8)
+    x, k, b = (torch.tensor(rng.normal(size=s), dtype=torch.bfloat16) for s in ((33, 256), (256, 40), (40,)))
+    exact = x.double() @ k.double() + b.double()
+    supported = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    for choice in ("auto", True, False):
+        monkeypatch.setattr(mm, "ONEDNN_BFLOAT16_MATMUL", choice)
+        if choice is True and not supported:
+            continue
+        out = {}
+        ran = _profiled_ops(lambda: out.__setitem__("y", mm.matmul_add(x, k, b)))
+        assert ("mkldnn::_linear_pointwise" in ran) == (choice is True or (choice == "auto" and supported)), choice
+        assert out["y"].dtype == torch.bfloat16
+        # one rounding to bfloat16 (2**-9 relative) of float32 sums of 256 terms
+        np.testing.assert_allclose(out["y"].double().numpy(), exact.numpy(), rtol=2.0**-8, atol=1e-2)
+        tracked = [t.clone().requires_grad_(True) for t in (x, k, b)]
+        ran = _profiled_ops(lambda: mm.matmul_add(*tracked).float().sum().backward())
+        assert "mkldnn::_linear_pointwise" not in ran and "aten::addmm" in ran
+        np.testing.assert_allclose(tracked[2].grad.double().numpy(), np.full(40, 33.0))
+    images = rng.normal(size=(2, 32, 32, 3)).astype("float32")
+    logits = {}
+    for choice in (True, False) if supported else (False,):
+        monkeypatch.setattr(mm, "ONEDNN_BFLOAT16_MATMUL", choice)
+        model = randomize(keras_vit.VisionTransformer(**dict(TINY, num_layers=1), classifier_activation=None,
+                                                      dtype="mixed_bfloat16"), seed=4)
+        ran = _profiled_ops(lambda: logits.__setitem__(choice, model.predict_on_batch(images)))
+        assert ("mkldnn::_linear_pointwise" in ran) == choice
+        logits[choice] = np.asarray(keras.ops.convert_to_numpy(keras.ops.cast(logits[choice], "float32")))
+    np.testing.assert_allclose(logits[True if supported else False], logits[False], rtol=2e-2, atol=2e-2)
+    assert np.abs(logits[False]).max() > 0.1
 
 
 def _no_recompiles():
