@@ -105,9 +105,9 @@ in mixed_bfloat16 and 1.06x (1.05x) in float32, one process, steps interleaved, 
 EPYC (family 26). XLA compiles it once per input shape.
 
 `dot_product_attention` is `keras.ops.dot_product_attention`, except on the CPU backends of JAX,
-TensorFlow and (in half precision) PyTorch. On JAX it is the original ViT's attention: the queries scaled before the logits,
-two products that accumulate in float32, a float32 softmax. The heads are moved into the batch first, (batch *
-heads, tokens, head_dim), so that both products are 3-D dots with one leading batch dimension:
+TensorFlow and (in half precision) PyTorch. On JAX it is the original ViT's attention: the queries
+scaled before the logits, two products that accumulate in float32, a float32 softmax. The heads are
+moved into the batch first, (batch * heads, tokens, head_dim), so that both products are 3-D dots with one leading batch dimension:
 XLA:CPU ran the same products written as `bqhd,bkhd->bhqk` einsums (two batch dimensions, one of
 them inside the operands) 2-4x slower, 18-24% of a float32 ViT-B/16's time at batch 8 for 3% of
 its FLOPs; the head-major form made float32 inference 1.25x faster and left mixed_bfloat16
@@ -426,8 +426,8 @@ def _torch_onednn(*tensors):
 def matmul_add(x, kernel, bias):
     """`matmul(x, kernel) + bias` for a 2-D `x`, a 2-D `kernel` and a 1-D `bias`; on PyTorch one
     fused `torch.addmm` when the three share a dtype (oneDNN's `keras_vit::onednn_matmul` in
-    float32 on an AMD CPU, and in bfloat16 with no gradient to record); on JAX's CPU in bfloat16 with the matmul's
-    bfloat16 gradient dots and the bias gradient summed in float32.
+    float32 on an AMD CPU, and in bfloat16 with no gradient to record); on JAX's CPU in bfloat16
+    with the matmul's bfloat16 gradient dots and the bias gradient summed in float32.
 
     Example:
         >>> from keras import ops
