@@ -625,11 +625,11 @@ def test_torch_half_attention_is_float32_attention_rounded_once(monkeypatch, dty
         return [y] + [t.grad for t in inputs]
 
     ours = run(lambda *a: m.dot_product_attention(*a, 0.3), q, k, v)
-    exact = [_attention_gradients64(*(_as64(t) for t in (q, k, v)), _as64(g), 0.3)]
-    logits = np.einsum("bqhd,bkhd->bhqk", _as64(q), _as64(k)) * 0.3
+    q64, k64, v64 = (_as64(t) for t in (q, k, v))
+    logits = np.einsum("bqhd,bkhd->bhqk", q64, k64) * 0.3
     p = np.exp(logits - logits.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
-    exact = [np.einsum("bhqk,bkhd->bqhd", p, _as64(v)), *exact[0]]
+    exact = [np.einsum("bhqk,bkhd->bqhd", p, v64), *_attention_gradients64(q64, k64, v64, _as64(g), 0.3)]
     ulp = 2.0**-8 if dtype == "bfloat16" else 2.0**-11  # half the spacing of the dtype's numbers near 1
     for got, want in zip(ours, exact):
         assert got.dtype == getattr(torch, dtype)

@@ -392,16 +392,14 @@ def _register_torch_onednn_matmul():
 # Registered when the module is imported (under 1 ms), not when a function is first traced:
 # torch.compile's tracer cannot run the registration or read /proc/cpuinfo without breaking its graph.
 _TORCH_ONEDNN_MATMUL, _AMD_CPU, _TORCH_FLOAT32, _TORCH_BFLOAT16, _ONEDNN_BF16 = None, False, None, None, False
-_TORCH_GRAD_ENABLED = None
 if keras.backend.backend() == "torch":
     import torch as _torch_module
 
     _TORCH_ONEDNN_MATMUL = _register_torch_onednn_matmul()
     _AMD_CPU = _cpu_vendor() == "AuthenticAMD"
     _TORCH_FLOAT32, _TORCH_BFLOAT16 = _torch_module.float32, _torch_module.bfloat16
-    _TORCH_GRAD_ENABLED = _torch_module.is_grad_enabled
     try:
-        _ONEDNN_BF16 = _TORCH_ONEDNN_MATMUL is not None and bool(_torch_module.ops.mkldnn._is_mkldnn_bf16_supported())
+        _ONEDNN_BF16 = bool(_torch_module.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):  # a PyTorch without the check
         _ONEDNN_BF16 = False
 
@@ -415,7 +413,7 @@ def _torch_onednn(*tensors):
     if all(t.dtype == _TORCH_FLOAT32 for t in tensors):
         choice, auto = ONEDNN_FLOAT32_MATMUL, _AMD_CPU
     elif all(t.dtype == _TORCH_BFLOAT16 for t in tensors):
-        if _TORCH_GRAD_ENABLED() and any(t.requires_grad for t in tensors):
+        if _torch_module.is_grad_enabled() and any(t.requires_grad for t in tensors):
             return False  # a bfloat16 product with a gradient: torch's `addmm` and `mm` (the step ran faster)
         choice, auto = ONEDNN_BFLOAT16_MATMUL, _ONEDNN_BF16
     else:
@@ -605,7 +603,8 @@ def dot_product_attention(query, key, value, scale):
         return _tensorflow_attention(query, key, value, scale)
     if keras.backend.backend() == "torch" and TORCH_HALF_ATTENTION_IN_FLOAT32:
         query, key, value = (ops.convert_to_tensor(t) for t in (query, key, value))
-        half = query.dtype == key.dtype == value.dtype and str(query.dtype) in ("torch.bfloat16", "torch.float16")
+        half = query.dtype == key.dtype == value.dtype and keras.backend.standardize_dtype(query.dtype) in (
+            "bfloat16", "float16")
         if half and query.device.type == "cpu":
             f32 = [ops.cast(t, "float32") for t in (query, key, value)]
             return ops.cast(ops.dot_product_attention(*f32, scale=scale), value.dtype)
